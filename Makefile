@@ -1,0 +1,40 @@
+# Two set-up commands on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+export SPARK_LOCAL_IP ?= 127.0.0.1
+export PYSPARK_PYTHON ?= $(abspath $(PY))
+export PYSPARK_DRIVER_PYTHON ?= $(abspath $(PY))
+
+.PHONY: venv demo test lint soak bench clean config-reference
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[spark,test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m shuffled.demo
+
+lint: $(STAMP)
+	$(VENV)/bin/lint-imports
+
+test: $(STAMP) lint
+	$(PY) -m pytest -q -m "not slow" --durations=15
+
+soak: $(STAMP)
+	$(PY) -m pytest -q -m slow -s
+
+bench: $(STAMP)
+	$(PY) -m bench
+
+config-reference: $(STAMP)
+	$(PY) -m shuffled config-reference > docs/configuration.md
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,7 @@
+"""``python -m shuffled`` is the ``shuffled`` command."""
+
+import sys
+
+from shuffled.cli import main
+
+sys.exit(main())

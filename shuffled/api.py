@@ -1,0 +1,55 @@
+"""The Python API of the main job: ingestion with an embedded daemon when none is given."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Sequence
+from typing import Any
+
+
+def ingest(spec: Any, *, master: str | None = None,
+           shuffle_servers: Sequence[str] | None = None, output_dir: str = "segments",
+           token: str | None = None, ca_file: str | None = None,
+           progress: Callable[[str], None] | None = None, show_rows: int = 0) -> Any:
+    """Run a Druid ``index_parallel`` spec on Spark through shuffled.
+
+    With no ``shuffle_servers`` an embedded daemon runs on a free loopback port with a
+    temporary location for the job's lifetime. Returns the pipeline's IngestResult.
+    """
+    from shuffled.spark import parse_spec, run_ingestion
+
+    parsed = parse_spec(spec)  # refuse a bad spec before any daemon or Spark starts
+    say = progress or (lambda line: None)
+    if shuffle_servers:
+        result = run_ingestion(parsed, shuffle_servers=list(shuffle_servers), master=master,
+                               output_dir=output_dir, token=token, ca_file=ca_file,
+                               progress=progress)
+    else:
+        from shuffled.server.embedded import EmbeddedDaemon
+
+        with tempfile.TemporaryDirectory(prefix="shuffled-embedded-") as tmp:
+            with EmbeddedDaemon([tmp], auth_token=token) as url:
+                say(f"embedded shuffle daemon at {url} (location {tmp})")
+                result = run_ingestion(parsed, shuffle_servers=[url], master=master,
+                                       output_dir=output_dir, token=token, ca_file=ca_file,
+                                       progress=progress)
+    if show_rows:
+        _show_rows(output_dir, show_rows, say)
+    return result
+
+
+def _show_rows(output_dir: str, limit: int, say: Callable[[str], None]) -> None:
+    import pathlib
+
+    import pyarrow.parquet as pq
+
+    files = sorted(pathlib.Path(output_dir).rglob("*.parquet"))
+    shown = 0
+    for path in files:
+        table = pq.read_table(path)
+        say(f"-- {path.relative_to(output_dir)}: {table.num_rows} rows")
+        for row in table.slice(0, max(0, limit - shown)).to_pylist():
+            say("   " + ", ".join(f"{k}={v}" for k, v in row.items()))
+            shown += 1
+        if shown >= limit:
+            break

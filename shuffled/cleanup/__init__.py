@@ -1,0 +1,1 @@
+"""Expiry of supervisor tasks' data: pure policy, idempotent sweeper, apscheduler wiring."""

@@ -1,0 +1,403 @@
+"""One keep-alive HTTP/1.1 connection plus the retry loop every client call goes through.
+
+Only stdlib (``http.client``, ``ssl``): an executor importing the client pulls in no server code.
+A :class:`Transport` owns exactly one connection and is not thread-safe.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import http.client
+import json
+import logging
+import random
+import ssl
+import time
+import urllib.parse
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from shuffled import __version__
+from shuffled.errors import LocationFailed, Overloaded, ShuffleError, error_from_json
+
+log = logging.getLogger("shuffled.client")
+
+T = TypeVar("T")
+
+# Statuses worth another try; 507 only when the server says a location failed (another disk may
+# take the data), never for "everything is full".
+_RETRY_STATUSES = frozenset({500, 502, 503, 504})
+_MAX_ERROR_BODY = 1 << 16
+_STALE_ERRORS = (
+    http.client.RemoteDisconnected,
+    BrokenPipeError,
+    ConnectionResetError,
+    ConnectionAbortedError,
+)
+
+Query = Sequence[tuple[str, str]] | Mapping[str, str] | None
+Headers = Mapping[str, str] | Callable[[], Mapping[str, str]] | None
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How hard a client call tries before giving up.
+
+    ``attempts`` counts tries without progress (a resumed download that received more bytes
+    starts its count afresh); sleeps start at ``backoff`` seconds and double, with jitter, up
+    to ``max_backoff``; a 503's ``Retry-After`` is honoured up to ``4 * max_backoff``. No retry
+    starts once ``deadline`` seconds have passed since the call began (or since its last
+    progress, so a long transfer is not cut off just for being long).
+    """
+
+    attempts: int = 6
+    backoff: float = 0.2
+    max_backoff: float = 5.0
+    deadline: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError("RetryPolicy.attempts must be >= 1")
+        if self.backoff < 0 or self.max_backoff < 0 or self.deadline < 0:
+            raise ValueError("RetryPolicy backoff, max_backoff and deadline must be >= 0")
+
+    def delay(self, failures: int) -> float:
+        """Sleep before the next try after ``failures`` consecutive failed tries (>= 1)."""
+        base = min(self.max_backoff, self.backoff * (2.0 ** max(0, failures - 1)))
+        return base * (0.5 + random.random() / 2)
+
+
+NO_RETRY = RetryPolicy(attempts=1, backoff=0.0, max_backoff=0.0, deadline=0.0)
+
+
+class ShuffleUnavailable(ShuffleError):
+    """The server could not be reached (connection refused, reset, timed out) within the policy."""
+
+    status = 503
+    code = "unavailable"
+
+
+class BadResponse(ShuffleError):
+    """The server answered something this client cannot use (not JSON, bad Content-Range)."""
+
+    status = 502
+    code = "bad_response"
+
+
+class _RetryableStatus(Exception):
+    """An HTTP answer worth another try; carries the domain error to raise if none is left."""
+
+    def __init__(self, error: ShuffleError, retry_after: float | None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.retry_after = retry_after
+
+
+class _StaleConnection(Exception):
+    """A reused keep-alive connection turned out closed before any answer: reconnect at once."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(repr(cause))
+        self.cause = cause
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta-seconds or HTTP-date); None if absent/bad."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _is_retryable(status: int, error: ShuffleError) -> bool:
+    if status in _RETRY_STATUSES:
+        return True
+    return status == 507 and error.code == LocationFailed.code
+
+
+def _read_error(resp: http.client.HTTPResponse) -> tuple[dict[str, Any], bool]:
+    """The JSON error body (or a stand-in naming the status) and whether it was read whole."""
+    raw = resp.read(_MAX_ERROR_BODY + 1)
+    complete = len(raw) <= _MAX_ERROR_BODY and resp.isclosed()
+    raw = raw[:_MAX_ERROR_BODY]
+    body: Any = None
+    try:
+        body = json.loads(raw) if raw else None
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        text = raw.decode("utf-8", "replace").strip()[:300]
+        body = {"error": f"HTTP {resp.status} {resp.reason}" + (f": {text}" if text else "")}
+    return body, complete
+
+
+def _domain_error(status: int, body: dict[str, Any], what: str) -> ShuffleError:
+    clean = {k: v for k, v in body.items() if isinstance(k, str) and k.isidentifier() and k != "message"}
+    clean.setdefault("request", what)
+    try:
+        return error_from_json(status, clean)
+    except (TypeError, ValueError):
+        return error_from_json(status, {"error": str(body.get("error", f"HTTP {status}"))})
+
+
+class Transport:
+    """One HTTP(S) keep-alive connection to one daemon, with retries. Not thread-safe."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        ca_file: str | None = None,
+        timeout: float = 60.0,
+        retry: RetryPolicy = RetryPolicy(),
+    ) -> None:
+        parsed = urllib.parse.urlsplit(base_url.strip())
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ValueError(f"base_url {base_url!r} is not an http:// or https:// URL")
+        if parsed.query or parsed.fragment:
+            raise ValueError(f"base_url {base_url!r} must not have a query or fragment")
+        self.scheme = parsed.scheme
+        self.host = parsed.hostname
+        self.port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        self.base_path = parsed.path.rstrip("/")
+        netloc = f"[{self.host}]" if ":" in self.host else self.host
+        self.base_url = f"{self.scheme}://{netloc}:{self.port}{self.base_path}"
+        self.timeout = timeout
+        self.retry = retry
+        self._token = token
+        self._ssl: ssl.SSLContext | None = None
+        if self.scheme == "https":
+            self._ssl = ssl.create_default_context(cafile=ca_file)
+        self._conn: http.client.HTTPConnection | None = None
+        self._reused = False
+        # Seams for tests; production uses the real clock.
+        self._sleep: Callable[[float], None] = time.sleep
+        self._clock: Callable[[], float] = time.monotonic
+
+    # -- connection ---------------------------------------------------------------------
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if self._conn is None:
+            if self._ssl is not None:
+                self._conn = http.client.HTTPSConnection(
+                    self.host, self.port, timeout=self.timeout, context=self._ssl
+                )
+            else:
+                self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+            self._reused = False
+        return self._conn
+
+    def close(self) -> None:
+        """Close the connection; the next request opens a fresh one."""
+        conn, self._conn = self._conn, None
+        self._reused = False
+        if conn is not None:
+            conn.close()
+
+    def target(self, path: str, query: Query = None) -> str:
+        """The request target: base path + ``path`` + encoded query."""
+        target = self.base_path + path
+        if query:
+            items = list(query.items()) if isinstance(query, Mapping) else list(query)
+            target += "?" + urllib.parse.urlencode(items)
+        return target
+
+    # -- one exchange -------------------------------------------------------------------
+
+    def _send(
+        self, method: str, target: str, headers: Mapping[str, str], body: memoryview | None
+    ) -> http.client.HTTPResponse:
+        conn = self._connection()
+        reused = self._reused
+        try:
+            conn.putrequest(method, target, skip_accept_encoding=True)
+            conn.putheader("User-Agent", f"shuffled-client/{__version__}")
+            if self._token is not None:
+                conn.putheader("Authorization", f"Bearer {self._token}")
+            for name, value in headers.items():
+                conn.putheader(name, value)
+            if body is not None:
+                conn.putheader("Content-Length", str(body.nbytes))
+            elif method in ("PUT", "POST"):
+                conn.putheader("Content-Length", "0")
+            conn.endheaders()
+            send_error: OSError | None = None
+            if body is not None and body.nbytes:
+                try:
+                    conn.send(body)
+                except OSError as exc:
+                    # The server may have answered early (401/413/507) and closed: read that.
+                    send_error = exc
+            try:
+                resp = conn.getresponse()
+            except (OSError, http.client.HTTPException):
+                if send_error is not None:
+                    raise send_error from None
+                raise
+        except _STALE_ERRORS as exc:
+            self.close()
+            if reused:
+                raise _StaleConnection(exc) from exc
+            raise
+        except BaseException:
+            self.close()
+            raise
+        self._reused = True
+        if resp.will_close:
+            # http.client already dropped the socket from the connection; the response keeps it.
+            self._conn = None
+        return resp
+
+    def _exchange(
+        self,
+        method: str,
+        target: str,
+        headers: Mapping[str, str],
+        body: memoryview | None,
+        handle: Callable[[http.client.HTTPResponse], T],
+        accept: Collection[int],
+        what: str,
+    ) -> T:
+        resp = self._send(method, target, headers, body)
+        try:
+            status = resp.status
+            if 200 <= status < 300 or status in accept:
+                result = handle(resp)
+                if not resp.isclosed():
+                    # The handler left bytes unread: this connection cannot be reused.
+                    resp.close()
+                    self.close()
+                return result
+            err_body, complete = _read_error(resp)
+            if not complete:
+                resp.close()
+                self.close()
+            error = _domain_error(status, err_body, what)
+            if _is_retryable(status, error):
+                retry_after = parse_retry_after(resp.getheader("Retry-After"))
+                if retry_after is None and isinstance(error, Overloaded):
+                    retry_after = float(error.retry_after)
+                raise _RetryableStatus(error, retry_after)
+            raise error
+        except (OSError, http.client.HTTPException):
+            resp.close()
+            self.close()
+            raise
+        except BaseException:
+            if not resp.isclosed():
+                resp.close()
+                self.close()
+            raise
+
+    # -- the retry loop -----------------------------------------------------------------
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        handle: Callable[[http.client.HTTPResponse], T],
+        what: str,
+        query: Query = None,
+        headers: Headers = None,
+        body: bytes | bytearray | memoryview | None = None,
+        accept: Collection[int] = (),
+        progress: Callable[[], int] | None = None,
+        policy: RetryPolicy | None = None,
+    ) -> T:
+        """Send one request, retrying per the policy, and return ``handle(response)``.
+
+        ``handle`` sees every 2xx answer and any status in ``accept``; other statuses become
+        the domain error rebuilt from the JSON body (retried first if retryable). ``headers``
+        may be a callable so each try can set its own (``Range`` when resuming). ``what``
+        names the request in logs and errors (a key, a task id).
+        """
+        policy = policy or self.retry
+        target = self.target(path, query)
+        view = memoryview(body).cast("B") if body is not None else None
+        label = f"{method} {target}"
+        started = self._clock()
+        failures = 0
+        stale_retried = False
+        while True:
+            before = progress() if progress is not None else 0
+            hdrs = headers() if callable(headers) else (headers or {})
+            retry_after: float | None = None
+            try:
+                return self._exchange(method, target, hdrs, view, handle, accept, f"{what}: {label}")
+            except _StaleConnection as exc:
+                if not stale_retried:
+                    stale_retried = True
+                    log.debug("%s: kept-alive connection was closed by the server (%r); reconnecting", what, exc.cause)
+                    continue
+                last: BaseException = exc.cause
+                reason = f"connection error {exc.cause!r}"
+            except _RetryableStatus as exc:
+                last = exc.error
+                retry_after = exc.retry_after
+                reason = f"HTTP {exc.error.status} {exc.error.code}: {exc.error.message}"
+            except ssl.SSLCertVerificationError:
+                raise
+            except (OSError, http.client.HTTPException) as exc:
+                last = exc
+                reason = f"connection error {exc!r}"
+            now = self._clock()
+            if progress is not None and progress() > before:
+                failures = 0
+                started = now
+            failures += 1
+            remaining = policy.deadline - (now - started)
+            if failures >= policy.attempts or remaining <= 0:
+                self._give_up(what, label, last, failures, now - started)
+            if retry_after is not None:
+                delay = min(retry_after, policy.max_backoff * 4)
+            else:
+                delay = policy.delay(failures)
+            delay = max(0.0, min(delay, remaining))
+            log.warning(
+                "%s: retrying %s in %.2fs (try %d of %d failed): %s",
+                what, label, delay, failures, policy.attempts, reason,
+            )
+            if delay:
+                self._sleep(delay)
+
+    def _give_up(self, what: str, label: str, last: BaseException, tries: int, elapsed: float) -> None:
+        if isinstance(last, ShuffleError):
+            raise last
+        raise ShuffleUnavailable(
+            f"{what}: {label} to {self.base_url} failed after {tries} tries over "
+            f"{elapsed:.1f}s: {last!r}",
+            request=label,
+        ) from last
+
+
+def read_json(resp: http.client.HTTPResponse) -> Any:
+    """The whole response body parsed as JSON (None for an empty body)."""
+    raw = resp.read()
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise BadResponse(f"HTTP {resp.status} answer is not JSON: {raw[:100]!r}") from exc
+
+
+__all__ = [
+    "NO_RETRY",
+    "BadResponse",
+    "RetryPolicy",
+    "ShuffleUnavailable",
+    "Transport",
+    "parse_retry_after",
+    "read_json",
+]

@@ -1,0 +1,330 @@
+"""Typed daemon settings, from defaults < TOML file < environment < command-line flags.
+
+One table (``FIELDS``) describes every setting once; the argparse flags, the
+``SHUFFLED_*`` environment names, the TOML keys and the generated configuration reference
+(docs/configuration.md) all come from it, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from shuffled.errors import ConfigError
+
+ENV_PREFIX = "SHUFFLED_"
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+    "t": 1000**4, "tb": 1000**4,
+    "ki": 1024, "kib": 1024, "mi": 1024**2, "mib": 1024**2, "gi": 1024**3, "gib": 1024**3,
+    "ti": 1024**4, "tib": 1024**4,
+}
+_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*")
+_DURATION_RE = re.compile(
+    r"P(?:(?P<w>\d+(?:\.\d+)?)W)?(?:(?P<d>\d+(?:\.\d+)?)D)?"
+    r"(?:T(?:(?P<h>\d+(?:\.\d+)?)H)?(?:(?P<m>\d+(?:\.\d+)?)M)?(?:(?P<s>\d+(?:\.\d+)?)S)?)?",
+    re.IGNORECASE,
+)
+
+
+def parse_size(value: Any, name: str) -> int:
+    """Bytes from ``1048576``, ``64MiB``, ``10GB`` (SI and IEC units)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise ConfigError(f"{name}: size {value} is negative", setting=name)
+        return value
+    match = _SIZE_RE.fullmatch(str(value))
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _SIZE_UNITS:
+        raise ConfigError(f"{name}: {value!r} is not a size like 1048576, 64MiB or 10GB", setting=name)
+    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+
+
+def parse_duration(value: Any, name: str) -> float:
+    """Seconds from a number of seconds or an ISO-8601 duration (``PT5M``, ``P1D``)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        text = str(value).strip()
+        try:
+            seconds = float(text)
+        except ValueError:
+            match = _DURATION_RE.fullmatch(text)
+            if not match or text.upper() in ("P", "PT") or text.upper().endswith("T"):
+                raise ConfigError(
+                    f"{name}: {value!r} is not a duration in seconds or ISO-8601 (PT5M)",
+                    setting=name,
+                )
+            parts = {k: float(v) for k, v in match.groupdict().items() if v}
+            seconds = (
+                parts.get("w", 0) * 604800 + parts.get("d", 0) * 86400
+                + parts.get("h", 0) * 3600 + parts.get("m", 0) * 60 + parts.get("s", 0)
+            )
+    if seconds < 0 or math.isnan(seconds) or math.isinf(seconds):
+        raise ConfigError(f"{name}: duration {value!r} must be finite and >= 0", setting=name)
+    return seconds
+
+
+def parse_bool(value: Any, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name}: {value!r} is not a boolean (true/false)", setting=name)
+
+
+@dataclass(frozen=True)
+class LocationSettings:
+    """One storage location: a directory, its size cap and the free space to leave on its disk."""
+
+    path: Path
+    max_bytes: int | None = None
+    reserve_bytes: int | None = None  # None: the daemon-wide free_space_reserve
+
+    @classmethod
+    def parse(cls, value: Any, name: str = "location") -> LocationSettings:
+        """``PATH`` or ``PATH:MAX_BYTES`` (a string) or ``{path, max_bytes, reserve_bytes}``."""
+        if isinstance(value, LocationSettings):
+            return value
+        if isinstance(value, Mapping):
+            unknown = set(value) - {"path", "max_bytes", "reserve_bytes"}
+            if unknown or "path" not in value:
+                raise ConfigError(
+                    f"{name}: a location table takes path, max_bytes, reserve_bytes "
+                    f"(got {sorted(value)})",
+                    setting=name,
+                )
+            max_b = value.get("max_bytes")
+            res_b = value.get("reserve_bytes")
+            return cls(
+                Path(str(value["path"])),
+                parse_size(max_b, f"{name}.max_bytes") if max_b is not None else None,
+                parse_size(res_b, f"{name}.reserve_bytes") if res_b is not None else None,
+            )
+        text = str(value)
+        path, sep, size = text.rpartition(":")
+        if sep and path and _SIZE_RE.fullmatch(size):
+            return cls(Path(path), parse_size(size, name))
+        if not text:
+            raise ConfigError(f"{name}: empty location path", setting=name)
+        return cls(Path(text))
+
+
+def _parse_locations(value: Any, name: str) -> tuple[LocationSettings, ...]:
+    items = value if isinstance(value, (list, tuple)) else [
+        v for v in str(value).split(",") if v.strip()
+    ]
+    return tuple(LocationSettings.parse(v, f"{name}[{i}]") for i, v in enumerate(items))
+
+
+def _opt_str(value: Any, name: str) -> str | None:
+    text = str(value).strip() if value is not None else ""
+    return text or None
+
+
+def _port(value: Any, name: str) -> int:
+    try:
+        port = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}: {value!r} is not a port number", setting=name)
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"{name}: {port} is outside 0-65535", setting=name)
+    return port
+
+
+def _positive_int(value: Any, name: str) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}: {value!r} is not an integer", setting=name)
+    if number < 1:
+        raise ConfigError(f"{name}: {number} must be >= 1", setting=name)
+    return number
+
+
+@dataclass(frozen=True)
+class Field:
+    """How one setting is parsed and documented."""
+
+    name: str
+    parse: Callable[[Any, str], Any]
+    help: str
+    flag: str
+    metavar: str = "VALUE"
+    repeatable: bool = False
+
+
+FIELDS: tuple[Field, ...] = (
+    Field("host", lambda v, n: str(v), "address to listen on", "--host", "HOST"),
+    Field("port", _port, "TCP port (0 picks a free one)", "--port", "PORT"),
+    Field("locations", _parse_locations,
+          "storage location PATH[:MAX_BYTES]; repeat for several disks (writes go round-robin)",
+          "--location", "PATH[:MAX_BYTES]", repeatable=True),
+    Field("free_space_reserve", parse_size,
+          "free bytes to leave on each location's file system", "--free-space-reserve", "SIZE"),
+    Field("max_partial_bytes", parse_size,
+          "largest partial segment accepted (413 above)", "--max-partial-bytes", "SIZE"),
+    Field("fsync", parse_bool,
+          "fsync each partial segment before it becomes visible (durable against power loss)",
+          "--fsync", "BOOL"),
+    Field("auth_token_file", _opt_str,
+          "file holding the bearer token every request but /status/health must carry "
+          "(env SHUFFLED_AUTH_TOKEN gives the token itself)",
+          "--auth-token-file", "PATH"),
+    Field("auth_token", _opt_str, "the bearer token itself (prefer the file or the env var)",
+          "--auth-token", "TOKEN"),
+    Field("metrics_require_auth", parse_bool,
+          "whether /metrics needs the token too", "--metrics-require-auth", "BOOL"),
+    Field("tls_cert", _opt_str, "PEM certificate chain: serve HTTPS", "--tls-cert", "PATH"),
+    Field("tls_key", _opt_str, "PEM private key for --tls-cert", "--tls-key", "PATH"),
+    Field("expiry_timeout", parse_duration,
+          "a supervisor task's data expires this long after its last PUT/GET",
+          "--expiry-timeout", "DURATION"),
+    Field("sweep_period", parse_duration, "how often the expiry sweeper runs",
+          "--sweep-period", "DURATION"),
+    Field("overlord_url", _opt_str,
+          "Druid overlord base URL asked whether an expired task still runs",
+          "--overlord-url", "URL"),
+    Field("max_age", parse_duration,
+          "data is deleted past this age since last access even when the overlord is "
+          "unreachable", "--max-age", "DURATION"),
+    Field("max_concurrent_uploads", _positive_int,
+          "uploads in flight before new ones get 503 + Retry-After",
+          "--max-concurrent-uploads", "N"),
+    Field("max_concurrent_downloads", _positive_int,
+          "downloads in flight before new ones get 503 + Retry-After",
+          "--max-concurrent-downloads", "N"),
+    Field("shutdown_timeout", parse_duration,
+          "on SIGTERM, how long in-flight requests may take to finish",
+          "--shutdown-timeout", "DURATION"),
+    Field("access_log", parse_bool, "log one line per request", "--access-log", "BOOL"),
+    Field("log_level", lambda v, n: str(v).upper(), "logging level", "--log-level", "LEVEL"),
+)
+FIELD_BY_NAME = {f.name: f for f in FIELDS}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every daemon setting, validated. Build with :func:`load_settings`."""
+
+    host: str = "127.0.0.1"
+    port: int = 8091
+    locations: tuple[LocationSettings, ...] = ()
+    free_space_reserve: int = 64 * 1024**2
+    max_partial_bytes: int = 4 * 1024**3
+    fsync: bool = True
+    auth_token_file: str | None = None
+    auth_token: str | None = field(default=None, repr=False)
+    metrics_require_auth: bool = False
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    expiry_timeout: float = 600.0
+    sweep_period: float = 60.0
+    overlord_url: str | None = None
+    max_age: float = 7 * 86400.0
+    max_concurrent_uploads: int = 64
+    max_concurrent_downloads: int = 256
+    shutdown_timeout: float = 30.0
+    access_log: bool = True
+    log_level: str = "INFO"
+
+    def validated(self) -> Settings:
+        """Check cross-field rules; read the token file. Raises ConfigError naming the setting."""
+        if not self.locations:
+            raise ConfigError("locations: at least one --location is required", setting="locations")
+        paths = [loc.path.resolve() for loc in self.locations]
+        if len(set(paths)) != len(paths):
+            raise ConfigError("locations: the same path is listed twice", setting="locations")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("tls_cert: --tls-cert and --tls-key go together", setting="tls_cert")
+        if self.sweep_period <= 0:
+            raise ConfigError("sweep_period: must be > 0", setting="sweep_period")
+        if self.max_age < self.expiry_timeout:
+            raise ConfigError("max_age: must be >= expiry_timeout", setting="max_age")
+        if self.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ConfigError(f"log_level: {self.log_level!r} is not a logging level",
+                              setting="log_level")
+        token = self.auth_token
+        if self.auth_token_file:
+            try:
+                token = Path(self.auth_token_file).read_text().strip()
+            except OSError as exc:
+                raise ConfigError(
+                    f"auth_token_file: cannot read {self.auth_token_file}: {exc.strerror}",
+                    setting="auth_token_file",
+                )
+            if not token:
+                raise ConfigError("auth_token_file: the file is empty", setting="auth_token_file")
+        return replace(self, auth_token=token)
+
+
+def _apply(values: dict[str, Any], source: Mapping[str, Any], origin: str) -> None:
+    for key, raw in source.items():
+        spec = FIELD_BY_NAME.get(key)
+        if spec is None:
+            raise ConfigError(f"{origin}: unknown setting {key!r}", setting=key)
+        values[key] = spec.parse(raw, key)
+
+
+def load_settings(
+    config_file: str | os.PathLike[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Defaults < TOML ``config_file`` < ``SHUFFLED_*`` environment < ``overrides`` (flags)."""
+    values: dict[str, Any] = {}
+    if config_file is not None:
+        try:
+            with open(config_file, "rb") as fh:
+                data = tomllib.load(fh)
+        except OSError as exc:
+            raise ConfigError(f"config: cannot read {config_file}: {exc.strerror}", setting="config")
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config: {config_file} is not valid TOML: {exc}", setting="config")
+        _apply(values, data.get("shuffled", data), f"config {config_file}")
+    env = os.environ if environ is None else environ
+    from_env = {
+        name[len(ENV_PREFIX):].lower(): value
+        for name, value in env.items()
+        if name.startswith(ENV_PREFIX) and name[len(ENV_PREFIX):].lower() in FIELD_BY_NAME
+    }
+    _apply(values, from_env, "environment")
+    _apply(values, {k: v for k, v in (overrides or {}).items() if v is not None}, "flags")
+    known = {f.name for f in fields(Settings)}
+    return Settings(**{k: v for k, v in values.items() if k in known}).validated()
+
+
+def reference_markdown() -> str:
+    """The configuration reference, generated from FIELDS (docs/configuration.md)."""
+    defaults = Settings()
+    lines = [
+        "# Configuration reference",
+        "",
+        "Generated from `shuffled/config.py` (a test keeps this file in sync). Precedence:",
+        "defaults < TOML file (`--config`, keys at top level or under `[shuffled]`) <",
+        "environment (`SHUFFLED_<NAME>`) < flags. Sizes take `64MiB`/`10GB`; durations take",
+        "seconds or ISO-8601 (`PT5M`).",
+        "",
+        "| setting (TOML) | flag | environment | default | meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for spec in FIELDS:
+        default = getattr(defaults, spec.name)
+        shown = "(none)" if default in (None, ()) else str(default)
+        if spec.name == "auth_token":
+            shown = "(none)"
+        lines.append(
+            f"| `{spec.name}` | `{spec.flag} {spec.metavar}` | `{ENV_PREFIX}{spec.name.upper()}` "
+            f"| `{shown}` | {spec.help} |"
+        )
+    return "\n".join(lines) + "\n"

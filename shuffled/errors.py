@@ -1,0 +1,151 @@
+"""Domain errors shared by every layer.
+
+Each error carries a machine-readable ``code`` and the HTTP status the server maps it to, so
+the one error->HTTP mapping (``shuffled.server.errors``) stays a table lookup and the client
+can rebuild the same exception from a JSON error body.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ShuffleError(Exception):
+    """Base of every error shuffled raises on purpose."""
+
+    status: int = 500
+    code: str = "internal"
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON error body: ``{"error": message, "code": code, ...details}``."""
+        body: dict[str, Any] = {"error": self.message, "code": self.code}
+        body.update(self.details)
+        return body
+
+
+class BadRequest(ShuffleError):
+    """The request is malformed: bad id, interval, partitionId, body or header."""
+
+    status = 400
+    code = "bad_request"
+
+
+class InvalidId(BadRequest):
+    code = "invalid_id"
+
+
+class InvalidInterval(BadRequest):
+    code = "invalid_interval"
+
+
+class InvalidPartitionId(BadRequest):
+    code = "invalid_partition_id"
+
+
+class InvalidBody(BadRequest):
+    """The body is not a complete Arrow IPC stream."""
+
+    code = "invalid_body"
+
+
+class DigestMismatch(BadRequest):
+    """The bytes do not match the CRC32C the sender (or the store) declared."""
+
+    code = "digest_mismatch"
+
+
+class Unauthorized(ShuffleError):
+    status = 401
+    code = "unauthorized"
+
+
+class NotFound(ShuffleError):
+    status = 404
+    code = "not_found"
+
+
+class Conflict(ShuffleError):
+    """The request contradicts stored state (e.g. partial segments with incompatible schemas)."""
+
+    status = 409
+    code = "conflict"
+
+
+class TooLarge(ShuffleError):
+    status = 413
+    code = "too_large"
+
+
+class RangeNotSatisfiable(ShuffleError):
+    status = 416
+    code = "range_not_satisfiable"
+
+
+class Overloaded(ShuffleError):
+    """Too much work in flight; retry after ``retry_after`` seconds."""
+
+    status = 503
+    code = "overloaded"
+
+    def __init__(self, message: str, retry_after: int = 1, **details: Any) -> None:
+        super().__init__(message, retry_after=retry_after, **details)
+        self.retry_after = retry_after
+
+
+class InsufficientStorage(ShuffleError):
+    """No location can take the data (all full, over max size, or unhealthy)."""
+
+    status = 507
+    code = "insufficient_storage"
+
+
+class LocationFailed(InsufficientStorage):
+    """A disk location failed mid-operation; it has been marked unhealthy."""
+
+    code = "location_failed"
+
+
+class ConfigError(ShuffleError):
+    """A setting is invalid; the message names the setting."""
+
+    code = "config"
+
+
+class LocationLocked(ConfigError):
+    """Another process holds the exclusive lock on a location."""
+
+    code = "location_locked"
+
+
+_BY_CODE: dict[str, type[ShuffleError]] = {}
+
+
+def _register(cls: type[ShuffleError]) -> None:
+    _BY_CODE[cls.code] = cls
+    for sub in cls.__subclasses__():
+        _register(sub)
+
+
+_register(ShuffleError)
+
+
+def error_from_json(status: int, body: dict[str, Any] | None) -> ShuffleError:
+    """Rebuild the domain error a server answered with (used by the client)."""
+    body = dict(body or {})
+    message = str(body.pop("error", f"HTTP {status}"))
+    code = str(body.pop("code", ""))
+    cls = _BY_CODE.get(code)
+    if cls is None or cls.status != status:
+        cls = next((c for c in _BY_CODE.values() if c.status == status), ShuffleError)
+    if cls is Overloaded:
+        retry_after = int(body.pop("retry_after", 1) or 1)
+        return Overloaded(message, retry_after=retry_after, **body)
+    err = cls(message, **body)
+    if cls is ShuffleError:
+        err.status = status
+    return err

@@ -1,0 +1,58 @@
+"""Scrape-time collectors: disk and index state read when Prometheus asks, never cached."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from shuffled.storage import Store
+
+
+class StoreCollector(Collector):
+    """Per-location used/capacity/free/health, and tasks and partial segments held."""
+
+    def __init__(self, store: Store, in_flight: Callable[[], dict[str, int]] | None = None) -> None:
+        self._store = store
+        self._in_flight = in_flight
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        used = GaugeMetricFamily("shuffled_location_used_bytes",
+                                 "Bytes of partial segments stored in the location.",
+                                 labels=["location"])
+        cap = GaugeMetricFamily("shuffled_location_capacity_bytes",
+                                "The location's max size, or its file system's size.",
+                                labels=["location"])
+        free = GaugeMetricFamily("shuffled_location_free_bytes",
+                                 "Free bytes on the location's file system.", labels=["location"])
+        healthy = GaugeMetricFamily("shuffled_location_healthy",
+                                    "1 if the location takes writes, 0 if taken out of service.",
+                                    labels=["location"])
+        files = GaugeMetricFamily("shuffled_location_partials",
+                                  "Partial segments stored in the location.", labels=["location"])
+        for loc in self._store.locations:
+            label = [str(loc.path)]
+            used.add_metric(label, loc.used_bytes)
+            files.add_metric(label, loc.files)
+            healthy.add_metric(label, 1 if loc.healthy else 0)
+            try:
+                total, available = loc.disk_usage()
+            except OSError:
+                continue
+            cap.add_metric(label, min(total, loc.max_bytes) if loc.max_bytes else total)
+            free.add_metric(label, available)
+        yield from (used, cap, free, healthy, files)
+        tasks = self._store.tasks()
+        yield GaugeMetricFamily("shuffled_tasks", "Supervisor tasks with data held.",
+                                value=len(tasks))
+        yield GaugeMetricFamily("shuffled_partials", "Partial segments held.",
+                                value=sum(t.files for t in tasks))
+        yield GaugeMetricFamily("shuffled_held_bytes", "Bytes of partial segments held.",
+                                value=sum(t.bytes for t in tasks))
+        if self._in_flight is not None:
+            gauge = GaugeMetricFamily("shuffled_in_flight_requests",
+                                      "Uploads and downloads in progress.", labels=["kind"])
+            for kind, count in self._in_flight().items():
+                gauge.add_metric([kind], count)
+            yield gauge

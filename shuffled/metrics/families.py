@@ -1,0 +1,71 @@
+"""Every metric family the daemon updates as things happen (no per-task labels)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+from shuffled import __version__
+
+# Request latency buckets from 1 ms to 2 min: small GETs up to 256 MiB transfers.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                   10.0, 30.0, 60.0, 120.0)
+
+
+class Metrics:
+    """The daemon's metric families, registered on ``registry``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        Info("shuffled_build", "Version of the running daemon.", registry=registry).info(
+            {"version": __version__}
+        )
+        # The seed's ingest/shuffle/bytes and ingest/shuffle/requests.
+        self.served_bytes = Counter(
+            "shuffled_served_bytes", "Partial-segment bytes served to readers.", ["route"],
+            registry=registry)
+        self.served_requests = Counter(
+            "shuffled_served_requests", "Partial-segment fetches served to readers.", ["route"],
+            registry=registry)
+        self.received_bytes = Counter(
+            "shuffled_received_bytes", "Partial-segment bytes stored from writers.",
+            registry=registry)
+        self.received_partials = Counter(
+            "shuffled_received_partials", "Partial segments stored (new or replacing).",
+            registry=registry)
+        self.rejected = Counter(
+            "shuffled_rejected_requests", "Requests answered with an error, by reason.",
+            ["reason"], registry=registry)
+        self.requests = Counter(
+            "shuffled_http_requests", "HTTP requests by route template, method and status.",
+            ["route", "method", "status"], registry=registry)
+        self.latency = Histogram(
+            "shuffled_request_duration_seconds", "Request latency by route template.",
+            ["route", "method"], buckets=LATENCY_BUCKETS, registry=registry)
+        self.deleted_tasks = Counter(
+            "shuffled_deleted_tasks", "Supervisor tasks whose data was deleted, by cause.",
+            ["cause"], registry=registry)
+        self.deleted_bytes = Counter(
+            "shuffled_deleted_bytes", "Bytes of partial segments deleted, by cause.", ["cause"],
+            registry=registry)
+        self.expired_tasks = Counter(
+            "shuffled_expired_tasks", "Supervisor tasks found past their expiry by the sweeper.",
+            registry=registry)
+        self.extended_tasks = Counter(
+            "shuffled_extended_tasks",
+            "Expired supervisor tasks kept because the overlord says they still run.",
+            registry=registry)
+        self.sweeps = Counter("shuffled_sweeps", "Sweeper runs.", registry=registry)
+        self.sweep_failures = Counter(
+            "shuffled_sweep_failures", "Sweeper runs that raised.", registry=registry)
+        self.overlord_requests = Counter(
+            "shuffled_overlord_requests", "Task-status calls to the overlord, by outcome.",
+            ["outcome"], registry=registry)
+        self.last_sweep = Gauge(
+            "shuffled_last_sweep_timestamp_seconds", "When the sweeper last finished a run.",
+            registry=registry)
+        for route in ("partial", "partition"):
+            self.served_bytes.labels(route)
+            self.served_requests.labels(route)
+        for cause in ("request", "expired", "max_age"):
+            self.deleted_tasks.labels(cause)
+            self.deleted_bytes.labels(cause)

@@ -1,0 +1,240 @@
+"""Wire-level vocabulary shared by server and client: ids, intervals, keys, headers, digests.
+
+Nothing here does I/O; every parser raises a :mod:`shuffled.errors` domain error naming what
+was wrong, so the server can answer 400 and the client can refuse before sending.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from shuffled.errors import DigestMismatch, InvalidId, InvalidInterval, InvalidPartitionId
+
+API_PREFIX = "/druid/worker/v1/shuffle"
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+
+# RFC 9530: Content-Digest covers the message content, Repr-Digest the whole representation.
+CONTENT_DIGEST = "Content-Digest"
+REPR_DIGEST = "Repr-Digest"
+# Extra facts about a stored partial segment, returned on per-partial GET/PUT.
+ROWS_HEADER = "X-Shuffled-Rows"
+GENERATION_HEADER = "X-Shuffled-Generation"
+
+MAX_ID_LENGTH = 255
+_ID_RE = re.compile(r"[A-Za-z0-9_\-.:]{1,255}")
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def validate_id(value: str, name: str = "id") -> str:
+    """Return ``value`` if it is a valid supervisorTaskId/subTaskId, else raise InvalidId.
+
+    Valid: 1-255 of letters, digits, ``_ - . :``, not starting with ``.`` (so never ``.``,
+    ``..`` or a hidden file name). Path separators, NUL and percent signs are refused, which
+    also refuses any percent-encoded traversal that survived URL decoding.
+    """
+    if not isinstance(value, str) or not value:
+        raise InvalidId(f"{name} is empty", field=name)
+    if len(value) > MAX_ID_LENGTH:
+        raise InvalidId(f"{name} is longer than {MAX_ID_LENGTH} characters", field=name)
+    if not _ID_RE.fullmatch(value):
+        raise InvalidId(
+            f"{name} {value[:64]!r} has characters outside letters, digits and _ - . :",
+            field=name,
+        )
+    if value.startswith("."):
+        raise InvalidId(f"{name} {value[:64]!r} starts with '.'", field=name)
+    return value
+
+
+def parse_instant(text: str, name: str = "instant") -> int:
+    """Parse an ISO-8601 instant to UTC epoch milliseconds.
+
+    Accepts ``2018-01-01``, ``2018-01-01T00:00``, ``...:00.123Z`` and explicit offsets;
+    a value without an offset is taken as UTC (Druid's rule).
+    """
+    if not text or not isinstance(text, str):
+        raise InvalidInterval(f"{name} is missing", field=name)
+    raw = text.strip()
+    if raw.endswith(("Z", "z")):
+        raw = raw[:-1] + "+00:00"
+    try:
+        parsed = datetime.fromisoformat(raw)
+    except ValueError:
+        raise InvalidInterval(f"{name} {text[:64]!r} is not an ISO-8601 instant", field=name)
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    delta = parsed - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
+
+
+def format_instant(millis: int) -> str:
+    """Canonical form: UTC with milliseconds, e.g. ``2018-01-01T00:00:00.000Z``."""
+    seconds, ms = divmod(millis, 1000)
+    dt = datetime.fromtimestamp(seconds, tz=timezone.utc)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S") + f".{ms:03d}Z"
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class Interval:
+    """A half-open time interval [start, end) in UTC epoch milliseconds."""
+
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        if self.start >= self.end:
+            raise InvalidInterval(
+                f"interval start {format_instant(self.start)} is not before end "
+                f"{format_instant(self.end)}",
+                field="start",
+            )
+
+    @classmethod
+    def parse(cls, start: str | None, end: str | None) -> Interval:
+        return cls(parse_instant(start or "", "start"), parse_instant(end or "", "end"))
+
+    @classmethod
+    def parse_druid(cls, text: str) -> Interval:
+        """Parse Druid's ``start/end`` interval notation."""
+        if not isinstance(text, str) or text.count("/") != 1:
+            raise InvalidInterval(f"interval {str(text)[:64]!r} is not 'start/end'", field="interval")
+        start, end = text.split("/")
+        return cls.parse(start, end)
+
+    @property
+    def start_iso(self) -> str:
+        return format_instant(self.start)
+
+    @property
+    def end_iso(self) -> str:
+        return format_instant(self.end)
+
+    @property
+    def dirname(self) -> str:
+        """The interval as one path component (Druid's ``start_end``)."""
+        return f"{self.start_iso}_{self.end_iso}"
+
+    @classmethod
+    def from_dirname(cls, name: str) -> Interval:
+        start, sep, end = name.partition("_")
+        if not sep:
+            raise InvalidInterval(f"{name!r} is not an interval directory", field="interval")
+        return cls.parse(start, end)
+
+    def __str__(self) -> str:
+        return f"{self.start_iso}/{self.end_iso}"
+
+
+def parse_partition_id(value: str | int | None) -> int:
+    """Parse a partitionId: a decimal integer >= 0 (no sign, no spaces, at most 9 digits)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise InvalidPartitionId(f"partitionId {value} is negative", field="partitionId")
+        return value
+    if value is None or value == "":
+        raise InvalidPartitionId("partitionId is missing", field="partitionId")
+    if not isinstance(value, str) or not value.isdecimal() or not value.isascii() or len(value) > 9:
+        raise InvalidPartitionId(
+            f"partitionId {str(value)[:32]!r} is not an integer >= 0", field="partitionId"
+        )
+    return int(value)
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class PartitionKey:
+    """One shuffle partition of a supervisor task: (interval, partitionId)."""
+
+    supervisor_task_id: str
+    interval: Interval
+    partition_id: int
+
+    def __post_init__(self) -> None:
+        validate_id(self.supervisor_task_id, "supervisorTaskId")
+        parse_partition_id(self.partition_id)
+
+    def query(self) -> dict[str, str]:
+        return {
+            "start": self.interval.start_iso,
+            "end": self.interval.end_iso,
+            "partitionId": str(self.partition_id),
+        }
+
+    def path(self) -> str:
+        return f"{API_PREFIX}/tasks/{self.supervisor_task_id}/partition"
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class PartialKey:
+    """One partial segment: what one subtask wrote for one partition."""
+
+    supervisor_task_id: str
+    sub_task_id: str
+    interval: Interval
+    partition_id: int
+
+    def __post_init__(self) -> None:
+        validate_id(self.supervisor_task_id, "supervisorTaskId")
+        validate_id(self.sub_task_id, "subTaskId")
+        parse_partition_id(self.partition_id)
+
+    @property
+    def partition(self) -> PartitionKey:
+        return PartitionKey(self.supervisor_task_id, self.interval, self.partition_id)
+
+    def query(self) -> dict[str, str]:
+        return self.partition.query()
+
+    def path(self) -> str:
+        return f"{API_PREFIX}/tasks/{self.supervisor_task_id}/{self.sub_task_id}/partition"
+
+    def __str__(self) -> str:
+        return (
+            f"{self.supervisor_task_id}/{self.sub_task_id} {self.interval} "
+            f"partition {self.partition_id}"
+        )
+
+
+def task_path(supervisor_task_id: str | None = None) -> str:
+    if supervisor_task_id is None:
+        return f"{API_PREFIX}/tasks"
+    return f"{API_PREFIX}/tasks/{validate_id(supervisor_task_id, 'supervisorTaskId')}"
+
+
+# --- RFC 9530 digests -------------------------------------------------------------------
+
+def format_crc32c(crc: int) -> str:
+    """``crc32c=:<base64 of the 4 big-endian bytes>:`` (RFC 9530 section 4, RFC 8941 bytes)."""
+    return "crc32c=:" + base64.b64encode(crc.to_bytes(4, "big")).decode("ascii") + ":"
+
+
+def parse_crc32c(header: str | None) -> int | None:
+    """The crc32c value in a Content-Digest/Repr-Digest header, or None if it names none.
+
+    The header is an RFC 8941 dictionary; other algorithms (e.g. ``sha-256``) are ignored.
+    A malformed crc32c member raises DigestMismatch (400), never passes silently.
+    """
+    if not header:
+        return None
+    for member in header.split(","):
+        name, sep, value = member.strip().partition("=")
+        if name.strip().lower() != "crc32c":
+            continue
+        value = value.strip()
+        if not sep or len(value) < 2 or value[0] != ":" or value[-1] != ":":
+            raise DigestMismatch(f"malformed crc32c digest {value[:32]!r}", field="Content-Digest")
+        try:
+            raw = base64.b64decode(value[1:-1], validate=True)
+        except ValueError:
+            raise DigestMismatch(f"malformed crc32c digest {value[:32]!r}", field="Content-Digest")
+        if len(raw) != 4:
+            raise DigestMismatch("crc32c digest is not 4 bytes", field="Content-Digest")
+        return int.from_bytes(raw, "big")
+    return None
+
+
+def crc_hex(crc: int) -> str:
+    return f"{crc:08x}"

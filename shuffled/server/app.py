@@ -1,0 +1,65 @@
+"""The aiohttp application factory: routes, middlewares, lifecycle (store open/close)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+
+from aiohttp import web
+from prometheus_client import REGISTRY, CollectorRegistry
+
+from shuffled.config import Settings
+from shuffled.metrics import Metrics, StoreCollector
+from shuffled.protocol import API_PREFIX
+from shuffled.server import handlers
+from shuffled.server.errors import error_middleware
+from shuffled.server.limits import Limiter
+from shuffled.server.middleware import Drain, auth_middleware, metrics_middleware
+from shuffled.server.state import STATE, DaemonState
+from shuffled.storage import Store
+
+CleanupCtx = Callable[[web.Application], AsyncIterator[None]]
+
+
+def make_app(settings: Settings, *, registry: CollectorRegistry | None = None,
+             clock: Callable[[], float] = time.time,
+             extra_cleanup_ctx: tuple[CleanupCtx, ...] = ()) -> web.Application:
+    """Build the daemon's app. ``registry`` defaults to prometheus_client's global one
+    (with process metrics); tests inject their own. ``clock`` drives expiry."""
+    registry = REGISTRY if registry is None else registry
+    metrics = Metrics(registry)
+    store = Store(settings, clock=clock)
+    uploads = Limiter("uploads", settings.max_concurrent_uploads)
+    downloads = Limiter("downloads", settings.max_concurrent_downloads)
+    drain = Drain()
+    registry.register(StoreCollector(
+        store, lambda: {"uploads": uploads.active, "downloads": downloads.active}))
+
+    middlewares = [metrics_middleware(metrics), drain.middleware]
+    if settings.auth_token:
+        middlewares.append(auth_middleware(settings.auth_token, settings.metrics_require_auth))
+    middlewares.append(error_middleware)
+    # Uploads stream to disk; client_max_size only bounds bodies read whole (none here).
+    app = web.Application(middlewares=middlewares, client_max_size=1 << 20)
+    app[STATE] = DaemonState(settings, store, metrics, uploads, downloads, drain)
+
+    sup = r"{sup}"
+    task = f"{API_PREFIX}/tasks/{sup}"
+    app.router.add_put(f"{task}/{{sub}}/partition", handlers.put_partial)
+    app.router.add_get(f"{task}/{{sub}}/partition", handlers.get_partial)
+    app.router.add_get(f"{task}/partition", handlers.get_partition)
+    app.router.add_get(f"{API_PREFIX}/tasks", handlers.list_tasks)
+    app.router.add_get(task, handlers.get_task)
+    app.router.add_delete(task, handlers.delete_task)
+    app.router.add_get("/status/health", handlers.health)
+    app.router.add_get("/status", handlers.status)
+    app.router.add_get("/metrics", handlers.metrics)
+
+    async def store_ctx(app: web.Application) -> AsyncIterator[None]:
+        await store.open()
+        yield
+        await store.close()
+
+    app.cleanup_ctx.append(store_ctx)
+    app.cleanup_ctx.extend(extra_cleanup_ctx)
+    return app

@@ -1,0 +1,243 @@
+"""Thin HTTP handlers: parse and validate, call the store, shape the answer.
+
+Errors are raised as domain exceptions; :mod:`shuffled.server.errors` maps them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+from aiohttp import ClientPayloadError, web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from shuffled import __version__
+from shuffled.errors import BadRequest, InvalidBody, NotFound
+from shuffled.protocol import (
+    ARROW_STREAM, CONTENT_DIGEST, GENERATION_HEADER, REPR_DIGEST, ROWS_HEADER, Interval,
+    PartialKey, PartitionKey, format_crc32c, parse_crc32c, parse_partition_id, validate_id,
+)
+from shuffled.server import aggregate
+from shuffled.server.errors import RESPONSE_STARTED
+from shuffled.server.ranges import if_range_allows, parse_range
+from shuffled.server.sendfile import send_range
+from shuffled.server.state import state_of
+from shuffled.server.views import task_detail, task_summary
+from shuffled.storage.arrowfile import EOS
+
+ACCEPTED_TYPES = (ARROW_STREAM, "application/octet-stream", "")
+PARTIALS_HEADER = "X-Shuffled-Partials"
+
+
+def _partition_key(request: web.Request) -> PartitionKey:
+    sup = validate_id(request.match_info["sup"], "supervisorTaskId")
+    interval = Interval.parse(request.query.get("start"), request.query.get("end"))
+    return PartitionKey(sup, interval, parse_partition_id(request.query.get("partitionId")))
+
+
+def _partial_key(request: web.Request) -> PartialKey:
+    part = _partition_key(request)
+    sub = validate_id(request.match_info["sub"], "subTaskId")
+    return PartialKey(part.supervisor_task_id, sub, part.interval, part.partition_id)
+
+
+async def _body(request: web.Request) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in request.content.iter_any():
+            yield chunk
+    except (ClientPayloadError, asyncio.IncompleteReadError, ConnectionError) as exc:
+        raise InvalidBody(f"upload body ended early: {exc}") from exc
+
+
+async def put_partial(request: web.Request) -> web.Response:
+    state = state_of(request)
+    key = _partial_key(request)
+    media = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
+    if media not in ACCEPTED_TYPES:
+        raise BadRequest(f"Content-Type {media!r} is not {ARROW_STREAM}", field="Content-Type")
+    expected = parse_crc32c(request.headers.get(CONTENT_DIGEST)
+                            or request.headers.get(REPR_DIGEST))
+    with state.uploads.slot():
+        result = await state.store.put(key, _body(request), request.content_length, expected)
+    meta = result.meta
+    state.metrics.received_bytes.inc(meta.size)
+    state.metrics.received_partials.inc()
+    body = meta.to_json()
+    body["replaced"] = result.replaced
+    body["location"] = str(state.store.locations[meta.location].path)
+    return web.json_response(body, status=200 if result.replaced else 201, headers={
+        "ETag": meta.etag, REPR_DIGEST: format_crc32c(meta.crc)})
+
+
+def _not_modified(request: web.Request, etag: str) -> bool:
+    # RFC 9110 section 13.1.2: If-None-Match with a matching tag (or *) -> 304 for GET.
+    header = request.headers.get("If-None-Match")
+    if not header:
+        return False
+    tags = {t.strip() for t in header.split(",")}
+    return "*" in tags or etag in tags or f"W/{etag}" in tags
+
+
+async def get_partial(request: web.Request) -> web.StreamResponse:
+    state = state_of(request)
+    key = _partial_key(request)
+    with state.downloads.slot():
+        meta, fobj = await state.store.open_partial(key)
+        try:
+            state.store.touch(key.supervisor_task_id)
+            headers = {
+                "ETag": meta.etag, "Accept-Ranges": "bytes", "Content-Type": ARROW_STREAM,
+                REPR_DIGEST: format_crc32c(meta.crc), ROWS_HEADER: str(meta.rows),
+                GENERATION_HEADER: str(meta.generation),
+            }
+            if _not_modified(request, meta.etag):
+                return web.Response(status=304, headers=headers)
+            rng = (parse_range(request.headers.get("Range"), meta.size)
+                   if if_range_allows(request.headers.get("If-Range"), meta.etag) else None)
+            response = web.StreamResponse(status=206 if rng else 200, headers=headers)
+            if rng:
+                offset, count = rng.start, rng.length
+                response.headers["Content-Range"] = rng.content_range(meta.size)
+            else:
+                # RFC 9530: Content-Digest covers this message's content = the whole file.
+                offset, count = 0, meta.size
+                response.headers[CONTENT_DIGEST] = format_crc32c(meta.crc)
+            response.content_length = count
+            await response.prepare(request)
+            request[RESPONSE_STARTED] = True
+            if request.method != "HEAD":
+                await send_range(request, response, fobj, offset, count, state.store.run)
+                state.metrics.served_bytes.labels("partial").inc(count)
+                state.metrics.served_requests.labels("partial").inc()
+                state.store.record_served(key.supervisor_task_id, count)
+            await response.write_eof()
+            return response
+        finally:
+            fobj.close()
+
+
+async def get_partition(request: web.Request) -> web.StreamResponse:
+    state = state_of(request)
+    key = _partition_key(request)
+    subs = request.query.getall("subTaskId", None)
+    if subs is not None:
+        subs = [validate_id(s, "subTaskId") for s in subs]
+    with state.downloads.slot():
+        metas = state.store.partition(key, subs)
+        files = await state.store.open_many(metas)
+        try:
+            state.store.touch(key.supervisor_task_id)
+            plan = aggregate.fast_plan(metas)
+            headers = {"Content-Type": ARROW_STREAM, PARTIALS_HEADER: str(len(metas))}
+            if plan is not None:
+                headers[ROWS_HEADER] = str(plan.rows)
+                headers[CONTENT_DIGEST] = format_crc32c(plan.crc)
+                response = web.StreamResponse(headers=headers)
+                response.content_length = plan.length
+                await response.prepare(request)
+                request[RESPONSE_STARTED] = True
+                sent = 0
+                if request.method != "HEAD":
+                    for piece in plan.pieces:
+                        await send_range(request, response, files[piece.file], piece.offset,
+                                         piece.length, state.store.run)
+                    await response.write(EOS)
+                    sent = plan.length
+            else:
+                schema = await state.store.run(aggregate.unified_schema, files, metas)
+                headers[ROWS_HEADER] = str(sum(m.rows for m in metas))
+                response = web.StreamResponse(headers=headers)
+                response.enable_chunked_encoding()
+                await response.prepare(request)
+                request[RESPONSE_STARTED] = True
+                sent = 0
+                if request.method != "HEAD":
+                    encoder = aggregate.Reencoder(files, schema)
+                    while (data := await state.store.run(encoder.next)) is not None:
+                        await response.write(data)
+                        sent += len(data)
+            await response.write_eof()
+            if request.method != "HEAD":
+                state.metrics.served_bytes.labels("partition").inc(sent)
+                state.metrics.served_requests.labels("partition").inc()
+                state.store.record_served(key.supervisor_task_id, sent)
+            return response
+        finally:
+            for fh in files:
+                fh.close()
+
+
+async def list_tasks(request: web.Request) -> web.Response:
+    state = state_of(request)
+    tasks = sorted(state.store.tasks(), key=lambda t: t.supervisor_task_id)
+    return web.json_response({
+        "tasks": [task_summary(t, state.settings.expiry_timeout) for t in tasks],
+        "bytes": sum(t.bytes for t in tasks),
+        "files": sum(t.files for t in tasks),
+    })
+
+
+async def get_task(request: web.Request) -> web.Response:
+    state = state_of(request)
+    sup = validate_id(request.match_info["sup"], "supervisorTaskId")
+    entry = state.store.task(sup)
+    if entry is None:
+        raise NotFound(f"supervisor task {sup} holds no data here", supervisorTaskId=sup)
+    return web.json_response(task_detail(entry, state.settings.expiry_timeout,
+                                         state.store.locations))
+
+
+async def delete_task(request: web.Request) -> web.Response:
+    state = state_of(request)
+    sup = validate_id(request.match_info["sup"], "supervisorTaskId")
+    removed = await state.store.delete_task(sup)
+    if removed is not None:
+        state.metrics.deleted_tasks.labels("request").inc()
+        state.metrics.deleted_bytes.labels("request").inc(removed.bytes)
+    return web.json_response({
+        "supervisorTaskId": sup, "deleted": removed is not None,
+        "bytes": removed.bytes if removed else 0, "files": removed.files if removed else 0,
+    })
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response(True)
+
+
+async def status(request: web.Request) -> web.Response:
+    state = state_of(request)
+    store = state.store
+
+    def _locations() -> list[dict[str, object]]:
+        out = []
+        for loc in store.locations:
+            try:
+                total, free = loc.disk_usage()
+            except OSError:
+                total = free = -1
+            out.append({
+                "path": str(loc.path), "usedBytes": loc.used_bytes, "files": loc.files,
+                "maxBytes": loc.max_bytes, "reserveBytes": loc.reserve_bytes,
+                "fileSystemBytes": total, "freeBytes": free, "healthy": loc.healthy,
+                "lastError": loc.last_error,
+            })
+        return out
+
+    tasks = store.tasks()
+    return web.json_response({
+        "version": __version__,
+        "uptimeSeconds": round(time.time() - state.started, 3),
+        "draining": state.drain.draining,
+        "tasks": len(tasks),
+        "files": sum(t.files for t in tasks),
+        "bytes": sum(t.bytes for t in tasks),
+        "inFlight": {"uploads": state.uploads.active, "downloads": state.downloads.active},
+        "locations": await store.run(_locations),
+    })
+
+
+async def metrics(request: web.Request) -> web.Response:
+    state = state_of(request)
+    body = generate_latest(state.metrics.registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

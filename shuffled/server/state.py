@@ -1,0 +1,32 @@
+"""What handlers share, stored once on the app (no module globals)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from shuffled.config import Settings
+from shuffled.metrics import Metrics
+from shuffled.server.limits import Limiter
+from shuffled.server.middleware import Drain
+from shuffled.storage import Store
+
+
+@dataclass
+class DaemonState:
+    settings: Settings
+    store: Store
+    metrics: Metrics
+    uploads: Limiter
+    downloads: Limiter
+    drain: Drain
+    started: float = field(default_factory=time.time)
+
+
+STATE = web.AppKey("state", DaemonState)
+
+
+def state_of(request: web.Request) -> DaemonState:
+    return request.app[STATE]

@@ -1,0 +1,150 @@
+"""The parsed, validated form of a Druid ``index_parallel`` spec (see :mod:`shuffled.spark.spec`).
+
+Everything here is plain frozen data; it is what the driver plans from. Only the fields this
+pipeline supports exist; :func:`shuffled.spark.spec.parse_spec` refuses the rest by path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from shuffled.protocol import Interval
+
+#: Metric types and, for each, the Arrow/Parquet type of the stored value.
+METRIC_TYPES: dict[str, str] = {
+    "count": "long",
+    "longSum": "long",
+    "doubleSum": "double",
+    "floatSum": "float",
+    "longMin": "long",
+    "longMax": "long",
+    "doubleMin": "double",
+    "doubleMax": "double",
+    "floatMin": "float",
+    "floatMax": "float",
+}
+
+#: How a metric is combined across partial results: count becomes a sum.
+COMBINE: dict[str, str] = {
+    "count": "sum",
+    "longSum": "sum",
+    "doubleSum": "sum",
+    "floatSum": "sum",
+    "longMin": "min",
+    "longMax": "max",
+    "doubleMin": "min",
+    "doubleMax": "max",
+    "floatMin": "min",
+    "floatMax": "max",
+}
+
+DIMENSION_TYPES = ("string", "long", "float", "double")
+TIMESTAMP_FORMATS = ("iso", "millis", "posix", "auto", "micro", "nano")
+
+
+@dataclass(frozen=True)
+class Dimension:
+    """One dimension: its column name and value type (``string`` unless typed)."""
+
+    name: str
+    type: str = "string"
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One aggregator of ``metricsSpec``; ``field`` is None only for ``count``."""
+
+    type: str
+    name: str
+    field: str | None
+
+    @property
+    def value_type(self) -> str:
+        return METRIC_TYPES[self.type]
+
+    @property
+    def combine(self) -> str:
+        return COMBINE[self.type]
+
+
+@dataclass(frozen=True)
+class TimestampSpec:
+    column: str = "timestamp"
+    format: str = "auto"
+    missing_value: int | None = None  # epoch millis used when the column is null
+
+
+@dataclass(frozen=True)
+class PartitionsSpec:
+    """Secondary partitioning of each time chunk.
+
+    ``type`` is ``hashed``, ``range`` (several dimensions), ``single_dim`` (one) or
+    ``dynamic`` (treated as hashed over the whole rolled-up key: perfect rollup anyway).
+    ``target_rows`` is what partition determination aims for when ``num_shards`` is None.
+    """
+
+    type: str = "dynamic"
+    num_shards: int | None = None
+    target_rows: int = 5_000_000
+    max_rows: int | None = None
+    dimensions: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class InputSource:
+    """``local`` (``base_dir`` + ``filter`` or ``files``) or ``inline`` (``data``)."""
+
+    type: str
+    base_dir: str | None = None
+    filter: str | None = None
+    files: tuple[str, ...] = ()
+    data: str | None = None
+
+
+@dataclass(frozen=True)
+class InputFormat:
+    """``json`` (lines), ``csv`` or ``parquet``."""
+
+    type: str
+    columns: tuple[str, ...] = ()
+    find_columns_from_header: bool = False
+    skip_header_rows: int = 0
+    delimiter: str = ","
+
+
+@dataclass(frozen=True)
+class IngestSpec:
+    """A validated ingestion spec: what to read, how to roll it up and partition it."""
+
+    data_source: str
+    timestamp: TimestampSpec
+    dimensions: tuple[Dimension, ...]
+    metrics: tuple[Metric, ...]
+    segment_granularity: str
+    query_granularity: str
+    intervals: tuple[Interval, ...]
+    rollup: bool
+    input_source: InputSource
+    input_format: InputFormat
+    append_to_existing: bool = False
+    partitions: PartitionsSpec = field(default_factory=PartitionsSpec)
+    force_guaranteed_rollup: bool = False
+    max_concurrent_subtasks: int = 1
+    total_merge_tasks: int = 10
+    max_parse_exceptions: int = 2**31 - 1
+    max_rows_in_memory: int = 1_000_000
+    max_saved_parse_exceptions: int = 20
+    task_id: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def dimension_names(self) -> tuple[str, ...]:
+        return tuple(d.name for d in self.dimensions)
+
+    @property
+    def input_fields(self) -> tuple[str, ...]:
+        """Input columns the job reads: timestamp, dimensions, metric fields (no duplicates)."""
+        names = [self.timestamp.column, *self.dimension_names]
+        names += [m.field for m in self.metrics if m.field is not None]
+        return tuple(dict.fromkeys(names))

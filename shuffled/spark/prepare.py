@@ -1,0 +1,192 @@
+"""Spark SQL (JVM-side) preparation of the input rows for phase 1.
+
+Everything per row that can be done without Python is done here: timestamp parsing,
+truncation to queryGranularity, the time chunk (segmentGranularity), the interval filter,
+value typing, the reason a row is unparseable, and (given a :class:`PartitionPlan`) the
+secondary partition number. Python only sees narrow, typed Arrow batches.
+
+``__bad`` is NULL for a good row, ``'T'`` for a row thrown away (outside ``intervals``)
+and ``'U\\t<file>\\t<line>\\t<reason>\\t<raw>'`` for an unparseable one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from shuffled.spark.granularity import spark_truncate, truncate
+from shuffled.spark.model import IngestSpec
+from shuffled.spark.rollup import BAD, BUCKET, CHUNK, TIME
+
+_TS = "__ts"
+_NUMERIC = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType,
+            T.DecimalType)
+_SQL_TYPES = {"long": "bigint", "double": "double", "float": "float", "string": "string"}
+
+
+@dataclass(frozen=True)
+class PartitionPlan:
+    """How rows of each time chunk are assigned a partition number.
+
+    ``hashed``: ``pmod(hash(cols), shards)`` with ``shards`` = ``per_chunk[chunk]`` or
+    ``num_shards``; ``cols`` are the partition dimensions, or ``__time`` plus every dimension.
+    ``range``: partition i of a chunk holds keys in [boundaries[i-1], boundaries[i]).
+    """
+
+    kind: str
+    dimensions: tuple[str, ...]
+    num_shards: int = 1
+    per_chunk: dict[int, int] = field(default_factory=dict)
+    boundaries: dict[int, list[tuple[str | None, ...]]] = field(default_factory=dict)
+
+    def shards(self, chunk: int) -> int:
+        if self.kind == "range":
+            return len(self.boundaries.get(chunk, [])) + 1
+        return self.per_chunk.get(chunk, self.num_shards)
+
+
+def metric_column(i: int) -> str:
+    """Name of the phase-1 input column of metric ``i``."""
+    return f"__m{i}"
+
+
+def _is(dtype: T.DataType, kinds: tuple[type, ...]) -> bool:
+    return isinstance(dtype, kinds)
+
+
+def _timestamp(c: Column, dtype: T.DataType, fmt: str) -> Column:
+    if isinstance(dtype, (T.TimestampType, T.TimestampNTZType)):
+        return F.unix_millis(c.cast("timestamp"))
+    if isinstance(dtype, T.DateType):
+        return F.unix_millis(c.cast("timestamp"))
+    scale = {"posix": 1000.0, "micro": 0.001, "nano": 0.000001}.get(fmt)
+    if _is(dtype, _NUMERIC):
+        number = c.cast("double")
+    else:
+        c = F.trim(c.cast("string"))
+        number = c.try_cast("double")
+    if scale is not None:
+        return F.floor(number * F.lit(scale)).try_cast("bigint")
+    as_millis = F.coalesce(c.try_cast("bigint"), F.floor(number).try_cast("bigint"))
+    if fmt == "millis" or _is(dtype, _NUMERIC):
+        return as_millis
+    iso = F.unix_millis(c.try_cast("timestamp"))
+    if fmt == "iso":
+        return iso
+    return F.when(c.rlike(r"^-?[0-9]+$"), as_millis).otherwise(iso)  # auto
+
+
+def _typed(c: Column, dtype: T.DataType, kind: str) -> tuple[Column, Column | None]:
+    """The value as ``kind`` and (for text input) a 'could not parse' condition."""
+    if kind == "string":
+        return c.cast("string"), None
+    sql = _SQL_TYPES[kind]
+    if _is(dtype, _NUMERIC):
+        return c.cast(sql), None
+    text = F.nullif(F.trim(c.cast("string")), F.lit(""))
+    if kind == "long":
+        value = F.coalesce(text.try_cast("bigint"), F.floor(text.try_cast("double")).try_cast("bigint"))
+    else:
+        value = text.try_cast(sql)
+    return value, text.isNotNull() & value.isNull()
+
+
+def prepare(df: DataFrame, spec: IngestSpec) -> DataFrame:
+    """Typed rows: ``__chunk, __time, <dimensions>, __m<i>..., __bad`` (see module doc)."""
+    types = {f.name: f.dataType for f in df.schema.fields}
+    ts = spec.timestamp
+    raw_ts = F.col(f"`{ts.column}`")
+    millis = _timestamp(raw_ts, types[ts.column], ts.format)
+    if ts.missing_value is not None:
+        millis = F.when(raw_ts.isNull(), F.lit(ts.missing_value)).otherwise(millis)
+    cols: list[Column] = []
+    problems: list[tuple[Column, Column]] = [
+        (F.col("__corrupt"), F.lit("malformed " + spec.input_format.type + " record")),
+        (F.col(_TS).isNull(), F.concat(F.lit("unparseable timestamp ["),
+                                        F.coalesce(raw_ts.cast("string"), F.lit("null")), F.lit("]"))),
+    ]
+    for d in spec.dimensions:
+        src = F.col(f"`{d.name}`")
+        value, bad = _typed(src, types[d.name], d.type)
+        cols.append(value.alias(d.name))
+        if bad is not None:
+            problems.append((bad, F.concat(F.lit(f"dimension [{d.name}]: not a {d.type} ["),
+                                           src.cast("string"), F.lit("]"))))
+    for i, m in enumerate(spec.metrics):
+        if m.field is None:
+            continue
+        src = F.col(f"`{m.field}`")
+        value, bad = _typed(src, types[m.field], m.value_type)
+        cols.append(value.alias(metric_column(i)))
+        if bad is not None:
+            problems.append((bad, F.concat(F.lit(f"field [{m.field}] of metric [{m.name}]: not a number ["),
+                                           src.cast("string"), F.lit("]"))))
+    reason = F.when(problems[0][0], problems[0][1])
+    for cond, text in problems[1:]:
+        reason = reason.when(cond, text)
+    location = F.concat_ws("\t", F.lit("U"), F.coalesce(F.col("__file"), F.lit("")),
+                           F.coalesce(F.col("__line").cast("string"), F.lit("")), reason,
+                           F.coalesce(F.substring(F.col("__raw"), 1, 1000), F.lit("")))
+    chunk = F.expr(spark_truncate(_TS, spec.segment_granularity))
+    keep = _in_intervals(chunk, spec)
+    bad = F.when(reason.isNotNull(), location).when(~keep, F.lit("T"))
+    return df.withColumn(_TS, millis).select(
+        F.expr(spark_truncate(_TS, spec.query_granularity)).alias(TIME),
+        chunk.alias(CHUNK), *cols, bad.alias(BAD),
+    )
+
+
+def _in_intervals(chunk: Column, spec: IngestSpec) -> Column:
+    """True when the row's time chunk overlaps one of ``intervals`` (Druid's bucket rule)."""
+    if not spec.intervals:
+        return F.lit(True)
+    cond: Column | None = None
+    for iv in spec.intervals:
+        first = truncate(iv.start, spec.segment_granularity)
+        part = (chunk >= F.lit(first)) & (chunk < F.lit(iv.end))
+        cond = part if cond is None else (cond | part)
+    assert cond is not None
+    return cond
+
+
+def hash_columns(plan: PartitionPlan, spec: IngestSpec) -> list[Column]:
+    """The columns the hashed partition function covers."""
+    if plan.dimensions:
+        return [F.col(f"`{d}`") for d in plan.dimensions]
+    return [F.col(TIME), *[F.col(f"`{d}`") for d in spec.dimension_names]]
+
+
+def range_key(dims: tuple[str, ...] | list[str], values: tuple[str | None, ...] | None = None) -> Column:
+    """A comparable struct of the range dimensions, nulls before any value."""
+    parts: list[Column] = []
+    for i, d in enumerate(dims):
+        if values is None:
+            c = F.col(f"`{d}`").cast("string")
+            parts += [c.isNotNull().alias(f"n{i}"), F.coalesce(c, F.lit("")).alias(f"v{i}")]
+        else:
+            v = values[i]
+            parts += [F.lit(v is not None).alias(f"n{i}"), F.lit(v or "").alias(f"v{i}")]
+    return F.struct(*parts)
+
+
+def bucket_column(plan: PartitionPlan, spec: IngestSpec) -> Column:
+    """The partition number of each row under ``plan`` (an INT column)."""
+    chunk = F.col(CHUNK)
+    if plan.kind == "range":
+        key = range_key(plan.dimensions)
+        expr: Column | None = None
+        for c, bounds in sorted(plan.boundaries.items()):
+            if not bounds:
+                continue
+            count = sum((F.when(key >= range_key(plan.dimensions, b), 1).otherwise(0) for b in bounds),
+                        F.lit(0))
+            expr = F.when(chunk == F.lit(c), count) if expr is None else expr.when(chunk == F.lit(c), count)
+        return (F.lit(0) if expr is None else expr.otherwise(0)).cast("int")
+    shards: Column = F.lit(plan.num_shards)
+    if plan.per_chunk:
+        mapping = F.create_map(*[x for c, n in sorted(plan.per_chunk.items()) for x in (F.lit(c), F.lit(n))])
+        shards = F.coalesce(F.element_at(mapping, chunk), F.lit(1))
+    return F.pmod(F.hash(*hash_columns(plan, spec)), shards).cast("int")

@@ -1,0 +1,145 @@
+"""Local rollup and merge of Arrow tables (runs on Spark executors: pyarrow only).
+
+A *layout* describes the rows of a partial or final segment: ``__time`` (int64 epoch
+millis, already truncated to queryGranularity), the dimensions, then one column per metric.
+Rolling up groups by (``__time``, dimensions) and aggregates the metrics; merging partial
+results uses the combining form of each aggregator (count becomes a sum, min/max stay).
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+TIME = "__time"
+CHUNK = "__chunk"
+BUCKET = "__bucket"
+BAD = "__bad"
+
+_ARROW_TYPES = {"string": pa.string(), "long": pa.int64(), "double": pa.float64(),
+                "float": pa.float32()}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Column names and types of the rolled-up rows; picklable, shipped to executors.
+
+    ``dims`` are (name, type) pairs; ``metrics`` are (name, agg, combine, type, input) with
+    ``agg`` one of count/sum/min/max applied to the ``input`` column in phase 1.
+    """
+
+    dims: tuple[tuple[str, str], ...]
+    metrics: tuple[tuple[str, str, str, str, str | None], ...]
+    rollup: bool = True
+
+    @property
+    def keys(self) -> list[str]:
+        return [TIME, *(d for d, _ in self.dims)]
+
+    def schema(self) -> pa.Schema:
+        fields = [pa.field(TIME, pa.int64())]
+        fields += [pa.field(d, _ARROW_TYPES[t]) for d, t in self.dims]
+        fields += [pa.field(m[0], _ARROW_TYPES[m[3]]) for m in self.metrics]
+        return pa.schema(fields)
+
+
+def _group(table: pa.Table, keys: list[str], aggs: list[tuple[str | list[str], str]],
+           names: list[str]) -> pa.Table:
+    grouped = table.group_by(keys, use_threads=False).aggregate(aggs)
+    cols = grouped.column_names
+    if cols[: len(keys)] == keys:
+        key_cols, agg_cols = grouped.columns[: len(keys)], grouped.columns[len(keys):]
+    else:
+        agg_cols, key_cols = grouped.columns[: len(aggs)], grouped.columns[len(aggs):]
+    return pa.Table.from_arrays(list(key_cols) + list(agg_cols), names=keys + names)
+
+
+def rollup_input(batch: pa.Table, layout: Layout, extra_keys: list[str]) -> pa.Table:
+    """Phase-1 rollup of raw input rows: ``extra_keys`` (chunk, bucket) + layout keys.
+
+    Input metric columns are ``layout.metrics[i][4]``; ``count`` needs none. Returns the
+    extra keys followed by :meth:`Layout.schema` columns.
+    """
+    keys = extra_keys + layout.keys
+    names = [m[0] for m in layout.metrics]
+    if not layout.rollup:
+        cols = [batch.column(k) for k in keys]
+        for name, agg, _, typ, src in layout.metrics:
+            if agg == "count":
+                cols.append(pa.array([1] * batch.num_rows, pa.int64()))
+            else:
+                cols.append(batch.column(src))
+        return _cast(pa.Table.from_arrays(cols, names=keys + names), layout, extra_keys)
+    aggs: list[tuple[str | list[str], str]] = []
+    for _, agg, _, _, src in layout.metrics:
+        aggs.append(([], "count_all") if agg == "count" else (src or "", agg))
+    if not aggs:
+        aggs = [([], "count_all")]
+        grouped = _group(batch, keys, aggs, ["__n"]).drop_columns(["__n"])
+    else:
+        grouped = _group(batch, keys, aggs, names)
+    return _cast(grouped, layout, extra_keys)
+
+
+def combine(table: pa.Table, layout: Layout, extra_keys: list[str] = ()) -> pa.Table:  # type: ignore[assignment]
+    """Merge already rolled-up rows with the combining aggregators (idempotent)."""
+    if not layout.rollup:
+        return table
+    keys = list(extra_keys) + layout.keys
+    names = [m[0] for m in layout.metrics]
+    aggs: list[tuple[str | list[str], str]] = [(m[0], m[2]) for m in layout.metrics]
+    if not aggs:
+        grouped = _group(table, keys, [([], "count_all")], ["__n"]).drop_columns(["__n"])
+    else:
+        grouped = _group(table, keys, aggs, names)
+    return _cast(grouped, layout, list(extra_keys))
+
+
+def _cast(table: pa.Table, layout: Layout, extra_keys: list[str]) -> pa.Table:
+    target = layout.schema()
+    fields = [table.schema.field(k) for k in extra_keys] + list(target)
+    return table.select([f.name for f in fields]).cast(pa.schema(fields), safe=False)
+
+
+def sort_segment(table: pa.Table, layout: Layout) -> pa.Table:
+    """Rows sorted by time then dimensions (nulls first, as Druid sorts them)."""
+    return table.sort_by([(k, "ascending", "at_start") for k in layout.keys])
+
+
+def split_by(table: pa.Table, cols: list[str]) -> list[tuple[tuple[int, ...], pa.Table]]:
+    """Split ``table`` into runs of equal values of the integer columns ``cols``."""
+    if table.num_rows == 0:
+        return []
+    order = pc.sort_indices(table, [(c, "ascending") for c in cols])
+    table = table.take(order)
+    arrays = [table.column(c).to_numpy() for c in cols]
+    import numpy as np
+
+    change = np.zeros(table.num_rows, dtype=bool)
+    change[0] = True
+    for arr in arrays:
+        change[1:] |= arr[1:] != arr[:-1]
+    starts = np.flatnonzero(change).tolist() + [table.num_rows]
+    out = []
+    for lo, hi in zip(starts[:-1], starts[1:]):
+        key = tuple(int(a[lo]) for a in arrays)
+        out.append((key, table.slice(lo, hi - lo).drop_columns(cols)))
+    return out
+
+
+def to_ipc(table: pa.Table) -> bytes:
+    """An Arrow IPC stream of ``table``."""
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
+def from_ipc(data: bytes) -> pa.Table:
+    """Read an Arrow IPC stream (possibly several concatenated segments' batches)."""
+    if not data:
+        raise ValueError("empty Arrow stream")
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()

@@ -1,0 +1,157 @@
+"""Input: resolve the spec's files (before Spark starts) and read them as a DataFrame.
+
+JSON lines and CSV are read as text lines and parsed in the JVM (``from_json``/``from_csv``
+in PERMISSIVE mode), so every bad line is kept, not dropped, and can be reported with its
+file and line. Each field is read as a string; typing happens in :mod:`.prepare`. The
+result has the input fields plus ``__file``, ``__line`` (known for inline data and Parquet;
+resolved on the driver for the few bad text lines), ``__raw`` and ``__corrupt``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from collections.abc import Iterable
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from shuffled.spark.model import IngestSpec
+from shuffled.spark.spec import SpecError
+
+SRC = "$.spec.ioConfig.inputSource"
+_CORRUPT = "__corrupt_record"
+
+
+def resolve_files(spec: IngestSpec, cwd: str | None = None) -> list[str]:
+    """Absolute paths of the input files, sorted; SpecError if there are none.
+
+    ``baseDir`` is walked recursively and ``filter`` (a wildcard, as Druid's) is matched
+    against file names; ``files`` are taken as listed. Relative paths are relative to ``cwd``.
+    """
+    src = spec.input_source
+    if src.type == "inline":
+        return []
+    root = cwd or os.getcwd()
+    out: list[str] = []
+    for i, name in enumerate(src.files):
+        path = os.path.abspath(os.path.join(root, name))
+        if not os.path.isfile(path):
+            raise SpecError(f"{SRC}.files[{i}]", f"{path} is not a readable file")
+        out.append(path)
+    if src.base_dir:
+        base = os.path.abspath(os.path.join(root, src.base_dir))
+        if not os.path.isdir(base):
+            raise SpecError(f"{SRC}.baseDir", f"{base} is not a directory")
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames.sort()
+            for fn in sorted(filenames):
+                if fnmatch.fnmatchcase(fn, src.filter or "*") and not fn.startswith("."):
+                    out.append(os.path.join(dirpath, fn))
+        if not out:
+            raise SpecError(f"{SRC}.filter", f"no file under {base} matches {src.filter!r}")
+    return sorted(dict.fromkeys(out))
+
+
+def csv_columns(spec: IngestSpec, files: list[str]) -> tuple[list[str], set[str]]:
+    """CSV column names and the header lines to skip (from the first line of each file)."""
+    fmt = spec.input_format
+    headers: set[str] = set()
+    if fmt.find_columns_from_header:
+        firsts = _first_lines(spec, files)
+        if not firsts:
+            raise SpecError("$.spec.ioConfig.inputFormat", "no header row found")
+        headers = set(firsts)
+        columns = [c.strip().strip('"') for c in firsts[0].split(fmt.delimiter)]
+        missing = [c for c in spec.input_fields if c not in columns]
+        if missing:
+            raise SpecError("$.spec.ioConfig.inputFormat.findColumnsFromHeader",
+                            f"the header of {files[0] if files else 'inline data'} lacks {missing}")
+        return columns, headers
+    return list(fmt.columns), headers
+
+
+def _first_lines(spec: IngestSpec, files: list[str]) -> list[str]:
+    if spec.input_source.type == "inline":
+        lines = (spec.input_source.data or "").splitlines()
+        return lines[:1]
+    out = []
+    for path in files:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            line = fh.readline().rstrip("\r\n")
+            if line:
+                out.append(line)
+    return out
+
+
+def _text_lines(spark: SparkSession, spec: IngestSpec, files: list[str]) -> DataFrame:
+    if spec.input_source.type == "inline":
+        lines = (spec.input_source.data or "").splitlines()
+        rows = [(line, "inline", i + 1) for i, line in enumerate(lines)]
+        schema = "value string, __file string, __line bigint"
+        return spark.createDataFrame(rows, schema)
+    df = spark.read.text(files)
+    return df.select("value", F.col("_metadata.file_path").alias("__file"),
+                     F.lit(None).cast("bigint").alias("__line"))
+
+
+def load_input(spark: SparkSession, spec: IngestSpec, files: list[str]) -> DataFrame:
+    """The input rows: every input field (string, or Parquet's own type) + bookkeeping."""
+    fields = list(spec.input_fields)
+    if spec.input_format.type == "parquet":
+        return _parquet(spark, files, fields)
+    lines = _text_lines(spark, spec, files)
+    lines = lines.where(F.length(F.trim("value")) > 0)
+    schema = T.StructType([T.StructField(f, T.StringType()) for f in fields]
+                          + [T.StructField(_CORRUPT, T.StringType())])
+    opts = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
+    if spec.input_format.type == "json":
+        parsed = F.from_json("value", schema, opts)
+    else:
+        columns, headers = csv_columns(spec, files)
+        if headers:
+            lines = lines.where(~F.col("value").isin(list(headers)))
+        ddl = ", ".join(f"`{c}` STRING" for c in [*columns, _CORRUPT])
+        opts["sep"] = spec.input_format.delimiter
+        parsed = F.from_csv(F.col("value"), F.lit(ddl), opts)
+    df = lines.select(parsed.alias("__p"), "value", "__file", "__line")
+    cols: list[Column] = [F.col("__p").getField(f).alias(f) for f in fields]
+    corrupt = F.col("__p").isNull() | F.col("__p").getField(_CORRUPT).isNotNull()
+    return df.select(*cols, F.col("__file"), F.col("__line"), F.col("value").alias("__raw"),
+                     corrupt.alias("__corrupt"))
+
+
+def _parquet(spark: SparkSession, files: list[str], fields: list[str]) -> DataFrame:
+    df = spark.read.parquet(*files)
+    present = set(df.columns)
+    cols: list[Column] = [F.col(f"`{f}`") if f in present else F.lit(None).cast("string").alias(f)
+                          for f in fields]
+    return df.select(*cols, F.col("_metadata.file_path").alias("__file"),
+                     (F.col("_metadata.row_index") + 1).alias("__line"),
+                     F.lit(None).cast("string").alias("__raw"), F.lit(False).alias("__corrupt"))
+
+
+def resolve_lines(bad: Iterable[dict[str, object]]) -> None:
+    """Fill in ``line`` of bad records read from text files by finding their raw text.
+
+    Only the few saved parse exceptions go through here, one scan per file involved.
+    """
+    by_file: dict[str, list[dict[str, object]]] = {}
+    for rec in bad:
+        if not rec.get("line") and rec.get("file") not in (None, "", "inline"):
+            by_file.setdefault(str(rec["file"]), []).append(rec)
+    for uri, recs in by_file.items():
+        path = uri[len("file:"):] if uri.startswith("file:") else uri
+        path = path[2:] if path.startswith("//") else path
+        wanted: dict[str, list[dict[str, object]]] = {}
+        for rec in recs:
+            wanted.setdefault(str(rec.get("raw", "")), []).append(rec)
+        try:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                for n, line in enumerate(fh, 1):
+                    waiting = wanted.get(line.rstrip("\r\n"))
+                    if waiting:
+                        waiting.pop(0)["line"] = n
+        except OSError:
+            continue

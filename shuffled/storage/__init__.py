@@ -1,0 +1,10 @@
+"""Partial-segment storage: disk locations, placement, atomic writes, index, restart recovery.
+
+Only :class:`Store` is the public face; the modules below it each own one idea.
+"""
+
+from shuffled.storage.index import PartialMeta, TaskEntry
+from shuffled.storage.location import Location
+from shuffled.storage.store import Store
+
+__all__ = ["Location", "PartialMeta", "Store", "TaskEntry"]

@@ -1,0 +1,94 @@
+"""Checks that a file is one complete Arrow IPC stream, and finds its parts.
+
+Run on the temp file before it becomes visible. It reads through a memory map (no copy of
+the data into the heap), validates every record batch's structure, requires the
+end-of-stream marker and nothing after it, so a truncated or padded body is refused.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from shuffled.crc import crc32c
+from shuffled.errors import InvalidBody
+
+CONTINUATION = b"\xff\xff\xff\xff"
+EOS = CONTINUATION + b"\x00\x00\x00\x00"  # Arrow IPC end-of-stream marker (format >= 1.0)
+EOS_CRC = crc32c(EOS)
+
+
+@dataclass(frozen=True, slots=True)
+class ArrowFacts:
+    """What the store keeps about a stream to serve it without decoding it again."""
+
+    rows: int
+    batches: int
+    schema_len: int  # bytes of the leading schema message
+    schema_crc: int  # CRC32C of those bytes: the aggregate fast path compares it
+    body_crc: int  # CRC32C of [schema_len, size - len(EOS)): record/dictionary batches
+    has_dictionaries: bool
+    schema_text: str
+
+
+def _has_dictionary(typ: pa.DataType) -> bool:
+    if pa.types.is_dictionary(typ):
+        return True
+    return any(_has_dictionary(typ.field(i).type) for i in range(typ.num_fields))
+
+
+def schema_has_dictionaries(schema: pa.Schema) -> bool:
+    return any(_has_dictionary(f.type) for f in schema)
+
+
+def _view(source: pa.MemoryMappedFile, offset: int, length: int) -> pa.Buffer:
+    """Bytes [offset, offset+length) of a memory map, zero-copy."""
+    source.seek(offset)
+    return source.read_buffer(length)
+
+
+def inspect(path: str, size: int) -> ArrowFacts:
+    """Validate the stream in ``path`` (``size`` bytes) and return its facts, or InvalidBody."""
+    if size < 16:
+        raise InvalidBody(f"body of {size} bytes is not an Arrow IPC stream")
+    with pa.memory_map(path, "r") as source:
+        head = _view(source, 0, 8).to_pybytes()
+        if head[:4] != CONTINUATION:
+            raise InvalidBody(
+                "body is not an Arrow IPC stream (no continuation marker; pre-1.0 "
+                "legacy streams are not accepted)"
+            )
+        (meta_len,) = struct.unpack("<i", head[4:8])
+        schema_len = 8 + meta_len
+        if meta_len <= 0 or schema_len > size - len(EOS):
+            raise InvalidBody("body does not start with an Arrow schema message")
+        if _view(source, size - len(EOS), len(EOS)).to_pybytes() != EOS:
+            raise InvalidBody(
+                "Arrow stream has no end-of-stream marker: the body is truncated or "
+                "the writer was not closed"
+            )
+        rows = batches = 0
+        source.seek(0)
+        try:
+            reader = pa.ipc.open_stream(source)
+            schema = reader.schema
+            for batch in reader:
+                batch.validate()
+                rows += batch.num_rows
+                batches += 1
+            end = source.tell()
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OSError) as exc:
+            raise InvalidBody(f"body is not a valid Arrow IPC stream: {exc}") from exc
+        if end != size:
+            raise InvalidBody(f"Arrow stream ends at byte {end} but the body has {size} bytes")
+        return ArrowFacts(
+            rows=rows,
+            batches=batches,
+            schema_len=schema_len,
+            schema_crc=crc32c(_view(source, 0, schema_len)),
+            body_crc=crc32c(_view(source, schema_len, size - len(EOS) - schema_len)),
+            has_dictionaries=schema_has_dictionaries(schema),
+            schema_text=schema.to_string(show_schema_metadata=False),
+        )

@@ -1,0 +1,90 @@
+"""Shared fixtures: real daemons on loopback with real temp directories."""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client import CollectorRegistry
+
+from shuffled.config import Settings, load_settings
+from shuffled.server import make_app
+from shuffled.server.embedded import EmbeddedDaemon
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+PREFIX = "/druid/worker/v1/shuffle"
+DAY = {"start": "2018-01-01T00:00:00.000Z", "end": "2018-01-02T00:00:00.000Z"}
+
+
+def arrow_bytes(table: pa.Table, batch_rows: int | None = None) -> bytes:
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=batch_rows)
+    return sink.getvalue()
+
+
+def sample_table(rows: int = 10, seed: int = 0) -> pa.Table:
+    return pa.table({
+        "__time": pa.array([1514764800000 + i * 1000 for i in range(rows)], pa.int64()),
+        "dim": pa.array([f"d{(i + seed) % 7}" if i % 5 else None for i in range(rows)]),
+        "count": pa.array([seed + i for i in range(rows)], pa.int64()),
+    })
+
+
+def files_under(root: Path) -> list[Path]:
+    """Every file in a location except the lock (temp dir included: it must be empty)."""
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.name != ".lock")
+
+
+@pytest.fixture
+def make_settings(tmp_path: Path) -> Callable[..., Settings]:
+    def factory(locations: int | list[str] = 2, **overrides: Any) -> Settings:
+        if isinstance(locations, int):
+            locations = [str(tmp_path / f"loc{i}") for i in range(locations)]
+        values: dict[str, Any] = {"host": "127.0.0.1", "port": 0, "locations": locations,
+                                  "free_space_reserve": 0, "access_log": False}
+        values.update(overrides)
+        return load_settings(environ={}, overrides=values)
+
+    return factory
+
+
+@pytest.fixture
+def settings(make_settings: Callable[..., Settings]) -> Settings:
+    return make_settings()
+
+
+@pytest.fixture
+async def start_daemon() -> AsyncIterator[Callable[..., Any]]:
+    """Start real daemons (aiohttp TestServer on 127.0.0.1); all stopped at the end."""
+    clients: list[TestClient] = []
+
+    async def start(settings: Settings, **kwargs: Any) -> TestClient:
+        app = make_app(settings, registry=kwargs.pop("registry", CollectorRegistry()), **kwargs)
+        client = TestClient(TestServer(app, host="127.0.0.1"))
+        await client.start_server()
+        clients.append(client)
+        return client
+
+    yield start
+    for client in reversed(clients):
+        await client.close()
+
+
+@pytest.fixture
+async def daemon(start_daemon: Callable[..., Any], settings: Settings) -> TestClient:
+    return await start_daemon(settings)
+
+
+@pytest.fixture
+def daemon_url(tmp_path: Path) -> Iterator[str]:
+    """A real daemon on a background thread, for synchronous clients."""
+    with EmbeddedDaemon([tmp_path / "emb0", tmp_path / "emb1"], free_space_reserve=0) as url:
+        yield url
