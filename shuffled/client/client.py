@@ -40,22 +40,40 @@ _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$")
 
 
 class _Sink(Protocol):
+    def expect(self, total: int | None) -> None: ...
+
     def write(self, chunk: memoryview) -> None: ...
 
     def restart(self, what: str) -> None: ...
 
 
 class _BytesSink:
-    """Collects the body in memory (get_partial / get_partition)."""
+    """Collects the body in memory (get_partial / get_partition) as a list of bytes chunks.
+
+    A body of known length arrives as one ``bytes`` read straight from the socket (see
+    ``_Download._read_body``), so the common case allocates the result once and never copies
+    it; fresh memory is the dominant cost for large bodies.
+    """
 
     def __init__(self) -> None:
-        self.buf = bytearray()
+        self._chunks: list[bytes] = []
+
+    def expect(self, total: int | None) -> None:
+        pass
+
+    def take(self, data: bytes) -> None:
+        self._chunks.append(data)
 
     def write(self, chunk: memoryview) -> None:
-        self.buf += chunk
+        self._chunks.append(chunk.tobytes())
 
     def restart(self, what: str) -> None:
-        del self.buf[:]
+        self._chunks = []
+
+    def value(self) -> bytes:
+        if len(self._chunks) == 1:
+            return self._chunks[0]
+        return b"".join(self._chunks)
 
 
 class _LocalWriteError(Exception):
@@ -77,6 +95,9 @@ class _FileSink:
                 self.start = out.tell()
         except (OSError, ValueError):
             self.start = None
+
+    def expect(self, total: int | None) -> None:
+        pass
 
     def write(self, chunk: memoryview) -> None:
         try:
@@ -173,6 +194,7 @@ class _Download:
         self.expected = _digest(resp, CONTENT_DIGEST, self.what)
         if self.expected is None:
             self.expected = _digest(resp, REPR_DIGEST, self.what)
+        self.sink.expect(self.total)
 
     def _begin_partial(self, resp: http.client.HTTPResponse) -> None:
         match = _CONTENT_RANGE.match(resp.getheader("Content-Range") or "")
@@ -191,6 +213,9 @@ class _Download:
             self.total = int(match.group(3))
 
     def _read_body(self, resp: http.client.HTTPResponse) -> None:
+        if isinstance(self.sink, _BytesSink) and self.total is not None:
+            self._read_whole(resp, self.sink)
+            return
         view = memoryview(self._buf)
         while True:
             want = CHUNK if self.total is None else min(CHUNK, self.total - self.received)
@@ -211,6 +236,25 @@ class _Download:
             # Declared length reached; anything more would be a protocol error.
             if resp.read(1):
                 raise BadResponse(f"{self.what}: the server sent more than Content-Length")
+
+
+    def _read_whole(self, resp: http.client.HTTPResponse, sink: _BytesSink) -> None:
+        """Read the rest of a known-length body into one bytes object, hashing it in 1 MiB
+        slices; a short read (dropped connection) keeps what arrived for the resume."""
+        assert self.total is not None
+        want = self.total - self.received
+        data = resp.read(want) if want > 0 else b""
+        view = memoryview(data)
+        for i in range(0, len(data), CHUNK):
+            self.crc.update(view[i : i + CHUNK])
+        if data:
+            sink.take(data)
+        self.received += len(data)
+        self.high_water = max(self.high_water, self.received)
+        if self.received < self.total:
+            raise http.client.IncompleteRead(b"", self.total - self.received)
+        if not resp.isclosed() and resp.read(1):
+            raise BadResponse(f"{self.what}: the server sent more than Content-Length")
 
 
 def _digest(resp: http.client.HTTPResponse, header: str, what: str) -> int | None:
@@ -296,7 +340,7 @@ class ShuffleClient:
         """
         sink = _BytesSink()
         self._download(str(key), key.path(), list(key.query().items()), sink, resumable=True)
-        return bytes(sink.buf)
+        return sink.value()
 
     def get_partial_to(self, key: PartialKey, out: BinaryIO) -> int:
         """Like :meth:`get_partial` but streamed into ``out`` in 1 MiB chunks; returns bytes written.
@@ -322,7 +366,7 @@ class ShuffleClient:
         sink = _BytesSink()
         query = self._partition_query(partition, sub_task_ids)
         self._download(_partition_label(partition), partition.path(), query, sink, resumable=False)
-        return bytes(sink.buf)
+        return sink.value()
 
     def get_partition_to(
         self, partition: PartitionKey, out: BinaryIO, sub_task_ids: Sequence[str] | None = None

@@ -29,6 +29,7 @@ T = TypeVar("T")
 # take the data), never for "everything is full".
 _RETRY_STATUSES = frozenset({500, 502, 503, 504})
 _MAX_ERROR_BODY = 1 << 16
+_SMALL_BODY = 1 << 16
 _STALE_ERRORS = (
     http.client.RemoteDisconnected,
     BrokenPipeError,
@@ -230,8 +231,13 @@ class Transport:
                 conn.putheader("Content-Length", str(body.nbytes))
             elif method in ("PUT", "POST"):
                 conn.putheader("Content-Length", "0")
-            conn.endheaders()
             send_error: OSError | None = None
+            if body is not None and 0 < body.nbytes <= _SMALL_BODY:
+                # One send() for headers + a small body: no Nagle/delayed-ACK stall.
+                conn.endheaders(body.tobytes())
+                body = None
+            else:
+                conn.endheaders()
             if body is not None and body.nbytes:
                 try:
                     conn.send(body)

@@ -1,0 +1,88 @@
+"""The task report (Druid-like ``ingestionStatsAndErrors`` plus the seed's per-task metrics)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class TaskReport:
+    """Accumulates what a job did; :meth:`to_json` is what lands in ``task-report.json``."""
+
+    task_id: str
+    data_source: str
+    version: str
+    servers: list[str]
+    started: float = field(default_factory=time.time)
+    status: str = "RUNNING"
+    error: str | None = None
+    phases: dict[str, dict[str, Any]] = field(default_factory=dict)
+    rows: dict[str, int] = field(default_factory=lambda: {
+        "processed": 0, "processedBytes": 0, "processedWithError": 0, "unparseable": 0,
+        "thrownAway": 0})
+    bytes_shuffled: int = 0
+    bytes_fetched: int = 0
+    rows_out: int = 0
+    subtasks: list[dict[str, Any]] = field(default_factory=list)
+    unparseable_events: list[dict[str, Any]] = field(default_factory=list)
+    segments: list[dict[str, Any]] = field(default_factory=list)
+    cleanup: dict[str, str] = field(default_factory=dict)
+
+    def phase(self, name: str, started: float, **facts: Any) -> None:
+        self.phases[name] = {"ingest/task/time": int((time.monotonic() - started) * 1000), **facts}
+
+    def add_subtask(self, stats: dict[str, Any]) -> None:
+        self.subtasks.append({
+            "id": f"p{stats['partition']}-a{stats['attempt']}",
+            "sparkPartition": stats["partition"], "attemptNumber": stats["attemptNumber"],
+            "server": stats["server"], "ingest/task/time": stats["ms"],
+            "ingest/task/bytes/processed": stats["bytesProcessed"],
+            "rows": stats["rowsIn"], "bytesShuffled": stats["bytesShuffled"],
+        })
+        for key, src in (("processed", "processed"), ("processedBytes", "bytesProcessed"),
+                         ("unparseable", "unparseable"), ("thrownAway", "thrownAway")):
+            self.rows[key] += int(stats[src])
+        self.bytes_shuffled += int(stats["bytesShuffled"])
+
+    def to_json(self) -> dict[str, Any]:
+        elapsed = int((time.time() - self.started) * 1000)
+        return {
+            "type": "index_parallel",
+            "id": self.task_id,
+            "dataSource": self.data_source,
+            "status": self.status,
+            "errorMsg": self.error,
+            "version": self.version,
+            "shuffleServers": self.servers,
+            "ingest/task/time": elapsed,
+            "ingest/task/bytes/processed": self.rows["processedBytes"],
+            "bytesShuffled": self.bytes_shuffled,
+            "bytesFetched": self.bytes_fetched,
+            "rowsOut": self.rows_out,
+            "ingestionStatsAndErrors": {
+                "rowStats": {"buildSegments": dict(self.rows)},
+                "unparseableEvents": self.unparseable_events,
+            },
+            "phases": self.phases,
+            "subtasks": self.subtasks,
+            "segments": len(self.segments),
+            "cleanup": self.cleanup,
+        }
+
+    def summary(self) -> str:
+        """A few console lines."""
+        r = self.rows
+        lines = [
+            f"{self.status}: {self.task_id} ({self.data_source}, version {self.version})",
+            f"  rows: {r['processed']} processed, {r['unparseable']} unparseable, "
+            f"{r['thrownAway']} thrown away -> {self.rows_out} rows in {len(self.segments)} segments",
+            f"  bytes: {r['processedBytes']} processed, {self.bytes_shuffled} shuffled",
+        ]
+        times = ", ".join(f"{k} {v['ingest/task/time'] / 1000:.2f}s" for k, v in self.phases.items())
+        if times:
+            lines.append(f"  time: {times}")
+        if self.error:
+            lines.append(f"  error: {self.error}")
+        return "\n".join(lines)

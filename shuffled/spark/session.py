@@ -1,0 +1,45 @@
+"""The SparkSession the pipeline runs on, and per-job SQL settings."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from pyspark.sql import SparkSession
+
+#: SQL settings a job needs; set for the job's duration, then restored.
+JOB_CONF: dict[str, str] = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.execution.arrow.maxRecordsPerBatch": "65536",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+}
+
+
+def get_session(master: str | None) -> tuple[SparkSession, bool]:
+    """The active session (reused as is), else a new one on ``master`` (default local[*]).
+
+    Returns the session and whether this call created it (then the caller stops it).
+    """
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active, False
+    builder = SparkSession.builder.appName("shuffled-ingest").master(master or "local[*]")
+    builder = builder.config("spark.ui.showConsoleProgress", "false")
+    return builder.getOrCreate(), True
+
+
+@contextmanager
+def job_conf(spark: SparkSession) -> Iterator[None]:
+    """Apply :data:`JOB_CONF` to the session for the duration of a job."""
+    saved: dict[str, str | None] = {}
+    for key, value in JOB_CONF.items():
+        saved[key] = spark.conf.get(key, None)
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
