@@ -673,7 +673,7 @@ def test_stalled_body_times_out_and_resumes(server: FakeServer, sleeps: Sleeps) 
     server.fake.store(KEY, body)
     release = threading.Event()
     stall = lambda h, req: serve_partial(h, req, truncate_at=CHUNK + 50_000, stall=release)  # noqa: E731
-    server.fake.actions += [stall, stall]
+    server.fake.actions += [stall, None, stall]
     try:
         with ShuffleClient(server.url, retry=FAST, timeout=0.3) as c:
             c._http._sleep = sleeps

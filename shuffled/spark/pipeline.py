@@ -1,0 +1,258 @@
+"""The supervisor: runs partition determination, phase 1, phase 2 and publishing on Spark.
+
+The driver keeps the shuffle data alive while the job runs and DELETEs it on every shuffle
+server when the job ends, success or failure. See docs/exactly-once.md for why phase 2 reads
+exactly the committed phase-1 attempts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from shuffled.client import ShuffleClient
+from shuffled.errors import ShuffleError
+from shuffled.protocol import format_instant
+from shuffled.spark import phase1, phase2
+from shuffled.spark.determine import determine
+from shuffled.spark.model import IngestSpec
+from shuffled.spark.monitor import Monitor, stage_status
+from shuffled.spark.prepare import PartitionPlan, bucket_column, metric_column, prepare
+from shuffled.spark.publish import publish, write_json_atomic
+from shuffled.spark.report import TaskReport
+from shuffled.spark.rollup import BAD, BUCKET, CHUNK, TIME, Layout
+from shuffled.spark.session import get_session, job_conf
+from shuffled.spark.shards import shard_spec_builder
+from shuffled.spark.source import csv_columns, load_input, resolve_files, resolve_lines
+from shuffled.spark.spec import parse_spec
+
+log = logging.getLogger("shuffled.spark")
+_PHASE1_AGG = {"count": "count", "sum": "sum", "min": "min", "max": "max"}
+
+
+class IngestionFailed(ShuffleError):
+    """The ingestion could not complete (e.g. too many parse exceptions, lost data)."""
+
+    code = "ingestion_failed"
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    """What a successful ingestion produced."""
+
+    task_id: str
+    data_source: str
+    version: str
+    segments: list[dict[str, Any]]
+    manifest_path: str
+    report_path: str
+    report: dict[str, Any]
+    summary: str
+
+
+def _layout(spec: IngestSpec) -> Layout:
+    metrics = []
+    for i, m in enumerate(spec.metrics):
+        agg = "count" if m.type == "count" else _PHASE1_AGG[m.combine]
+        metrics.append((m.name, agg, m.combine, m.value_type,
+                        metric_column(i) if m.field else None))
+    return Layout(tuple((d.name, d.type) for d in spec.dimensions), tuple(metrics), spec.rollup)
+
+
+def _task_id(spec: IngestSpec) -> str:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    return spec.task_id or f"index_parallel_{spec.data_source}_{stamp}_{uuid.uuid4().hex[:8]}"
+
+
+def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[str],
+                  master: str | None = None, output_dir: str, token: str | None = None,
+                  ca_file: str | None = None, progress: Callable[[str], None] | None = None,
+                  keepalive_seconds: float = 30.0,
+                  fault: dict[str, Any] | None = None) -> IngestResult:
+    """Run a perfect-rollup ingestion of ``spec`` through the given shuffle servers.
+
+    The spec is validated (SpecError naming the field) and the input files listed before
+    Spark starts. Segments, ``manifest.json`` and ``task-report.json`` land under
+    ``output_dir/<dataSource>/``. Raises IngestionFailed (or the underlying error) on
+    failure, after writing a FAILED task report and deleting the shuffle data.
+    ``fault`` is a test hook (see :func:`shuffled.spark.phase1._maybe_fail`).
+    """
+    s = parse_spec(spec)
+    files = resolve_files(s)
+    if s.input_format.type == "csv":
+        csv_columns(s, files)
+    servers = [u.strip().rstrip("/") for u in shuffle_servers if u.strip()]
+    if not servers:
+        raise ValueError("at least one shuffle server URL is needed")
+    say = progress or (lambda _msg: None)
+    task_id = _task_id(s)
+    version = format_instant(int(time.time() * 1000))
+    ds_dir = os.path.abspath(os.path.join(output_dir, s.data_source))
+    os.makedirs(ds_dir, exist_ok=True)
+    report = TaskReport(task_id, s.data_source, version, servers)
+    phase_label = ["starting"]
+    spark, created = get_session(master)
+    monitor = Monitor(task_id, servers, token=token, ca_file=ca_file,
+                      keepalive_seconds=keepalive_seconds, progress_seconds=2.0,
+                      status=stage_status(spark, lambda: phase_label[0]), progress=progress)
+    staging = os.path.join(ds_dir, f".staging-{task_id}")
+    try:
+        with job_conf(spark):
+            monitor.start()
+            try:
+                job = _Job(spark, s, files, servers, token, ca_file, task_id, report, say,
+                           phase_label, fault or {})
+                staged, plan = job.run(staging)
+                phase_label[0] = "publish"
+                started = time.monotonic()
+                report.segments = publish(ds_dir, s.data_source, version, staged,
+                                          shard_spec_builder(s, plan, staged), s.append_to_existing)
+                report.phase("publish", started, segments=len(report.segments))
+                report.status = "SUCCESS"
+            finally:
+                monitor.stop()
+                _cleanup(servers, task_id, token, ca_file, report)
+                shutil.rmtree(staging, ignore_errors=True)
+    except BaseException as exc:
+        report.status = "FAILED"
+        report.error = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+        _write_report(ds_dir, report)
+        say(report.summary())
+        raise
+    finally:
+        if created:
+            spark.stop()
+    report_path = _write_report(ds_dir, report)
+    summary = report.summary()
+    say(summary)
+    return IngestResult(task_id, s.data_source, version, report.segments,
+                        os.path.join(ds_dir, "manifest.json"), report_path, report.to_json(),
+                        summary)
+
+
+def _write_report(ds_dir: str, report: TaskReport) -> str:
+    body = report.to_json()
+    os.makedirs(os.path.join(ds_dir, "reports"), exist_ok=True)
+    write_json_atomic(os.path.join(ds_dir, "reports", f"{report.task_id}.json"), body)
+    path = os.path.join(ds_dir, "task-report.json")
+    write_json_atomic(path, body)
+    return path
+
+
+def _cleanup(servers: list[str], task_id: str, token: str | None, ca_file: str | None,
+             report: TaskReport) -> None:
+    """DELETE the supervisor task's shuffle data on every server (never raises)."""
+    for server in servers:
+        try:
+            with ShuffleClient(server, token=token, ca_file=ca_file, timeout=30.0) as c:
+                c.delete_task(task_id)
+            report.cleanup[server] = "deleted"
+        except Exception as exc:
+            log.warning("could not delete %s on %s: %s", task_id, server, exc)
+            report.cleanup[server] = f"failed: {exc}"
+
+
+class _Job:
+    def __init__(self, spark: SparkSession, spec: IngestSpec, files: list[str],
+                 servers: list[str], token: str | None, ca_file: str | None, task_id: str,
+                 report: TaskReport, say: Callable[[str], None], label: list[str],
+                 fault: dict[str, Any]) -> None:
+        self.spark, self.spec, self.files, self.servers = spark, spec, files, servers
+        self.token, self.ca_file, self.task_id = token, ca_file, task_id
+        self.report, self.say, self.label, self.fault = report, say, label, fault
+        self.layout = _layout(spec)
+
+    def run(self, staging: str) -> tuple[list[dict[str, Any]], PartitionPlan]:
+        s = self.spec
+        prepared = prepare(load_input(self.spark, s, self.files), s)
+        self.label[0] = "determine partitions"
+        started = time.monotonic()
+        plan, card = determine(prepared, s)
+        chunks = len(card) if card else None
+        self.report.phase("determinePartitions", started, timeChunks=chunks,
+                          estimatedRows=sum(card.values()) if card else None)
+        self.say(f"determine partitions: {plan.kind}, "
+                 + (f"{chunks} time chunks, {sum(plan.shards(c) for c in card)} partitions"
+                    if card else f"numShards {plan.num_shards}"))
+        partials = self.phase1(prepared, plan)
+        staged = self.phase2(partials, staging)
+        return staged, plan
+
+    def phase1(self, prepared: DataFrame, plan: PartitionPlan) -> list[dict[str, Any]]:
+        s = self.spec
+        self.label[0] = "phase 1 (partial segments)"
+        self.say("phase 1: rolling up and shuffling partial segments")
+        started = time.monotonic()
+        cols = [CHUNK, BUCKET, TIME, *[F.col(f"`{d}`") for d in s.dimension_names],
+                *[metric_column(i) for i, m in enumerate(s.metrics) if m.field], BAD]
+        handoff = prepared.withColumn(BUCKET, bucket_column(plan, s)).select(*cols)
+        limit = s.max_concurrent_subtasks
+        if limit > 1 and handoff.rdd.getNumPartitions() > limit:
+            handoff = handoff.coalesce(limit)
+        cfg = phase1.Phase1Config(self.task_id, tuple(self.servers), self.layout,
+                                  s.segment_granularity, s.max_rows_in_memory,
+                                  s.max_saved_parse_exceptions, self.token, self.ca_file,
+                                  self.fault)
+        rows = handoff.mapInArrow(phase1.make_phase1(cfg), phase1.RESULT_SCHEMA).collect()
+        partials, bad = [], []
+        for row in rows:
+            item = json.loads(row["json"])
+            if item["kind"] == "partial":
+                partials.append(item)
+            else:
+                self.report.add_subtask(item)
+                bad.extend(item["bad"])
+        resolve_lines(bad)
+        for b in bad:
+            log.warning("unparseable row at %s:%s: %s", b["file"], b["line"], b["message"])
+        self.report.unparseable_events = bad[: s.max_saved_parse_exceptions]
+        r = self.report.rows
+        self.report.phase("partialSegmentGeneration", started, subtasks=len(self.report.subtasks),
+                          partials=len(partials), bytesShuffled=self.report.bytes_shuffled)
+        self.say(f"phase 1 done: {len(self.report.subtasks)} subtasks, {r['processed']} rows, "
+                 f"{r['unparseable']} unparseable, {r['thrownAway']} thrown away, "
+                 f"{len(partials)} partials, {self.report.bytes_shuffled} bytes shuffled")
+        if r["unparseable"] > s.max_parse_exceptions:
+            first = bad[0] if bad else {}
+            where = f"; first at {first.get('file')}:{first.get('line')}: {first.get('message')}" if first else ""
+            raise IngestionFailed(
+                f"Max parse exceptions [{s.max_parse_exceptions}] exceeded: "
+                f"{r['unparseable']} unparseable rows{where}", unparseable=r["unparseable"])
+        return partials
+
+    def phase2(self, partials: list[dict[str, Any]], staging: str) -> list[dict[str, Any]]:
+        self.label[0] = "phase 2 (merge)"
+        started = time.monotonic()
+        assignments = phase2.assign(partials)
+        if not assignments:
+            self.report.phase("partialSegmentMerge", started, tasks=0, partitions=0)
+            self.say("phase 2: no rows to merge")
+            return []
+        groups = phase2.balance(assignments, self.spec.total_merge_tasks)
+        self.say(f"phase 2: merging {len(assignments)} partitions in {len(groups)} tasks")
+        os.makedirs(staging, exist_ok=True)
+        cfg = phase2.Phase2Config(self.task_id, self.layout, staging, self.token, self.ca_file)
+        fn = phase2.make_phase2(cfg)
+        rdd = self.spark.sparkContext.parallelize(groups, len(groups))
+        results = [json.loads(x) for x in rdd.mapPartitions(lambda it: fn(a for g in it for a in g)).collect()]
+        expected = {(a.start, a.end, a.partition): a.rows for a in assignments}
+        got = {(r["start"], r["end"], r["partition"]): r["rowsIn"] for r in results}
+        if got != expected or len(results) != len(assignments):
+            raise IngestionFailed("phase 2 results do not match the phase-1 partitions")
+        self.report.rows_out = sum(r["rows"] for r in results)
+        self.report.bytes_fetched = sum(r["bytesFetched"] for r in results)
+        self.report.phase("partialSegmentMerge", started, tasks=len(groups),
+                          partitions=len(results), rowsOut=self.report.rows_out)
+        self.say(f"phase 2 done: {len(results)} segments, {self.report.rows_out} rows")
+        return results
