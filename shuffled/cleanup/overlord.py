@@ -26,6 +26,8 @@ TASK_STATUS_PATH = "/druid/indexer/v1/taskStatus"
 DEFAULT_TIMEOUT = 10.0
 DEFAULT_BATCH = 100
 MAX_ANSWER_BYTES = 16 << 20  # a status object is well under 1 KiB; 100 of them fit easily
+# The outcome label of shuffled_overlord_requests_total.
+OUTCOMES = ("ok", "unreachable", "timeout", "http_error", "bad_answer")
 
 
 class OverlordClient:
@@ -39,6 +41,9 @@ class OverlordClient:
         self.timeout = timeout
         self.batch_size = batch_size
         self._session: aiohttp.ClientSession | None = None
+        if metrics is not None:
+            for outcome in OUTCOMES:
+                metrics.overlord_requests.labels(outcome)
 
     async def close(self) -> None:
         if self._session is not None:
@@ -90,7 +95,7 @@ class OverlordClient:
             if len(raw) > MAX_ANSWER_BYTES:
                 raise ValueError(f"answer larger than {MAX_ANSWER_BYTES} bytes")
             answer = parse_status_answer(ids, json.loads(raw))
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, RecursionError) as exc:
             self._count("bad_answer")
             log.warning("overlord %s sent an unreadable task-status answer (%s); keeping %d "
                         "expired tasks", self.url, exc, len(ids))

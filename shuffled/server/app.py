@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator, Callable
 from aiohttp import web
 from prometheus_client import REGISTRY, CollectorRegistry
 
+from shuffled.cleanup import Sweeper
+from shuffled.cleanup.scheduler import sweeper_ctx
 from shuffled.config import Settings
 from shuffled.metrics import Metrics, StoreCollector
 from shuffled.protocol import API_PREFIX
@@ -41,7 +43,8 @@ def make_app(settings: Settings, *, registry: CollectorRegistry | None = None,
     middlewares.append(error_middleware)
     # Uploads stream to disk; client_max_size only bounds bodies read whole (none here).
     app = web.Application(middlewares=middlewares, client_max_size=1 << 20)
-    app[STATE] = DaemonState(settings, store, metrics, uploads, downloads, drain)
+    sweeper = Sweeper.from_settings(store, settings, metrics)
+    app[STATE] = DaemonState(settings, store, metrics, uploads, downloads, drain, sweeper)
 
     sup = r"{sup}"
     task = f"{API_PREFIX}/tasks/{sup}"
@@ -61,5 +64,7 @@ def make_app(settings: Settings, *, registry: CollectorRegistry | None = None,
         await store.close()
 
     app.cleanup_ctx.append(store_ctx)
+    # After store_ctx: sweeps start once the store is open and stop before it closes.
+    app.cleanup_ctx.append(sweeper_ctx(sweeper, settings.sweep_period))
     app.cleanup_ctx.extend(extra_cleanup_ctx)
     return app

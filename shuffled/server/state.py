@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from shuffled.cleanup import Sweeper
 from shuffled.config import Settings
 from shuffled.metrics import Metrics
 from shuffled.server.limits import Limiter
@@ -22,6 +23,7 @@ class DaemonState:
     uploads: Limiter
     downloads: Limiter
     drain: Drain
+    sweeper: Sweeper | None = None  # the expiry sweeper; tests call run_once()
     started: float = field(default_factory=time.time)
 
 

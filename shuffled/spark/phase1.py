@@ -1,10 +1,12 @@
 """Phase 1 on the executors: roll up locally, PUT each (interval, partition) partial segment.
 
-Each Spark task is one subtask. Its id is ``p<sparkPartition>-a<taskAttemptId>-f<flush>``:
+Phase 1 is a Spark 4 Python data source sink (DataSourceArrowWriter): JVM rows reach Python
+as Arrow batches. Each Spark task is one subtask. Its id is ``p<sparkPartition>-a<taskAttemptId>-f<flush>``:
 ``taskAttemptId`` is unique per attempt (retries and speculative copies included), so two
 attempts never overwrite each other. The task RETURNS the list of partials it uploaded as
-its result rows; Spark keeps the result of exactly one successful attempt per partition,
-so the driver's collected list names exactly the committed attempts (docs/exactly-once.md).
+its commit message; Spark's commit coordinator lets exactly one attempt per partition
+commit and hands only those messages to the driver-side ``commit``, so the driver's list
+names exactly the committed attempts (docs/exactly-once.md).
 
 Memory per task is bounded: rolled-up rows are buffered up to ``max_rows`` rows, then
 compacted, and flushed as additional partial segments (new flush number) if still large.
@@ -14,7 +16,10 @@ TaskContext.
 
 from __future__ import annotations
 
+import base64
 import json
+import os
+import pickle
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,12 +28,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
+from pyspark.sql.types import StructType
+
 from shuffled.client import ShuffleClient
 from shuffled.protocol import Interval, PartialKey
 from shuffled.spark.granularity import bucket_end
 from shuffled.spark.rollup import BAD, BUCKET, CHUNK, Layout, combine, rollup_input, split_by, to_ipc
 
-RESULT_SCHEMA = "json string"
 
 
 @dataclass(frozen=True)
@@ -127,22 +134,66 @@ def _maybe_fail(fault: dict[str, Any], partition: int, attempt_number: int, uplo
                            f"attempt {attempt_number}, after {uploads} uploads)")
 
 
-def make_phase1(cfg: Phase1Config):  # type: ignore[no-untyped-def]
-    """The ``mapInArrow`` function of phase 1."""
+def run_task(cfg: Phase1Config, batches: Iterator[pa.RecordBatch]) -> list[str]:
+    """Run one phase-1 subtask over its input batches; returns its JSON result lines."""
+    started = time.monotonic()
+    task = _Task(cfg)
+    try:
+        for batch in batches:
+            task.add(batch)
+        task.flush()
+    finally:
+        task.client.close()
+    stats = {"kind": "stats", "partition": task.partition, "attempt": task.attempt,
+             "attemptNumber": task.attempt_number, "server": task.server,
+             "ms": int((time.monotonic() - started) * 1000), "bad": task.bad, **task.stats}
+    return [json.dumps(u) for u in task.uploads] + [json.dumps(stats)]
 
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        started = time.monotonic()
-        task = _Task(cfg)
-        try:
-            for batch in batches:
-                task.add(batch)
-            task.flush()
-        finally:
-            task.client.close()
-        stats = {"kind": "stats", "partition": task.partition, "attempt": task.attempt,
-                 "attemptNumber": task.attempt_number, "server": task.server,
-                 "ms": int((time.monotonic() - started) * 1000), "bad": task.bad, **task.stats}
-        lines = [json.dumps(u) for u in task.uploads] + [json.dumps(stats)]
-        yield pa.RecordBatch.from_pydict({"json": lines})
 
-    return run
+@dataclass
+class Phase1Message(WriterCommitMessage):
+    """What one committed phase-1 attempt reports: its partials and its stats (JSON lines)."""
+
+    lines: list[str]
+
+
+class Phase1Writer(DataSourceArrowWriter):
+    """Executors: :func:`run_task`. Driver: ``commit`` gets exactly one message per Spark
+    partition (the committed attempt's) and writes their lines to ``result_path``."""
+
+    def __init__(self, cfg: Phase1Config, result_path: str) -> None:
+        self.cfg = cfg
+        self.result_path = result_path
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> Phase1Message:
+        return Phase1Message(run_task(self.cfg, iterator))
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        tmp = self.result_path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            for m in messages:
+                if isinstance(m, Phase1Message):
+                    fh.writelines(line + "\n" for line in m.lines)
+        os.replace(tmp, self.result_path)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Nothing to undo here: the driver DELETEs the whole supervisor task's data."""
+
+
+class ShuffleDataSource(DataSource):
+    """``df.write.format("shuffled_phase1")``: phase 1 as a Python data source sink.
+
+    Options: ``config`` (base64 pickle of :class:`Phase1Config`) and ``result_path``.
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return "shuffled_phase1"
+
+    def writer(self, schema: StructType, overwrite: bool) -> Phase1Writer:
+        cfg = pickle.loads(base64.b64decode(self.options["config"]))
+        return Phase1Writer(cfg, self.options["result_path"])
+
+
+def encode_config(cfg: Phase1Config) -> str:
+    return base64.b64encode(pickle.dumps(cfg)).decode("ascii")

@@ -111,9 +111,10 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
         with job_conf(spark):
             monitor.start()
             try:
+                os.makedirs(staging, exist_ok=True)
                 job = _Job(spark, s, files, servers, token, ca_file, task_id, report, say,
-                           phase_label, fault or {})
-                staged, plan = job.run(staging)
+                           phase_label, fault or {}, staging)
+                staged, plan = job.run()
                 phase_label[0] = "publish"
                 started = time.monotonic()
                 report.segments = publish(ds_dir, s.data_source, version, staged,
@@ -167,13 +168,14 @@ class _Job:
     def __init__(self, spark: SparkSession, spec: IngestSpec, files: list[str],
                  servers: list[str], token: str | None, ca_file: str | None, task_id: str,
                  report: TaskReport, say: Callable[[str], None], label: list[str],
-                 fault: dict[str, Any]) -> None:
+                 fault: dict[str, Any], staging: str) -> None:
         self.spark, self.spec, self.files, self.servers = spark, spec, files, servers
         self.token, self.ca_file, self.task_id = token, ca_file, task_id
         self.report, self.say, self.label, self.fault = report, say, label, fault
         self.layout = _layout(spec)
+        self.staging = staging
 
-    def run(self, staging: str) -> tuple[list[dict[str, Any]], PartitionPlan]:
+    def run(self) -> tuple[list[dict[str, Any]], PartitionPlan]:
         s = self.spec
         prepared = prepare(load_input(self.spark, s, self.files), s)
         self.label[0] = "determine partitions"
@@ -186,7 +188,7 @@ class _Job:
                  + (f"{chunks} time chunks, {sum(plan.shards(c) for c in card)} partitions"
                     if card else f"numShards {plan.num_shards}"))
         partials = self.phase1(prepared, plan)
-        staged = self.phase2(partials, staging)
+        staged = self.phase2(partials, self.staging)
         return staged, plan
 
     def phase1(self, prepared: DataFrame, plan: PartitionPlan) -> list[dict[str, Any]]:
@@ -204,10 +206,15 @@ class _Job:
                                   s.segment_granularity, s.max_rows_in_memory,
                                   s.max_saved_parse_exceptions, self.token, self.ca_file,
                                   self.fault)
-        rows = handoff.mapInArrow(phase1.make_phase1(cfg), phase1.RESULT_SCHEMA).collect()
+        result_path = os.path.join(self.staging, "phase1-committed.jsonl")
+        self.spark.dataSource.register(phase1.ShuffleDataSource)
+        (handoff.write.format(phase1.ShuffleDataSource.name()).mode("append")
+         .option("config", phase1.encode_config(cfg)).option("result_path", result_path).save())
+        with open(result_path, encoding="utf-8") as fh:
+            lines = [line for line in fh if line.strip()]
         partials, bad = [], []
-        for row in rows:
-            item = json.loads(row["json"])
+        for line in lines:
+            item = json.loads(line)
             if item["kind"] == "partial":
                 partials.append(item)
             else:

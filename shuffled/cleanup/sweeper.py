@@ -1,0 +1,153 @@
+"""The expiry sweeper: one idempotent pass over the store, run by the scheduler or a test.
+
+Each pass probes unhealthy locations (so a recovered disk returns to service), finds the
+supervisor tasks past their expiry, asks the overlord about them (if one is configured) and
+then, task by task, extends, keeps or deletes as :mod:`shuffled.cleanup.policy` decides.
+
+Right before deleting, the task's last access is read again: a GET or PUT that landed while
+the overlord was being asked gives the task a new expiry and saves it. Deleting goes through
+``Store.delete_task``, the same path as ``DELETE /tasks/{sup}``, so a concurrent DELETE, a
+second sweep or a reader holding open files all race cleanly (readers keep the open file's
+bytes; later readers get 404).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from shuffled.cleanup import policy
+from shuffled.cleanup.overlord import OverlordClient
+from shuffled.cleanup.policy import Action, Cause, TaskState
+from shuffled.config import Settings
+from shuffled.metrics import Metrics
+from shuffled.storage import Store
+
+log = logging.getLogger("shuffled.cleanup")
+
+
+@dataclass
+class SweepResult:
+    """What one pass did, by supervisor task id."""
+
+    expired: list[str] = field(default_factory=list)
+    extended: list[str] = field(default_factory=list)
+    retried: list[str] = field(default_factory=list)   # kept: overlord unreachable
+    deleted: dict[str, Cause] = field(default_factory=dict)
+    saved: list[str] = field(default_factory=list)     # accessed or deleted meanwhile
+    errors: list[str] = field(default_factory=list)
+    recovered_locations: list[str] = field(default_factory=list)
+
+
+class Sweeper:
+    """Expiry sweeps over ``store``; ``overlord`` None means expiry alone decides."""
+
+    def __init__(self, store: Store, settings: Settings, metrics: Metrics,
+                 overlord: OverlordClient | None = None,
+                 clock: Callable[[], float] | None = None) -> None:
+        self.store = store
+        self.settings = settings
+        self.metrics = metrics
+        self.overlord = overlord
+        self.clock = clock or store.clock
+        self._running = asyncio.Lock()
+        self.closed = False
+
+    @classmethod
+    def from_settings(cls, store: Store, settings: Settings, metrics: Metrics) -> Sweeper:
+        overlord = OverlordClient(settings.overlord_url, metrics) if settings.overlord_url else None
+        return cls(store, settings, metrics, overlord)
+
+    async def close(self) -> None:
+        """Wait for a pass in progress, then refuse new ones and close the overlord client."""
+        async with self._running:
+            self.closed = True
+            if self.overlord is not None:
+                await self.overlord.close()
+
+    async def run_once(self) -> SweepResult:
+        """One sweep. Safe to call at any time and concurrently: passes run one at a time,
+        and a second pass right after the first finds nothing more to do."""
+        async with self._running:
+            if self.closed:
+                return SweepResult()
+            self.metrics.sweeps.inc()
+            try:
+                result = await self._sweep()
+            except Exception:
+                self.metrics.sweep_failures.inc()
+                raise
+            if result.errors:
+                self.metrics.sweep_failures.inc()
+            self.metrics.last_sweep.set(self.clock())
+            return result
+
+    async def _sweep(self) -> SweepResult:
+        result = SweepResult()
+        try:
+            back = await self.store.probe_unhealthy()
+            result.recovered_locations = [str(loc.path) for loc in back]
+        except Exception as exc:  # a probe problem must not stop expiry
+            log.exception("probing unhealthy locations failed")
+            result.errors.append(f"probe: {exc}")
+
+        timeout, max_age = self.settings.expiry_timeout, self.settings.max_age
+        now = self.clock()
+        # Snapshot (id, last access) of every expired task before any await.
+        expired = {t.supervisor_task_id: t.last_access for t in self.store.tasks()
+                   if policy.is_expired(t.last_access, now, timeout)}
+        if not expired:
+            return result
+        result.expired = sorted(expired)
+        self.metrics.expired_tasks.inc(len(expired))
+
+        states: dict[str, TaskState] | None = None
+        if self.overlord is not None:
+            states = await self.overlord.statuses(result.expired)
+
+        for sup in result.expired:
+            try:
+                await self._settle(sup, expired[sup], states, result)
+            except Exception as exc:
+                log.exception("expiry of supervisor task %s failed; retrying next sweep", sup)
+                result.errors.append(f"{sup}: {exc}")
+        return result
+
+    async def _settle(self, sup: str, seen_access: float, states: dict[str, TaskState] | None,
+                      result: SweepResult) -> None:
+        # Re-read the task right before acting on it. There is no await between this check
+        # and delete_task taking the task out of the index (an uncontended asyncio.Lock does
+        # not yield), so a GET or PUT that refreshed the task cannot slip in between.
+        entry = self.store.task(sup)
+        if entry is None or entry.last_access != seen_access:
+            result.saved.append(sup)  # deleted meanwhile, or read/written: new expiry
+            return
+        state = None if states is None else states.get(sup, TaskState.UNREACHABLE)
+        decision = policy.decide(entry.last_access, self.clock(),
+                                 expiry_timeout=self.settings.expiry_timeout,
+                                 max_age=self.settings.max_age, state=state)
+        if decision.action is Action.EXTEND:
+            self.store.touch(sup)
+            self.metrics.extended_tasks.inc()
+            result.extended.append(sup)
+            log.info("supervisor task %s expired but still runs; expiry extended", sup)
+            return
+        if decision.action is Action.RETRY:
+            result.retried.append(sup)
+            return
+        if decision.action is not Action.DELETE:
+            return
+        assert decision.cause is not None
+        removed = await self.store.delete_task(sup)
+        if removed is None:
+            result.saved.append(sup)  # a DELETE request got there first
+            return
+        cause = decision.cause.value
+        self.metrics.deleted_tasks.labels(cause).inc()
+        self.metrics.deleted_bytes.labels(cause).inc(removed.bytes)
+        result.deleted[sup] = decision.cause
+        log.info("deleted supervisor task %s (%d files, %d bytes): %s", sup, removed.files,
+                 removed.bytes, "overlord unreachable past max age" if cause == "max_age"
+                 else "expired")
