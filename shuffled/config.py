@@ -178,8 +178,8 @@ FIELDS: tuple[Field, ...] = (
           "fsync each partial segment before it becomes visible (durable against power loss)",
           "--fsync", "BOOL"),
     Field("auth_token_file", _opt_str,
-          "file holding the bearer token every request but /status/health must carry "
-          "(env SHUFFLED_AUTH_TOKEN gives the token itself)",
+          "file holding the bearer token every request must carry, except /status/health "
+          "and (unless metrics_require_auth) /metrics; env SHUFFLED_AUTH_TOKEN gives the token",
           "--auth-token-file", "PATH"),
     Field("auth_token", _opt_str, "the bearer token itself (prefer the file or the env var)",
           "--auth-token", "TOKEN"),

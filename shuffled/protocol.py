@@ -75,7 +75,9 @@ def format_instant(millis: int) -> str:
     """Canonical form: UTC with milliseconds, e.g. ``2018-01-01T00:00:00.000Z``."""
     seconds, ms = divmod(millis, 1000)
     dt = datetime.fromtimestamp(seconds, tz=timezone.utc)
-    return dt.strftime("%Y-%m-%dT%H:%M:%S") + f".{ms:03d}Z"
+    # Explicit widths: strftime's %Y does not zero-pad years before 1000 on glibc.
+    return (f"{dt.year:04d}-{dt.month:02d}-{dt.day:02d}T{dt.hour:02d}:{dt.minute:02d}:"
+            f"{dt.second:02d}.{ms:03d}Z")
 
 
 @dataclass(frozen=True, order=True, slots=True)

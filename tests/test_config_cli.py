@@ -92,3 +92,11 @@ def test_configuration_reference_is_in_sync() -> None:
 
 def test_parser_builds() -> None:
     assert build_parser().parse_args(["serve"]).command == "serve"
+
+
+def test_instants_before_year_1000_round_trip() -> None:
+    from shuffled.protocol import Interval, format_instant, parse_instant
+
+    assert format_instant(parse_instant("0999-01-01")) == "0999-01-01T00:00:00.000Z"
+    interval = Interval.parse("0999-01-01", "1000-01-01")
+    assert Interval.from_dirname(interval.dirname) == interval

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -23,8 +25,14 @@ def get_session(master: str | None) -> tuple[SparkSession, bool]:
     active = SparkSession.getActiveSession()
     if active is not None:
         return active, False
+    # Python workers (and the data source planner) must run this interpreter, which has
+    # pyarrow; Spark reads PYSPARK_PYTHON when the JVM starts.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName("shuffled-ingest").master(master or "local[*]")
     builder = builder.config("spark.ui.showConsoleProgress", "false")
+    # Python workers run the interpreter running the driver (the one with pyarrow).
+    builder = builder.config("spark.pyspark.python", sys.executable)
+    builder = builder.config("spark.pyspark.driver.python", sys.executable)
     return builder.getOrCreate(), True
 
 
