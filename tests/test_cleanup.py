@@ -7,7 +7,6 @@ calls, so nothing sleeps; one test lets apscheduler run the sweeper on its own.
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -348,10 +347,6 @@ async def test_overlord_asked_in_batches(start, overlord: Overlord, clock: Clock
     assert overlord.calls[0] and overlord.calls[0][0] == "t0"
 
 
-def _closed(_: Overlord) -> str:
-    return closed_port_url()
-
-
 @pytest.mark.parametrize("failure", ["refused", "error500", "garbage", "list", "timeout"])
 async def test_unreachable_overlord_deletes_nothing_until_max_age(
         start, overlord: Overlord, clock: Clock, tmp_path, failure: str) -> None:
@@ -561,11 +556,54 @@ async def test_scheduler_runs_sweeper_on_its_own(start_daemon, make_settings, tm
     assert m.sweeps._value.get() == count
 
 
-async def test_scheduler_is_the_only_apscheduler_user() -> None:
+def test_scheduler_is_the_only_apscheduler_user() -> None:
     root = Path(__file__).resolve().parent.parent / "shuffled"
     users = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
                    if "apscheduler" in p.read_text() and "import" in p.read_text()
                    and any(line.lstrip().startswith(("import apscheduler", "from apscheduler"))
                            for line in p.read_text().splitlines()))
     assert users == ["cleanup/scheduler.py"]
-    assert json  # keep the import used
+
+
+async def test_shutdown_during_a_sweep_stops_it_promptly(start, overlord: Overlord,
+                                                         clock: Clock, tmp_path) -> None:
+    client = await start(await overlord.start())
+    for i in range(5):
+        await put(client, f"t{i}")
+    overlord.mode = "gate"  # the overlord never answers
+    sw = sweeper(client)
+    sw.overlord.batch_size = 1
+    sw.overlord.timeout = 0.3
+    clock.advance(TIMEOUT)
+    sweep = asyncio.create_task(sw.run_once())
+    await asyncio.wait_for(overlord.called.wait(), 10)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await asyncio.wait_for(client.close(), 10)  # cleanup_ctx: scheduler off, sweep stopped
+    assert loop.time() - started < 2  # one batch's timeout, not five
+    result = await asyncio.wait_for(sweep, 10)
+    assert result.deleted == {} and len(overlord.calls) == 1
+    assert sw.closed and (await sw.run_once()).expired == []
+    assert all(on_disk(tmp_path, f"t{i}") for i in range(5))
+
+
+async def test_put_committing_while_sweeper_waits_for_the_lock_saves_the_task(
+        start, clock: Clock, tmp_path) -> None:
+    client = await start()
+    await put(client, "a")
+    clock.advance(TIMEOUT + PERIOD)
+    store = state(client).store
+    lock = store._lock("a")
+    await lock.acquire()  # a commit of task "a" is in progress
+    sweep = asyncio.create_task(sweeper(client).run_once())
+    await asyncio.wait_for(_until_waiting(lock), timeout=10)
+    store.touch("a")  # ...and it lands: the task was just accessed
+    lock.release()
+    result = await asyncio.wait_for(sweep, timeout=10)
+    assert result.deleted == {} and "a" in result.saved
+    assert await held(client) == {"a"} and on_disk(tmp_path, "a")
+
+
+async def _until_waiting(lock: asyncio.Lock) -> None:
+    while not lock._waiters:  # the sweeper is queued on the task's lock
+        await asyncio.sleep(0)

@@ -6,8 +6,9 @@ requests it just made, so the numbers are checked rather than merely present.
 
 from __future__ import annotations
 
+import re
 import socket
-from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from aiohttp.test_utils import TestClient
@@ -308,9 +309,6 @@ async def test_names_follow_prometheus_conventions(daemon: TestClient) -> None:
 
 
 def _documented_metrics() -> set[str]:
-    from pathlib import Path
-    import re
-
     text = (Path(__file__).resolve().parent.parent / "docs" / "metrics.md").read_text()
     names = set()
     for found in re.findall(r"`(shuffled_[a-z_]+)`", text):

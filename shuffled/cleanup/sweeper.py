@@ -53,6 +53,7 @@ class Sweeper:
         self.overlord = overlord
         self.clock = clock or store.clock
         self._running = asyncio.Lock()
+        self._stopping = False  # set by close(): a pass in progress stops at the next step
         self.closed = False
 
     @classmethod
@@ -61,7 +62,9 @@ class Sweeper:
         return cls(store, settings, metrics, overlord)
 
     async def close(self) -> None:
-        """Wait for a pass in progress, then refuse new ones and close the overlord client."""
+        """Stop a pass in progress at its next step (it finishes the overlord batch or the
+        deletion under way), refuse new passes and close the overlord client."""
+        self._stopping = True
         async with self._running:
             self.closed = True
             if self.overlord is not None:
@@ -93,10 +96,10 @@ class Sweeper:
             log.exception("probing unhealthy locations failed")
             result.errors.append(f"probe: {exc}")
 
-        timeout, max_age = self.settings.expiry_timeout, self.settings.max_age
+        timeout = self.settings.expiry_timeout
         now = self.clock()
         # Snapshot (id, last access) of every expired task before any await.
-        expired = {t.supervisor_task_id: t.last_access for t in self.store.tasks()
+        expired = {t.supervisor_task_id: t.accesses for t in self.store.tasks()
                    if policy.is_expired(t.last_access, now, timeout)}
         if not expired:
             return result
@@ -105,9 +108,16 @@ class Sweeper:
 
         states: dict[str, TaskState] | None = None
         if self.overlord is not None:
-            states = await self.overlord.statuses(result.expired)
+            states = {}
+            size = max(1, self.overlord.batch_size)
+            for start in range(0, len(result.expired), size):
+                if self._stopping:
+                    return result
+                states.update(await self.overlord.statuses(result.expired[start:start + size]))
 
         for sup in result.expired:
+            if self._stopping:
+                break
             try:
                 await self._settle(sup, expired[sup], states, result)
             except Exception as exc:
@@ -115,13 +125,13 @@ class Sweeper:
                 result.errors.append(f"{sup}: {exc}")
         return result
 
-    async def _settle(self, sup: str, seen_access: float, states: dict[str, TaskState] | None,
+    async def _settle(self, sup: str, seen_accesses: int, states: dict[str, TaskState] | None,
                       result: SweepResult) -> None:
         # Re-read the task right before acting on it. There is no await between this check
         # and delete_task taking the task out of the index (an uncontended asyncio.Lock does
         # not yield), so a GET or PUT that refreshed the task cannot slip in between.
         entry = self.store.task(sup)
-        if entry is None or entry.last_access != seen_access:
+        if entry is None or entry.accesses != seen_accesses:
             result.saved.append(sup)  # deleted meanwhile, or read/written: new expiry
             return
         state = None if states is None else states.get(sup, TaskState.UNREACHABLE)
@@ -140,9 +150,10 @@ class Sweeper:
         if decision.action is not Action.DELETE:
             return
         assert decision.cause is not None
-        removed = await self.store.delete_task(sup)
+        # Checked again under the task's lock: a PUT committing meanwhile saves the task.
+        removed = await self.store.delete_task(sup, if_accesses=seen_accesses)
         if removed is None:
-            result.saved.append(sup)  # a DELETE request got there first
+            result.saved.append(sup)  # a DELETE request or a new access got there first
             return
         cause = decision.cause.value
         self.metrics.deleted_tasks.labels(cause).inc()

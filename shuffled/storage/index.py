@@ -79,8 +79,9 @@ class TaskEntry:
     served_requests: int = 0
     received_bytes: int = 0
     received_partials: int = 0
-    # Bumped on every delete so an upload that began before it cannot resurrect the task.
-    epoch: int = 0
+    # Counts every access (PUT, GET): an expiry decision holds on only if it is unchanged,
+    # which equal clock readings could not tell.
+    accesses: int = 0
 
     def add(self, meta: PartialMeta) -> PartialMeta | None:
         """Insert ``meta``; return the entry it replaced (same key), if any."""

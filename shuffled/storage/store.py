@@ -141,6 +141,7 @@ class Store:
         entry = self._tasks.get(supervisor_task_id)
         if entry is not None:
             entry.last_access = self.clock()
+            entry.accesses += 1
 
     # -- queries -------------------------------------------------------------------------
 
@@ -292,6 +293,7 @@ class Store:
                 entry.received_bytes += meta.size
                 entry.received_partials += 1
                 entry.last_access = self.clock()
+                entry.accesses += 1
             if old is not None:
                 await self.run(writer.remove, old)
             return PutResult(meta, old is not None)
@@ -312,11 +314,20 @@ class Store:
                 if not inflight:
                     del self._inflight[sup]
 
-    async def delete_task(self, supervisor_task_id: str) -> TaskEntry | None:
+    async def delete_task(self, supervisor_task_id: str, *,
+                          if_accesses: int | None = None) -> TaskEntry | None:
         """Remove everything of a supervisor task; idempotent. In-flight uploads of it are
-        refused at commit. Returns what was removed (None if nothing was held)."""
+        refused at commit. Returns what was removed (None if nothing was held).
+
+        With ``if_accesses`` (the sweeper's case) nothing happens unless the task's access
+        count still equals it once the task's lock is held: a PUT that committed while the
+        sweeper waited for the lock saves the task.
+        """
         sup = supervisor_task_id
         async with self._lock(sup):
+            current = self._tasks.get(sup)
+            if if_accesses is not None and (current is None or current.accesses != if_accesses):
+                return None
             for upload in self._inflight.get(sup, ()):
                 upload.cancelled = True
             entry = self._tasks.pop(sup, None)
