@@ -100,3 +100,10 @@ def test_instants_before_year_1000_round_trip() -> None:
     assert format_instant(parse_instant("0999-01-01")) == "0999-01-01T00:00:00.000Z"
     interval = Interval.parse("0999-01-01", "1000-01-01")
     assert Interval.from_dirname(interval.dirname) == interval
+
+
+def test_readme_settings_table_is_in_sync() -> None:
+    readme = (ROOT / "README.md").read_text()
+    table = reference_markdown()[reference_markdown().index("| setting"):]
+    section = readme[readme.index("<!-- settings:start"):readme.index("<!-- settings:end -->")]
+    assert table in section, "run `make config-reference` and update README's Settings table"

@@ -306,10 +306,14 @@ async def test_names_follow_prometheus_conventions(daemon: TestClient) -> None:
     missing = {n for n in m.types if n not in documented
                and not (n.endswith("_created") and n.removesuffix("_created") in m.types)}
     assert not missing, f"metrics missing from docs/metrics.md: {sorted(missing)}"
+    in_readme = _documented_metrics("README.md")
+    missing = {n for n in m.types if n not in in_readme
+               and not (n.endswith("_created") and n.removesuffix("_created") in m.types)}
+    assert not missing, f"metrics missing from README.md: {sorted(missing)}"
 
 
-def _documented_metrics() -> set[str]:
-    text = (Path(__file__).resolve().parent.parent / "docs" / "metrics.md").read_text()
+def _documented_metrics(doc: str = "docs/metrics.md") -> set[str]:
+    text = (Path(__file__).resolve().parent.parent / doc).read_text()
     names = set()
     for found in re.findall(r"`(shuffled_[a-z_]+)`", text):
         names.add(found.removesuffix("_total"))
