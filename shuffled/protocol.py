@@ -131,19 +131,28 @@ class Interval:
         return f"{self.start_iso}/{self.end_iso}"
 
 
+# Druid's partitionNum is a Java int: the largest partitionId any writer can produce.
+MAX_PARTITION_ID = 2**31 - 1
+
+
 def parse_partition_id(value: str | int | None) -> int:
-    """Parse a partitionId: a decimal integer >= 0 (no sign, no spaces, at most 9 digits)."""
+    """Parse a partitionId: a decimal integer from 0 to 2147483647 (no sign, no spaces)."""
     if isinstance(value, int) and not isinstance(value, bool):
-        if value < 0:
-            raise InvalidPartitionId(f"partitionId {value} is negative", field="partitionId")
-        return value
-    if value is None or value == "":
+        number = value
+    elif value is None or value == "":
         raise InvalidPartitionId("partitionId is missing", field="partitionId")
-    if not isinstance(value, str) or not value.isdecimal() or not value.isascii() or len(value) > 9:
+    elif not isinstance(value, str) or not value.isdecimal() or not value.isascii():
         raise InvalidPartitionId(
             f"partitionId {str(value)[:32]!r} is not an integer >= 0", field="partitionId"
         )
-    return int(value)
+    else:
+        number = int(value[:12]) if len(value) <= 12 else MAX_PARTITION_ID + 1
+    if not 0 <= number <= MAX_PARTITION_ID:
+        raise InvalidPartitionId(
+            f"partitionId {str(value)[:32]} is outside 0..{MAX_PARTITION_ID}",
+            field="partitionId",
+        )
+    return number
 
 
 @dataclass(frozen=True, order=True, slots=True)

@@ -115,6 +115,6 @@ async def test_uploads_beyond_the_limit_get_503_and_nothing_is_kept(start_daemon
         assert (await asyncio.wait_for(task, 20)).status == 201
     accepted = await client.put(f"{PREFIX}/tasks/sup/extra/partition", params=params, data=body)
     assert accepted.status == 201
-    names = sorted(p.name.split(".")[0] for loc in settings.locations
+    names = sorted(p.parent.name for loc in settings.locations
                    for p in files_under(loc.path) if p.suffix == ".arrow")
     assert names == ["extra", "slow0", "slow1"]

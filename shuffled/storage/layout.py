@@ -1,7 +1,8 @@
 """Where a partial segment lives on disk, and its JSON sidecar.
 
-``<location>/<supervisorTaskId>/<start>_<end>/<partitionId>/<subTaskId>.<generation>.arrow``
-with ``....json`` beside it. A new generation of a key is a new file name, so replacing a
+``<location>/<supervisorTaskId>/<start>_<end>/<partitionId>/<subTaskId>/<generation>.arrow``
+with ``<generation>.json`` beside it. Each id is one path component of its own, so an id of
+the full 255 characters still fits the file system's name limit. A new generation of a key is a new file name, so replacing a
 key never rewrites a file a reader may hold open; the older generation is unlinked after
 the newer one is committed.
 """
@@ -23,22 +24,19 @@ def partition_dir(root: Path, key: PartialKey) -> Path:
 
 
 def data_path(root: Path, key: PartialKey, generation: int) -> Path:
-    return partition_dir(root, key) / f"{key.sub_task_id}.{generation}{DATA_SUFFIX}"
+    return partition_dir(root, key) / key.sub_task_id / f"{generation}{DATA_SUFFIX}"
 
 
 def meta_path(data: Path) -> Path:
     return data.with_suffix(META_SUFFIX)
 
 
-def split_name(name: str) -> tuple[str, int] | None:
-    """``sub.gen.arrow`` -> (sub, gen); None if the name is not a data file."""
+def generation_of(name: str) -> int | None:
+    """``<generation>.arrow`` -> generation; None if the name is not a data file."""
     if not name.endswith(DATA_SUFFIX):
         return None
     stem = name[: -len(DATA_SUFFIX)]
-    sub, dot, gen = stem.rpartition(".")
-    if not dot or not gen.isdigit():
-        return None
-    return sub, int(gen)
+    return int(stem) if stem.isdigit() else None
 
 
 def write_json_atomic(path: Path, data: dict[str, object], fsync: bool) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 
 from shuffled.errors import (
+    BadRequest,
     InsufficientStorage,
     LocationFailed,
     NotFound,
@@ -34,6 +35,10 @@ def translate(exc: OSError, where: str, doing: str) -> ShuffleError:
             f"too many open files while {doing} ({name}); raise the daemon's `ulimit -n`",
             retry_after=1,
         )
+    if code == errno.ENAMETOOLONG:
+        # The request's ids made a path the file system refuses: the client's problem,
+        # never a reason to take the disk out of service.
+        return BadRequest(f"ids too long for the file system at {where} ({name})")
     if code == errno.ENOENT:
         return NotFound(f"file vanished while {doing}", location=where)
     return LocationFailed(
@@ -45,5 +50,5 @@ def translate(exc: OSError, where: str, doing: str) -> ShuffleError:
 
 def marks_unhealthy(exc: OSError) -> bool:
     """Whether ``exc`` means the location should stop taking writes."""
-    return exc.errno not in FULL_ERRNOS and exc.errno not in (errno.ENOENT, errno.EMFILE,
-                                                              errno.ENFILE)
+    return exc.errno not in FULL_ERRNOS and exc.errno not in (
+        errno.ENOENT, errno.EMFILE, errno.ENFILE, errno.ENAMETOOLONG)

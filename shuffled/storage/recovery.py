@@ -37,7 +37,7 @@ def _scan_dir(directory: Path, location: Location, found: Recovered) -> None:
                 os.unlink(path)
                 found.dropped += 1
             continue
-        if layout.split_name(name) is None:
+        if layout.generation_of(name) is None:
             continue
         meta_file = layout.meta_path(path)
         try:
