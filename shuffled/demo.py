@@ -9,15 +9,15 @@ from pathlib import Path
 
 from shuffled.api import ingest
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "rollup" / "spec.json"
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "rollup-tutorial" / "rollup-index.json"
 
 
 def main() -> int:
     spec = json.loads(EXAMPLE.read_text())
-    # The example's baseDir is relative to the spec file.
+    # The example's baseDir is relative to the repository root.
     local = spec["spec"]["ioConfig"]["inputSource"]
     if local.get("type") == "local" and "baseDir" in local:
-        local["baseDir"] = str((EXAMPLE.parent / local["baseDir"]).resolve())
+        local["baseDir"] = str((EXAMPLE.parents[2] / local["baseDir"]).resolve())
     output = Path("demo-output").resolve()
     shutil.rmtree(output, ignore_errors=True)
     print(f"ingesting {EXAMPLE} into {output}", flush=True)

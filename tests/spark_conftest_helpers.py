@@ -187,13 +187,13 @@ def expected_rollup(good: list[dict[str, Any]], granularity_ms: int = HOUR) -> p
     })
     con = duckdb.connect()
     con.register("raw", table)
-    return con.execute(f"""
+    return con.sql(f"""
         SELECT ms - ms % {granularity_ms} AS t, country, device, count(*) AS count,
                sum(clicks) AS clicks, sum(revenue) AS revenue, max(clicks) AS max_clicks,
                min(revenue) AS min_revenue
         FROM raw WHERE ms >= {lo} AND ms < {hi}
         GROUP BY ALL ORDER BY t, country NULLS FIRST, device NULLS FIRST
-    """).fetch_arrow_table()
+    """).to_arrow_table()
 
 
 def read_output(out_dir: Path, data_source: str = "events") -> tuple[dict[str, Any], pa.Table]:

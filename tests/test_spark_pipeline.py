@@ -27,6 +27,8 @@ from spark_conftest_helpers import (  # noqa: F401  (fixtures)
     write_parts,
 )
 
+from shuffled.client import ShuffleClient
+from shuffled.protocol import parse_instant
 from shuffled.spark import IngestionFailed, run_ingestion
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,17 +87,11 @@ def test_tutorial_rollup_gives_the_documented_rows(spark: Any, tmp_path: Path, m
     manifest, out = read_output(tmp_path / "out", "rollup-tutorial")
     assert [s["interval"] for s in manifest["segments"]] == [
         "2018-01-01T00:00:00.000Z/2018-01-08T00:00:00.000Z"]
-    rows = [(t, r["srcIP"], r["dstIP"], r["count"], r["packets"], r["bytes"])
-            for t, r in zip(_ms(out), out.drop_columns(["__seg"]).to_pylist())]
-    minute = 60_000
-    day1 = 1514764800000
-    assert rows == [
-        (day1 + 61 * minute, "1.1.1.1", "2.2.2.2", 3, 286, 35937),
-        (day1 + 62 * minute, "1.1.1.1", "2.2.2.2", 2, 415, 366260),
-        (day1 + 63 * minute, "1.1.1.1", "2.2.2.2", 1, 49, 10204),
-        (day1 + 1440 * minute + 21 * 60 * minute + 33 * minute, "7.7.7.7", "8.8.8.8", 2, 161, 100288),
-        (day1 + 1440 * minute + 21 * 60 * minute + 35 * minute, "7.7.7.7", "8.8.8.8", 1, 12, 2818),
-    ]
+    rows = [{**r, "__time": t} for t, r in zip(_ms(out), out.drop_columns(["__seg"]).to_pylist())]
+    documented = json.loads((ROOT / "examples/rollup-tutorial/expected-rows.json").read_text())
+    for row in documented:
+        row["__time"] = parse_instant(row["__time"])
+    assert rows == documented
     report = json.loads(Path(result.report_path).read_text())
     assert report["status"] == "SUCCESS"
     assert report["ingestionStatsAndErrors"]["rowStats"]["buildSegments"]["processed"] == 9
@@ -145,17 +141,28 @@ def test_failed_attempts_and_daemon_restart_keep_totals_exact(
     first = start_daemon(locs[0], port=port)
     second = start_daemon(locs[1])
     live = [first, second]
+    held: set[str] = set()
+    committed: set[str] = set()
+    task_id = "failure-test-1"
+    out = tmp_path / "out"
 
     def on_progress(msg: str) -> None:
-        if msg.startswith("phase 1 done"):  # restart daemon A between the phases
-            live[0].stop()
+        if msg.startswith("phase 1 done"):
+            for d in live:  # what the daemons hold vs what the committed attempts wrote
+                with ShuffleClient(d.url) as c:
+                    for part in (c.task(task_id) or {}).get("partitions", []):
+                        held.update(s["subTaskId"] for s in part["subTasks"])
+            lines = (out / "events" / f".staging-{task_id}" / "phase1-committed.jsonl").read_text()
+            committed.update(json.loads(x).get("sub", "") for x in lines.splitlines())
+            live[0].stop()  # restart daemon A between the phases
             live[0] = start_daemon(locs[0], port=port)
 
     spec = base_spec(base, {"type": "hashed", "numShards": 2}, maxRowsInMemory=1000)
+    spec["id"] = task_id
     fault = {"partitions": [0, 1, 2], "attempts": [0], "after_uploads": 2}
     try:
         result = run_ingestion(spec, shuffle_servers=[first.url, second.url],
-                               output_dir=str(tmp_path / "out"), progress=on_progress,
+                               output_dir=str(out), progress=on_progress,
                                fault=fault, keepalive_seconds=0.5)
         assert held_tasks(live[0].url) == [] and held_tasks(second.url) == []
     finally:
@@ -165,6 +172,9 @@ def test_failed_attempts_and_daemon_restart_keep_totals_exact(
     assert_matches(out, expected_rollup(good))
     attempts = [s["attemptNumber"] for s in result.report["subtasks"]]
     assert any(a > 0 for a in attempts), "no phase-1 attempt was retried"
+    leftovers = held - committed - {"supervisor-keepalive"}
+    assert leftovers, "failed attempts left no partials behind: the test proves nothing"
+    assert all(sub.startswith("p") for sub in leftovers)
     for loc in locs:
         leftovers = [p for p in loc.rglob("*") if p.is_file() and p.name != ".lock"
                      and not p.name.startswith(".")]

@@ -8,8 +8,9 @@ its commit message; Spark's commit coordinator lets exactly one attempt per part
 commit and hands only those messages to the driver-side ``commit``, so the driver's list
 names exactly the committed attempts (docs/exactly-once.md).
 
-Memory per task is bounded: rolled-up rows are buffered up to ``max_rows`` rows, then
-compacted, and flushed as additional partial segments (new flush number) if still large.
+Memory per task is bounded: raw rows are buffered up to ``max_rows`` (maxRowsInMemory) and
+rolled up together; rolled-up rows are kept up to ``max_rows``, then compacted, and flushed
+as additional partial segments (new flush number) if still more than half that.
 This module runs on executors: it imports only shuffled.client/protocol, pyarrow and pyspark's
 TaskContext.
 """
@@ -64,6 +65,8 @@ class _Task:
         self.cfg = cfg
         self.server = cfg.servers[self.partition % len(cfg.servers)]
         self.client = ShuffleClient(self.server, token=cfg.token, ca_file=cfg.ca_file)
+        self.raw: list[pa.Table] = []
+        self.raw_rows = 0
         self.pending: list[pa.Table] = []
         self.pending_rows = 0
         self.flushes = 0
@@ -78,36 +81,56 @@ class _Task:
         table = pa.Table.from_batches([batch])
         flags = table.column(BAD)
         if flags.null_count != len(flags):
-            self._count_bad(pc.drop_null(flags).to_pylist())
+            self._count_bad(flags)
             table = table.filter(pc.is_null(flags))
         table = table.drop_columns([BAD])
         self.stats["processed"] += table.num_rows
         if table.num_rows == 0:
             return
-        rolled = rollup_input(table, self.cfg.layout, [CHUNK, BUCKET])
-        self.pending.append(rolled)
-        self.pending_rows += rolled.num_rows
+        # Roll up in large slices: per-batch rollup of mostly-distinct keys would only add work.
+        self.raw.append(table)
+        self.raw_rows += table.num_rows
+        if self.raw_rows >= self.cfg.max_rows:
+            self._rollup_raw()
+
+    def _rollup_raw(self) -> None:
+        self._rollup_raw_only()
         if self.pending_rows > self.cfg.max_rows:
             merged = combine(pa.concat_tables(self.pending), self.cfg.layout, [CHUNK, BUCKET])
             self.pending, self.pending_rows = [merged], merged.num_rows
             if merged.num_rows > self.cfg.max_rows // 2:
                 self.flush()
 
-    def _count_bad(self, values: list[str]) -> None:
-        for v in values:
-            if v == "T":
-                self.stats["thrownAway"] += 1
-                continue
-            self.stats["unparseable"] += 1
-            if len(self.bad) < self.cfg.max_saved_bad:
-                _, file, line, reason, raw = (v.split("\t", 4) + ["", "", "", ""])[:5]
-                self.bad.append({"file": file, "line": int(line) if line else None,
-                                 "message": reason, "raw": raw})
+    def _rollup_raw_only(self) -> None:
+        if self.raw:
+            rolled = rollup_input(pa.concat_tables(self.raw), self.cfg.layout, [CHUNK, BUCKET])
+            self.raw, self.raw_rows = [], 0
+            self.pending.append(rolled)
+            self.pending_rows += rolled.num_rows
+
+    def _count_bad(self, flags: pa.ChunkedArray) -> None:
+        """Count thrown-away ('T') and unparseable rows; keep the first few of the latter."""
+        flagged = pc.drop_null(flags)
+        thrown = int(pc.sum(pc.equal(flagged, "T")).as_py() or 0)
+        self.stats["thrownAway"] += thrown
+        self.stats["unparseable"] += len(flagged) - thrown
+        room = self.cfg.max_saved_bad - len(self.bad)
+        if room <= 0 or len(flagged) == thrown:
+            return
+        unparseable = flagged.filter(pc.not_equal(flagged, "T")).slice(0, room)
+        for v in unparseable.to_pylist():
+            _, file, line, reason, raw = (v.split("\t", 4) + ["", "", "", ""])[:5]
+            self.bad.append({"file": file, "line": int(line) if line else None,
+                             "message": reason, "raw": raw})
 
     def flush(self) -> None:
+        self._rollup_raw_only()
         if not self.pending:
             return
-        table = combine(pa.concat_tables(self.pending), self.cfg.layout, [CHUNK, BUCKET])
+        if len(self.pending) == 1:
+            table = self.pending[0]
+        else:
+            table = combine(pa.concat_tables(self.pending), self.cfg.layout, [CHUNK, BUCKET])
         self.pending, self.pending_rows = [], 0
         sub = f"p{self.partition}-a{self.attempt}-f{self.flushes}"
         self.flushes += 1

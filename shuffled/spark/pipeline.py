@@ -109,8 +109,8 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
     staging = os.path.join(ds_dir, f".staging-{task_id}")
     try:
         with job_conf(spark):
-            monitor.start()
             try:
+                monitor.start()
                 os.makedirs(staging, exist_ok=True)
                 job = _Job(spark, s, files, servers, token, ca_file, task_id, report, say,
                            phase_label, fault or {}, staging)
@@ -220,10 +220,11 @@ class _Job:
             else:
                 self.report.add_subtask(item)
                 bad.extend(item["bad"])
+        bad = bad[: s.max_saved_parse_exceptions]
         resolve_lines(bad)
         for b in bad:
             log.warning("unparseable row at %s:%s: %s", b["file"], b["line"], b["message"])
-        self.report.unparseable_events = bad[: s.max_saved_parse_exceptions]
+        self.report.unparseable_events = bad
         r = self.report.rows
         self.report.phase("partialSegmentGeneration", started, subtasks=len(self.report.subtasks),
                           partials=len(partials), bytesShuffled=self.report.bytes_shuffled)

@@ -127,7 +127,8 @@ def prepare(df: DataFrame, spec: IngestSpec) -> DataFrame:
     reason = F.when(problems[0][0], problems[0][1])
     for cond, text in problems[1:]:
         reason = reason.when(cond, text)
-    location = F.concat_ws("\t", F.lit("U"), F.coalesce(F.col("__file"), F.lit("")),
+    file = F.col("__file") if "__file" in df.columns else F.input_file_name()
+    location = F.concat_ws("\t", F.lit("U"), F.coalesce(file, F.lit("")),
                            F.coalesce(F.col("__line").cast("string"), F.lit("")), reason,
                            F.coalesce(F.substring(F.col("__raw"), 1, 1000), F.lit("")))
     chunk = F.expr(spark_truncate(_TS, spec.segment_granularity))

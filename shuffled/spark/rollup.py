@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -69,7 +70,7 @@ def rollup_input(batch: pa.Table, layout: Layout, extra_keys: list[str]) -> pa.T
         cols = [batch.column(k) for k in keys]
         for name, agg, _, typ, src in layout.metrics:
             if agg == "count":
-                cols.append(pa.array([1] * batch.num_rows, pa.int64()))
+                cols.append(pa.array(np.ones(batch.num_rows, dtype=np.int64)))
             else:
                 cols.append(batch.column(src))
         return _cast(pa.Table.from_arrays(cols, names=keys + names), layout, extra_keys)
@@ -116,8 +117,6 @@ def split_by(table: pa.Table, cols: list[str]) -> list[tuple[tuple[int, ...], pa
     order = pc.sort_indices(table, [(c, "ascending") for c in cols])
     table = table.take(order)
     arrays = [table.column(c).to_numpy() for c in cols]
-    import numpy as np
-
     change = np.zeros(table.num_rows, dtype=bool)
     change[0] = True
     for arr in arrays:

@@ -4,7 +4,8 @@ JSON lines and CSV are read as text lines and parsed in the JVM (``from_json``/`
 in PERMISSIVE mode), so every bad line is kept, not dropped, and can be reported with its
 file and line. Each field is read as a string; typing happens in :mod:`.prepare`. The
 result has the input fields plus ``__file``, ``__line`` (known for inline data and Parquet;
-resolved on the driver for the few bad text lines), ``__raw`` and ``__corrupt``.
+resolved on the driver for the few bad text lines), ``__raw`` and ``__corrupt``; Parquet
+input has no ``__file`` column (see :func:`_parquet`).
 """
 
 from __future__ import annotations
@@ -127,8 +128,10 @@ def _parquet(spark: SparkSession, files: list[str], fields: list[str]) -> DataFr
     present = set(df.columns)
     cols: list[Column] = [F.col(f"`{f}`") if f in present else F.lit(None).cast("string").alias(f)
                           for f in fields]
-    return df.select(*cols, F.col("_metadata.file_path").alias("__file"),
-                     (F.col("_metadata.row_index") + 1).alias("__line"),
+    # No per-row file/row-index metadata columns here (materialising them for every row costs
+    # as much as the scan); prepare() names the file with input_file_name(), evaluated only
+    # for the rare bad row.
+    return df.select(*cols, F.lit(None).cast("bigint").alias("__line"),
                      F.lit(None).cast("string").alias("__raw"), F.lit(False).alias("__corrupt"))
 
 

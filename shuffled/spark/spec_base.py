@@ -1,0 +1,108 @@
+"""Building blocks of spec parsing: SpecError and a JSON-object walker that tracks paths."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from shuffled.errors import BadRequest
+
+_NAME_RE = re.compile(r"[^\x00-\x1f/\\]{1,255}")
+
+
+class SpecError(BadRequest):
+    """An ingestion spec field is unsupported or invalid; ``path`` is its JSON path."""
+
+    code = "invalid_spec"
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}", path=path)
+        self.path = path
+
+
+# Keys Druid accepts that only tune Druid's own processes: accepted and ignored here.
+IGNORED: dict[str, set[str]] = {
+    "tuningConfig": {
+        "maxRowsInMemory", "maxBytesInMemory", "maxTotalRows", "maxRowsPerSegment",
+        "numShards", "partitionDimensions", "indexSpec", "indexSpecForIntermediatePersists",
+        "maxPendingPersists", "reportParseExceptions", "pushTimeout",
+        "segmentWriteOutMediumFactory", "maxRetry", "taskStatusCheckPeriodMs",
+        "chatHandlerTimeout", "chatHandlerNumRetries", "logParseExceptions",
+        "maxSavedParseExceptions", "maxColumnsToMerge", "awaitSegmentAvailabilityTimeoutMillis",
+        "maxAllowedLockCount", "splitHintSpec", "skipBytesInMemoryOverheadCheck",
+        "numPersistThreads", "maxNumSegmentsToMerge", "totalNumMergeTasks",
+        "maxNumConcurrentSubTasks", "maxParseExceptions", "forceGuaranteedRollup",
+        "partitionsSpec", "type",
+    },
+}
+
+
+class JsonObject:
+    """A JSON object being consumed: remembers its path and which keys were read."""
+
+    def __init__(self, value: Any, path: str, *, required: bool = True) -> None:
+        if value is None and not required:
+            value = {}
+        if not isinstance(value, dict):
+            raise SpecError(path, "must be a JSON object")
+        self.value: dict[str, Any] = value
+        self.path = path
+        self.seen: set[str] = set()
+
+    def at(self, key: str) -> str:
+        return f"{self.path}.{key}"
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.seen.add(key)
+        value = self.value.get(key)
+        return default if value is None else value
+
+    def obj(self, key: str, *, required: bool = True) -> JsonObject:
+        if required and self.value.get(key) is None:
+            raise SpecError(self.at(key), "is required")
+        self.seen.add(key)
+        return JsonObject(self.value.get(key), self.at(key), required=required)
+
+    def str_(self, key: str, default: str | None = None, *, required: bool = False) -> str | None:
+        value = self.get(key, default)
+        if value is None:
+            if required:
+                raise SpecError(self.at(key), "is required")
+            return None
+        if not isinstance(value, str) or not value:
+            raise SpecError(self.at(key), f"must be a non-empty string, not {value!r}")
+        return value
+
+    def bool_(self, key: str, default: bool) -> bool:
+        value = self.get(key, default)
+        if not isinstance(value, bool):
+            raise SpecError(self.at(key), f"must be true or false, not {value!r}")
+        return value
+
+    def int_(self, key: str, default: int | None, minimum: int = 1) -> int | None:
+        value = self.get(key, default)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise SpecError(self.at(key), f"must be an integer >= {minimum}, not {value!r}")
+        return value
+
+    def done(self, ignored: set[str] | frozenset[str] = frozenset()) -> None:
+        """Refuse every key that was neither read nor listed as ignored."""
+        for key in self.value:
+            if key not in self.seen and key not in ignored:
+                raise SpecError(self.at(key), "is not a supported field")
+
+
+def choice(obj: JsonObject, key: str, allowed: tuple[str, ...] | list[str], default: str | None) -> str:
+    value = obj.str_(key, default, required=default is None)
+    assert value is not None
+    if value not in allowed:
+        raise SpecError(obj.at(key), f"{value!r} is not supported (one of {', '.join(allowed)})")
+    return value
+
+
+def col_name(value: Any, path: str) -> str:
+    if not isinstance(value, str) or not _NAME_RE.fullmatch(value) or value.startswith("__"):
+        raise SpecError(path, f"{value!r} is not a valid column name")
+    return value

@@ -1,0 +1,129 @@
+"""Parsing of ``ioConfig`` and ``tuningConfig`` and the cross-field checks of a spec."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shuffled.spark.model import IngestSpec, InputFormat, InputSource, PartitionsSpec
+from shuffled.spark.spec_base import IGNORED, SpecError, JsonObject, choice, col_name
+
+
+def io_config(o: JsonObject) -> dict[str, Any]:
+    choice(o, "type", ("index_parallel",), "index_parallel")
+    if o.value.get("firehose") is not None:
+        raise SpecError(o.at("firehose"), "is not supported (use inputSource)")
+    src = o.obj("inputSource")
+    kind = choice(src, "type", ("local", "inline"), None)
+    if kind == "inline":
+        data = src.str_("data", required=True)
+        source = InputSource("inline", data=data)
+    else:
+        files = src.get("files", [])
+        if not isinstance(files, list) or not all(isinstance(f, str) and f for f in files):
+            raise SpecError(src.at("files"), "must be a list of paths")
+        base, flt = src.str_("baseDir"), src.str_("filter")
+        if not files and not (base and flt):
+            raise SpecError(src.path, "needs baseDir and filter, or files")
+        if bool(base) != bool(flt):
+            raise SpecError(src.at("filter" if base else "baseDir"), "is required with "
+                            + ("baseDir" if base else "filter"))
+        source = InputSource("local", base_dir=base, filter=flt, files=tuple(files))
+    src.done()
+    fmt = input_format(o.obj("inputFormat"))
+    if kind == "inline" and fmt.type == "parquet":
+        raise SpecError(o.at("inputFormat.type"), "parquet cannot be given inline")
+    append = o.bool_("appendToExisting", False)
+    o.bool_("dropExisting", False)
+    if o.value.get("dropExisting"):
+        raise SpecError(o.at("dropExisting"), "is not supported")
+    o.done()
+    return {"input_source": source, "input_format": fmt, "append_to_existing": append}
+
+
+def input_format(f: JsonObject) -> InputFormat:
+    kind = choice(f, "type", ("json", "csv", "parquet"), None)
+    if f.value.get("flattenSpec") not in (None, {}, {"useFieldDiscovery": True}):
+        raise SpecError(f.at("flattenSpec"), "is not supported")
+    f.get("flattenSpec")
+    if kind == "json":
+        f.done({"featureSpec", "keepNullColumns", "assumeNewlineDelimited", "useJsonNodeReader"})
+        return InputFormat("json")
+    if kind == "parquet":
+        f.done({"binaryAsString"})
+        return InputFormat("parquet")
+    columns = f.get("columns", [])
+    if not isinstance(columns, list) or not all(isinstance(c, str) and c for c in columns):
+        raise SpecError(f.at("columns"), "must be a list of column names")
+    header = f.bool_("findColumnsFromHeader", bool(f.value.get("hasHeaderRow", False)))
+    f.get("hasHeaderRow")
+    if not header and not columns:
+        raise SpecError(f.at("columns"), "is required unless findColumnsFromHeader is true")
+    skip = f.int_("skipHeaderRows", 0, minimum=0) or 0
+    f.done({"listDelimiter"})
+    return InputFormat("csv", tuple(columns), header, skip)
+
+
+def parse_tuning(o: JsonObject) -> dict[str, Any]:
+    choice(o, "type", ("index_parallel",), "index_parallel")
+    legacy_rows = o.int_("maxRowsPerSegment", None)
+    legacy_shards = o.int_("numShards", None)
+    ps = o.obj("partitionsSpec", required=False)
+    kind = choice(ps, "type", ("dynamic", "hashed", "range", "single_dim"),
+                   "hashed" if legacy_shards else "dynamic")
+    target = ps.int_("targetRowsPerSegment", None)
+    max_rows = ps.int_("maxRowsPerSegment", None if kind != "dynamic" else legacy_rows)
+    shards = ps.int_("numShards", legacy_shards if kind == "hashed" else None)
+    if kind == "single_dim":
+        dims: tuple[str, ...] = (col_name(ps.get("partitionDimension"), ps.at("partitionDimension")),)
+    else:
+        raw_dims = ps.get("partitionDimensions", o.value.get("partitionDimensions") or [])
+        if not isinstance(raw_dims, list):
+            raise SpecError(ps.at("partitionDimensions"), "must be a list of dimension names")
+        dims = tuple(col_name(d, f"{ps.at('partitionDimensions')}[{i}]") for i, d in enumerate(raw_dims))
+    if kind in ("range", "single_dim"):
+        if shards is not None:
+            raise SpecError(ps.at("numShards"), f"is not supported for {kind}")
+        if not dims:
+            raise SpecError(ps.at("partitionDimensions"), "is required for range partitioning")
+    if kind == "hashed" and shards is not None and (target or max_rows):
+        raise SpecError(ps.at("numShards"), "cannot be combined with targetRowsPerSegment/maxRowsPerSegment")
+    if target and max_rows and kind != "dynamic":
+        raise SpecError(ps.at("targetRowsPerSegment"), "cannot be combined with maxRowsPerSegment")
+    ps.bool_("assumeGrouped", False)
+    ps.done({"maxTotalRows", "partitionFunction"})
+    if ps.value.get("partitionFunction") not in (None, "murmur3_32_abs"):
+        raise SpecError(ps.at("partitionFunction"), "is not supported")
+    goal = target or max_rows or 5_000_000
+    partitions = PartitionsSpec(kind, shards, goal, max_rows, dims)
+    out = {
+        "partitions": partitions,
+        "force_guaranteed_rollup": o.bool_("forceGuaranteedRollup", False),
+        "max_concurrent_subtasks": o.int_("maxNumConcurrentSubTasks", 1),
+        "total_merge_tasks": o.int_("totalNumMergeTasks", 10),
+        "max_parse_exceptions": o.int_("maxParseExceptions", 2**31 - 1, minimum=0),
+        "max_rows_in_memory": max(1000, o.int_("maxRowsInMemory", 1_000_000) or 1_000_000),
+        "max_saved_parse_exceptions": o.int_("maxSavedParseExceptions", 20, minimum=0),
+    }
+    o.done(IGNORED["tuningConfig"])
+    return out
+
+
+def check_consistency(s: IngestSpec) -> None:
+    ps = "$.spec.tuningConfig.partitionsSpec"
+    if s.partitions.type in ("hashed", "range", "single_dim") and not s.force_guaranteed_rollup:
+        raise SpecError("$.spec.tuningConfig.forceGuaranteedRollup",
+                        f"must be true with a {s.partitions.type} partitionsSpec (as in Druid)")
+    if s.partitions.type == "dynamic" and s.force_guaranteed_rollup:
+        raise SpecError(f"{ps}.type", "forceGuaranteedRollup needs hashed or range partitioning")
+    dims = set(s.dimension_names)
+    for i, d in enumerate(s.partitions.dimensions):
+        if d not in dims:
+            raise SpecError(f"{ps}.partitionDimensions[{i}]", f"{d!r} is not a dimension")
+    if s.partitions.type in ("range", "single_dim"):
+        for i, d in enumerate(s.dimensions):
+            if d.name in s.partitions.dimensions and d.type != "string":
+                raise SpecError(f"{ps}.partitionDimensions", f"{d.name!r} is not a string dimension")
+    if s.input_format.type == "csv" and s.input_format.columns:
+        missing = [c for c in s.input_fields if c not in s.input_format.columns]
+        if missing:
+            raise SpecError("$.spec.ioConfig.inputFormat.columns", f"does not list {missing}")
