@@ -33,6 +33,11 @@ def get_session(master: str | None) -> tuple[SparkSession, bool]:
     # Python workers run the interpreter running the driver (the one with pyarrow).
     builder = builder.config("spark.pyspark.python", sys.executable)
     builder = builder.config("spark.pyspark.driver.python", sys.executable)
+    if (master or "local").startswith("local"):
+        # Local mode needs no reachable driver: keep the driver and its UI on loopback
+        # instead of Spark's default of the external interface.
+        builder = builder.config("spark.driver.host", "127.0.0.1")
+        builder = builder.config("spark.driver.bindAddress", "127.0.0.1")
     return builder.getOrCreate(), True
 
 
