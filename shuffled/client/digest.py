@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import crc32c as _crc32c
-
+from shuffled.crc import crc32c
 from shuffled.errors import DigestMismatch
 from shuffled.protocol import crc_hex, parse_crc32c
 
@@ -14,7 +13,7 @@ CHUNK = 1 << 20  # 1 MiB: read/hash/write granularity
 
 def crc32c_of(data: bytes | bytearray | memoryview) -> int:
     """The CRC32C (Castagnoli) of ``data`` as an unsigned 32-bit integer."""
-    return int(_crc32c.crc32c(data))
+    return crc32c(data)
 
 
 class RunningCrc:
@@ -28,7 +27,7 @@ class RunningCrc:
 
     def update(self, chunk: bytes | bytearray | memoryview) -> None:
         """Fold ``chunk`` into the running CRC."""
-        self.value = int(_crc32c.crc32c(chunk, value=self.value))
+        self.value = crc32c(chunk, self.value)
         self.length += len(chunk) if not isinstance(chunk, memoryview) else chunk.nbytes
 
     def reset(self) -> None:
