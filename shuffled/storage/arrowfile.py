@@ -30,7 +30,6 @@ class ArrowFacts:
     schema_crc: int  # CRC32C of those bytes: the aggregate fast path compares it
     body_crc: int  # CRC32C of [schema_len, size - len(EOS)): record/dictionary batches
     has_dictionaries: bool
-    schema_text: str
 
 
 def _has_dictionary(typ: pa.DataType) -> bool:
@@ -90,5 +89,4 @@ def inspect(path: str, size: int) -> ArrowFacts:
             schema_crc=crc32c(_view(source, 0, schema_len)),
             body_crc=crc32c(_view(source, schema_len, size - len(EOS) - schema_len)),
             has_dictionaries=schema_has_dictionaries(schema),
-            schema_text=schema.to_string(show_schema_metadata=False),
         )

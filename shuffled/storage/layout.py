@@ -56,14 +56,3 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def remove_empty_parents(path: Path, stop: Path) -> None:
-    """Remove empty directories from ``path`` up to (not including) ``stop``."""
-    current = path
-    while current != stop and stop in current.parents:
-        try:
-            current.rmdir()
-        except OSError:
-            return
-        current = current.parent
