@@ -8,7 +8,7 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON ?= $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON ?= $(abspath $(PY))
 
-.PHONY: venv demo test lint soak bench clean config-reference
+.PHONY: venv demo test lint soak bench clean config-reference sysdeps-test sysdeps-bench
 
 venv: $(STAMP)
 
@@ -24,13 +24,20 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 
-test: $(STAMP) lint
+# Real tools from Debian's packages, installed when missing (see scripts/sysdeps.sh).
+sysdeps-test:
+	scripts/sysdeps.sh promtool=prometheus prometheus=prometheus
+
+sysdeps-bench:
+	scripts/sysdeps.sh nginx=nginx wrk=wrk
+
+test: $(STAMP) lint sysdeps-test
 	$(PY) -m pytest -q -m "not slow" --durations=15
 
 soak: $(STAMP)
 	$(PY) -m pytest -q -m slow -s
 
-bench: $(STAMP)
+bench: $(STAMP) sysdeps-bench
 	$(PY) -m bench
 
 config-reference: $(STAMP)
