@@ -318,3 +318,39 @@ def _documented_metrics(doc: str = "docs/metrics.md") -> set[str]:
     for found in re.findall(r"`(shuffled_[a-z_]+)`", text):
         names.add(found.removesuffix("_total"))
     return names
+
+
+async def test_overdue_tasks_and_expiry_overdue_seconds(start_daemon, make_settings) -> None:
+    """The signal of the "expired data not removed" alert: it grows while the overlord
+    cannot be asked (or the sweeper is stuck) and drops to 0 once the task is deleted."""
+    clock = Clock()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    dead = f"http://127.0.0.1:{sock.getsockname()[1]}"  # nothing listens: unreachable
+    sock.close()
+    client = await start_daemon(
+        make_settings(expiry_timeout=100, max_age=1000, overlord_url=dead), clock=clock)
+    await put(client, arrow_bytes(sample_table(10)), sup="old")
+    clock.now += 50
+    await put(client, arrow_bytes(sample_table(10)), sup="young")
+    m = await scrape(client)
+    assert m("shuffled_overdue_tasks") == 0 and m("shuffled_expiry_overdue_seconds") == 0
+    clock.now += 80  # "old" is 30 s past its expiry, "young" has 20 s left
+    m = await scrape(client)
+    assert m("shuffled_overdue_tasks") == 1
+    assert m("shuffled_expiry_overdue_seconds") == 30
+    await state(client).sweeper.run_once()  # overlord unreachable: kept, still overdue
+    clock.now += 100
+    m = await scrape(client)
+    assert m("shuffled_overdue_tasks") == 2
+    assert m("shuffled_expiry_overdue_seconds") == 130
+    clock.now += 1000  # past max_age: the sweeper deletes both
+    await state(client).sweeper.run_once()
+    m = await scrape(client)
+    assert m("shuffled_tasks") == 0
+    assert m("shuffled_overdue_tasks") == 0 and m("shuffled_expiry_overdue_seconds") == 0
+
+
+async def test_sweep_period_gauge_follows_the_scheduler(start_daemon, make_settings) -> None:
+    client = await start_daemon(make_settings(sweep_period=42))
+    assert (await scrape(client))("shuffled_sweep_period_seconds") == 42

@@ -42,11 +42,13 @@ def sweeper_ctx(sweeper: Sweeper, period: float) -> Callable[[Any], AsyncIterato
     async def ctx(app: Any) -> AsyncIterator[None]:
         scheduler = make_scheduler(sweeper, period)
         scheduler.start()
+        sweeper.metrics.sweep_period.set(period)
         log.debug("expiry sweeper scheduled every %.3g s", period)
         try:
             yield
         finally:
             scheduler.pause()
+            sweeper.metrics.sweep_period.set(0)
             await sweeper.close()  # waits for a sweep in progress to finish
             scheduler.shutdown(wait=False)
 

@@ -11,7 +11,8 @@ from shuffled.storage import Store
 
 
 class StoreCollector(Collector):
-    """Per-location used/capacity/free/health, and tasks and partial segments held."""
+    """Per-location used/capacity/free/health, tasks and partial segments held, and how far
+    the most overdue task is past its expiry (so an alert can see data the sweeper keeps)."""
 
     def __init__(self, store: Store, in_flight: Callable[[], dict[str, int]] | None = None) -> None:
         self._store = store
@@ -50,6 +51,19 @@ class StoreCollector(Collector):
                                 value=sum(t.files for t in tasks))
         yield GaugeMetricFamily("shuffled_held_bytes", "Bytes of partial segments held.",
                                 value=sum(t.bytes for t in tasks))
+        # Expired = last access + expiry_timeout has passed; the sweeper removes such a task
+        # within one period unless the overlord says it runs (then its expiry is refreshed)
+        # or cannot be asked (kept up to max_age). Read here, not by the sweeper, so the
+        # figure grows even while the sweeper is stuck.
+        now = self._store.clock()
+        timeout = self._store.settings.expiry_timeout
+        overdue = [now - (t.last_access + timeout) for t in tasks
+                   if now >= t.last_access + timeout]
+        yield GaugeMetricFamily("shuffled_overdue_tasks",
+                                "Supervisor tasks held past their expiry.", value=len(overdue))
+        yield GaugeMetricFamily("shuffled_expiry_overdue_seconds",
+                                "How long past its expiry the most overdue task held is "
+                                "(0 when none is).", value=max(overdue, default=0.0))
         if self._in_flight is not None:
             gauge = GaugeMetricFamily("shuffled_in_flight_requests",
                                       "Uploads and downloads in progress.", labels=["kind"])

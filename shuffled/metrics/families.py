@@ -63,6 +63,10 @@ class Metrics:
         self.last_sweep = Gauge(
             "shuffled_last_sweep_timestamp_seconds", "When the sweeper last finished a run.",
             registry=registry)
+        # Exported so alert rules can say "N sweep periods" whatever the configured period.
+        self.sweep_period = Gauge(
+            "shuffled_sweep_period_seconds",
+            "How often the expiry sweeper is scheduled (0 while it is not).", registry=registry)
         for route in ("partial", "partition"):
             self.served_bytes.labels(route)
             self.served_requests.labels(route)
