@@ -16,7 +16,9 @@ from shuffled.protocol import API_PREFIX
 from shuffled.server import handlers
 from shuffled.server.errors import error_middleware
 from shuffled.server.limits import Limiter
-from shuffled.server.middleware import Drain, auth_middleware, metrics_middleware
+from shuffled.server.middleware import (
+    Drain, add_request_id, auth_middleware, metrics_middleware,
+)
 from shuffled.server.state import STATE, DaemonState
 from shuffled.storage import Store
 
@@ -43,6 +45,7 @@ def make_app(settings: Settings, *, registry: CollectorRegistry | None = None,
     middlewares.append(error_middleware)
     # Uploads stream to disk; client_max_size only bounds bodies read whole (none here).
     app = web.Application(middlewares=middlewares, client_max_size=1 << 20)
+    app.on_response_prepare.append(add_request_id)
     sweeper = Sweeper.from_settings(store, settings, metrics)
     app[STATE] = DaemonState(settings, store, metrics, uploads, downloads, drain, sweeper)
 

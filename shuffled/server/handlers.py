@@ -20,6 +20,7 @@ from shuffled.protocol import (
 )
 from shuffled.server import aggregate
 from shuffled.server.errors import RESPONSE_STARTED
+from shuffled.server.middleware import SENT_BYTES
 from shuffled.server.ranges import if_range_allows, parse_range
 from shuffled.server.sendfile import send_range
 from shuffled.server.state import state_of
@@ -108,6 +109,7 @@ async def get_partial(request: web.Request) -> web.StreamResponse:
             request[RESPONSE_STARTED] = True
             if request.method != "HEAD":
                 await send_range(request, response, fobj, offset, count, state.store.run)
+                request[SENT_BYTES] = count
                 state.metrics.served_bytes.labels("partial").inc(count)
                 state.metrics.served_requests.labels("partial").inc()
                 state.store.record_served(key.supervisor_task_id, count)
@@ -159,6 +161,7 @@ async def get_partition(request: web.Request) -> web.StreamResponse:
                         sent += len(data)
             await response.write_eof()
             if request.method != "HEAD":
+                request[SENT_BYTES] = sent
                 state.metrics.served_bytes.labels("partition").inc(sent)
                 state.metrics.served_requests.labels("partition").inc()
                 state.store.record_served(key.supervisor_task_id, sent)

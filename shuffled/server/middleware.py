@@ -1,19 +1,101 @@
-"""Cross-cutting request handling: bearer auth, draining on shutdown, metrics timing."""
+"""Cross-cutting request handling: bearer auth, draining on shutdown, metrics timing,
+request ids and the access log."""
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import json
+import re
 import time
+import uuid
 
 from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
+from aiohttp.web_request import BaseRequest
 
-from shuffled.errors import Overloaded, Unauthorized
+from shuffled.errors import Overloaded, ShuffleError, Unauthorized
 from shuffled.metrics import Metrics
+from shuffled.protocol import Interval
 from shuffled.server.errors import REJECT_REASON, Handler, error_response
 
 HEALTH_PATH = "/status/health"
 METRICS_PATH = "/metrics"
+REQUEST_ID_HEADER = "X-Request-Id"
+REQUEST_ID = web.RequestKey("request_id", str)
+# Body bytes a handler sent itself (sendfile bypasses aiohttp's byte count).
+SENT_BYTES = web.RequestKey("sent_bytes", int)
+# A caller's own id (a Spark task attempt, a trace id) is kept if it is short and plain.
+_GIVEN_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
+_PLAIN = re.compile(r"[A-Za-z0-9._:@/+=,-]{1,300}")
+
+
+def request_id(request: BaseRequest) -> str:
+    """The request's id: the caller's ``X-Request-Id`` if usable, else a new random one."""
+    rid = request.get(REQUEST_ID)
+    if rid is None:
+        given = request.headers.get(REQUEST_ID_HEADER, "")
+        rid = given if _GIVEN_ID.fullmatch(given) else uuid.uuid4().hex[:16]
+        request[REQUEST_ID] = rid
+    return rid
+
+
+async def add_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare``: every answer, streamed ones too, names its request id."""
+    response.headers[REQUEST_ID_HEADER] = request_id(request)
+
+
+def _field(value: str) -> str:
+    # Ids and query values come from the client: quote anything that could forge a field
+    # or a line (%0A decodes to a newline in a path segment).
+    return value if _PLAIN.fullmatch(value) else json.dumps(value)
+
+
+class AccessLog(AbstractAccessLogger):
+    """One line per request, greppable by partial segment.
+
+    ``"PUT /druid/worker/v1/shuffle/tasks/S/s1/partition?... HTTP/1.1" 201 in=1234 out=310
+    time=0.004 rid=3f2a... remote=10.0.0.7 sup=S sub=s1
+    interval=2018-01-01T00:00:00.000Z/2018-01-02T00:00:00.000Z partitionId=0``
+
+    The interval is canonical (UTC milliseconds) whatever form the client sent, so one
+    ``grep 'sup=S .*interval=I partitionId=P'`` finds a partial's upload, its fetches (per
+    partial and whole partition) and its deletion. ``in``/``out`` are body bytes received
+    and sent, ``time`` seconds from headers in to last byte out, ``err`` the error code of
+    a rejected request (the ``reason`` of shuffled_rejected_requests_total).
+    """
+
+    def log(self, request: BaseRequest, response: web.StreamResponse, time: float) -> None:
+        version = request.version
+        received = getattr(request.content, "total_bytes", 0)
+        sent = request.get(SENT_BYTES, response.body_length)
+        parts = [
+            f'"{request.method} {request.raw_path} HTTP/{version.major}.{version.minor}"',
+            str(response.status), f"in={received}", f"out={sent}", f"time={time:.6f}",
+            f"rid={_field(request_id(request))}", f"remote={_field(request.remote or '-')}",
+        ]
+        match = getattr(request, "match_info", None) or {}
+        for key, name in (("sup", "sup"), ("sub", "sub")):
+            if key in match:
+                parts.append(f"{name}={_field(match[key])}")
+        query = request.query
+        if "start" in query or "end" in query:
+            start, end = query.get("start", ""), query.get("end", "")
+            try:
+                interval = str(Interval.parse(start, end))
+            except ShuffleError:
+                interval = f"{start}/{end}"  # as sent: the request was refused anyway
+            parts.append(f"interval={_field(interval)}")
+        if "partitionId" in query:
+            parts.append(f"partitionId={_field(query['partitionId'])}")
+        reason = request.get(REJECT_REASON)
+        if reason is not None:
+            parts.append(f"err={_field(reason)}")
+        self.logger.info(" ".join(parts))
+
+    @property
+    def enabled(self) -> bool:
+        return self.logger.isEnabledFor(20)  # logging.INFO
 
 
 def auth_middleware(token: str, metrics_require_auth: bool) -> web.middleware:

@@ -15,9 +15,12 @@ from prometheus_client import CollectorRegistry
 
 from shuffled.config import Settings
 from shuffled.server.app import make_app
+from shuffled.server.middleware import AccessLog
 from shuffled.server.state import STATE
 
 log = logging.getLogger("shuffled.server")
+# Its own logger so operators can route or silence the access log apart from the rest.
+access_log = logging.getLogger("shuffled.access")
 
 
 def raise_open_file_limit() -> None:
@@ -50,7 +53,8 @@ async def serve(settings: Settings, *, registry: CollectorRegistry | None = None
     kwargs = {"clock": clock} if clock is not None else {}
     app = make_app(settings, registry=registry, **kwargs)
     runner = web.AppRunner(app, handle_signals=False,
-                           access_log=log if settings.access_log else None,
+                           access_log=access_log if settings.access_log else None,
+                           access_log_class=AccessLog,
                            shutdown_timeout=settings.shutdown_timeout)
     await runner.setup()
     stop = stop or asyncio.Event()
