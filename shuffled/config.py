@@ -207,7 +207,9 @@ FIELDS: tuple[Field, ...] = (
     Field("shutdown_timeout", parse_duration,
           "on SIGTERM, how long in-flight requests may take to finish",
           "--shutdown-timeout", "DURATION"),
-    Field("access_log", parse_bool, "log one line per request", "--access-log", "BOOL"),
+    Field("access_log", parse_bool,
+          "log one line per request on the shuffled.access logger (fields in docs/ops.md)",
+          "--access-log", "BOOL"),
     Field("log_level", lambda v, n: str(v).upper(), "logging level", "--log-level", "LEVEL"),
 )
 FIELD_BY_NAME = {f.name: f for f in FIELDS}
