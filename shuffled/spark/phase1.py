@@ -1,7 +1,9 @@
 """Phase 1 on the executors: roll up locally, PUT each (interval, partition) partial segment.
 
-Phase 1 is a Spark 4 Python data source sink (DataSourceArrowWriter): JVM rows reach Python
-as Arrow batches. Each Spark task is one subtask. Its id is ``p<sparkPartition>-a<taskAttemptId>-f<flush>``:
+Rows reach a task one of two ways: a Spark 4 Python data source sink (DataSourceArrowWriter)
+hands JVM rows to Python as Arrow batches carrying their partition (``__bucket``); or, for
+Parquet input, the task reads its row groups itself (:mod:`.native`, no JVM hand-off) and
+computes the partition after its rollup. Each Spark task is one subtask. Its id is ``p<sparkPartition>-a<taskAttemptId>-f<flush>``:
 ``taskAttemptId`` is unique per attempt (retries and speculative copies included), so two
 attempts never overwrite each other. The task RETURNS the list of partials it uploaded as
 its commit message; Spark's commit coordinator lets exactly one attempt per partition
@@ -35,6 +37,7 @@ from pyspark.sql.types import StructType
 from shuffled.client import ShuffleClient
 from shuffled.protocol import Interval, PartialKey
 from shuffled.spark.granularity import bucket_end
+from shuffled.spark.native import Bucketer, NativeInput, Split, read_split
 from shuffled.spark.rollup import BAD, BUCKET, CHUNK, Layout, combine, rollup_input, split_by, to_ipc
 
 
@@ -55,7 +58,7 @@ class Phase1Config:
 
 
 class _Task:
-    def __init__(self, cfg: Phase1Config) -> None:
+    def __init__(self, cfg: Phase1Config, bucketer: Bucketer | None = None) -> None:
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
@@ -74,11 +77,14 @@ class _Task:
         self.stats = {"rowsIn": 0, "processed": 0, "unparseable": 0, "thrownAway": 0,
                       "bytesProcessed": 0, "bytesShuffled": 0}
         self.bad: list[dict[str, Any]] = []
+        # JVM rows carry their partition (__bucket); native rows get it after the rollup.
+        self.bucketer = bucketer
+        self.extra = [CHUNK] if bucketer else [CHUNK, BUCKET]
 
-    def add(self, batch: pa.RecordBatch) -> None:
+    def add(self, batch: pa.RecordBatch | pa.Table) -> None:
         self.stats["rowsIn"] += batch.num_rows
         self.stats["bytesProcessed"] += batch.nbytes
-        table = pa.Table.from_batches([batch])
+        table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
         flags = table.column(BAD)
         if flags.null_count != len(flags):
             self._count_bad(flags)
@@ -96,14 +102,16 @@ class _Task:
     def _rollup_raw(self) -> None:
         self._rollup_raw_only()
         if self.pending_rows > self.cfg.max_rows:
-            merged = combine(pa.concat_tables(self.pending), self.cfg.layout, [CHUNK, BUCKET])
+            merged = combine(pa.concat_tables(self.pending), self.cfg.layout, self.extra)
             self.pending, self.pending_rows = [merged], merged.num_rows
             if merged.num_rows > self.cfg.max_rows // 2:
                 self.flush()
 
     def _rollup_raw_only(self) -> None:
         if self.raw:
-            rolled = rollup_input(pa.concat_tables(self.raw), self.cfg.layout, [CHUNK, BUCKET])
+            # Row groups read natively carry their own string dictionaries: unify them.
+            raw = pa.concat_tables(self.raw).unify_dictionaries()
+            rolled = rollup_input(raw, self.cfg.layout, self.extra)
             self.raw, self.raw_rows = [], 0
             self.pending.append(rolled)
             self.pending_rows += rolled.num_rows
@@ -130,8 +138,10 @@ class _Task:
         if len(self.pending) == 1:
             table = self.pending[0]
         else:
-            table = combine(pa.concat_tables(self.pending), self.cfg.layout, [CHUNK, BUCKET])
+            table = combine(pa.concat_tables(self.pending), self.cfg.layout, self.extra)
         self.pending, self.pending_rows = [], 0
+        if self.bucketer is not None:
+            table = table.append_column(BUCKET, self.bucketer(table))
         sub = f"p{self.partition}-a{self.attempt}-f{self.flushes}"
         self.flushes += 1
         for (chunk, bucket), part in split_by(table, [CHUNK, BUCKET]):
@@ -157,10 +167,18 @@ def _maybe_fail(fault: dict[str, Any], partition: int, attempt_number: int, uplo
                            f"attempt {attempt_number}, after {uploads} uploads)")
 
 
-def run_task(cfg: Phase1Config, batches: Iterator[pa.RecordBatch]) -> list[str]:
+def run_native_task(cfg: Phase1Config, native: NativeInput, splits: Iterator[Split]) -> list[str]:
+    """Run one phase-1 subtask reading its Parquet splits itself (see :mod:`.native`)."""
+    columns = [native.ts_column, *(d for d, _ in native.dims), *(m[2] for m in native.metrics)]
+    tables = (t for s in splits for t in read_split(s, native, list(dict.fromkeys(columns))))
+    return run_task(cfg, tables, native.bucketer)
+
+
+def run_task(cfg: Phase1Config, batches: Iterator[pa.RecordBatch | pa.Table],
+             bucketer: Bucketer | None = None) -> list[str]:
     """Run one phase-1 subtask over its input batches; returns its JSON result lines."""
     started = time.monotonic()
-    task = _Task(cfg)
+    task = _Task(cfg, bucketer)
     try:
         for batch in batches:
             task.add(batch)

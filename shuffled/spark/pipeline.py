@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 from shuffled.client import ShuffleClient
 from shuffled.errors import ShuffleError
 from shuffled.protocol import format_instant
-from shuffled.spark import phase1, phase2
+from shuffled.spark import native, phase1, phase2
 from shuffled.spark.determine import determine
 from shuffled.spark.model import IngestSpec
 from shuffled.spark.monitor import Monitor, stage_status
@@ -78,7 +78,7 @@ def _task_id(spec: IngestSpec) -> str:
 def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[str],
                   master: str | None = None, output_dir: str, token: str | None = None,
                   ca_file: str | None = None, progress: Callable[[str], None] | None = None,
-                  keepalive_seconds: float = 30.0,
+                  keepalive_seconds: float = 30.0, reader: str = "auto",
                   fault: dict[str, Any] | None = None) -> IngestResult:
     """Run a perfect-rollup ingestion of ``spec`` through the given shuffle servers.
 
@@ -86,8 +86,13 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
     Spark starts. Segments, ``manifest.json`` and ``task-report.json`` land under
     ``output_dir/<dataSource>/``. Raises IngestionFailed (or the underlying error) on
     failure, after writing a FAILED task report and deleting the shuffle data.
-    ``fault`` is a test hook (see :func:`shuffled.spark.phase1._maybe_fail`).
+    ``reader`` picks how phase 1 reads its input: ``native`` (pyarrow on the executors,
+    Parquet only, see :mod:`shuffled.spark.native`), ``jvm`` (Spark reads, rows handed to
+    Python), or ``auto`` (native where it applies). ``fault`` is a test hook (see
+    :func:`shuffled.spark.phase1._maybe_fail`).
     """
+    if reader not in ("auto", "native", "jvm"):
+        raise ValueError(f"reader must be auto, native or jvm, not {reader!r}")
     s = parse_spec(spec)
     files = resolve_files(s)
     if s.input_format.type == "csv":
@@ -113,7 +118,7 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
                 monitor.start()
                 os.makedirs(staging, exist_ok=True)
                 job = _Job(spark, s, files, servers, token, ca_file, task_id, report, say,
-                           phase_label, fault or {}, staging)
+                           phase_label, fault or {}, staging, reader)
                 staged, plan = job.run()
                 phase_label[0] = "publish"
                 started = time.monotonic()
@@ -168,12 +173,13 @@ class _Job:
     def __init__(self, spark: SparkSession, spec: IngestSpec, files: list[str],
                  servers: list[str], token: str | None, ca_file: str | None, task_id: str,
                  report: TaskReport, say: Callable[[str], None], label: list[str],
-                 fault: dict[str, Any], staging: str) -> None:
+                 fault: dict[str, Any], staging: str, reader: str = "auto") -> None:
         self.spark, self.spec, self.files, self.servers = spark, spec, files, servers
         self.token, self.ca_file, self.task_id = token, ca_file, task_id
         self.report, self.say, self.label, self.fault = report, say, label, fault
         self.layout = _layout(spec)
         self.staging = staging
+        self.reader = reader
 
     def run(self) -> tuple[list[dict[str, Any]], PartitionPlan]:
         s = self.spec
@@ -196,22 +202,54 @@ class _Job:
         self.label[0] = "phase 1 (partial segments)"
         self.say("phase 1: rolling up and shuffling partial segments")
         started = time.monotonic()
+        cfg = phase1.Phase1Config(self.task_id, tuple(self.servers), self.layout,
+                                  s.segment_granularity, s.max_rows_in_memory,
+                                  s.max_saved_parse_exceptions, self.token, self.ca_file,
+                                  self.fault)
+        why_not = "the JVM reader was asked for"
+        if self.reader != "jvm":
+            conf = self.spark.conf
+            sizing = native.SplitSizing(
+                native.parse_bytes(conf.get("spark.sql.files.maxPartitionBytes", "128m") or "128m"),
+                native.parse_bytes(conf.get("spark.sql.files.openCostInBytes", "4m") or "4m"),
+                self.spark.sparkContext.defaultParallelism, s.max_concurrent_subtasks)
+            planned = native.plan_native(s, plan, self.files, sizing)
+            if not isinstance(planned, str):
+                self.say(f"phase 1 reads {len(self.files)} Parquet files natively "
+                         f"in {len(planned[1])} tasks")
+                lines = self._native(cfg, *planned)
+                return self._collect(lines, started, "native")
+            why_not = planned
+        if self.reader == "native":
+            raise IngestionFailed(f"the native phase-1 reader cannot read this input: {why_not}")
+        log.info("phase 1 reads through the JVM: %s", why_not)
+        return self._collect(self._jvm(prepared, plan, cfg), started, "jvm")
+
+    def _native(self, cfg: phase1.Phase1Config, ninput: native.NativeInput,
+                tasks: list[list[native.Split]]) -> list[str]:
+        """Each Spark task reads its row groups with pyarrow. ``collect`` keeps the result of
+        exactly one successful attempt per task, as the data source commit does."""
+        rdd = self.spark.sparkContext.parallelize(tasks, len(tasks))
+        return rdd.mapPartitions(
+            lambda it: phase1.run_native_task(cfg, ninput, (x for t in it for x in t))).collect()
+
+    def _jvm(self, prepared: DataFrame, plan: PartitionPlan, cfg: phase1.Phase1Config) -> list[str]:
+        s = self.spec
         cols = [CHUNK, BUCKET, TIME, *[F.col(f"`{d}`") for d in s.dimension_names],
                 *[metric_column(i) for i, m in enumerate(s.metrics) if m.field], BAD]
         handoff = prepared.withColumn(BUCKET, bucket_column(plan, s)).select(*cols)
         limit = s.max_concurrent_subtasks
         if limit > 1 and handoff.rdd.getNumPartitions() > limit:
             handoff = handoff.coalesce(limit)
-        cfg = phase1.Phase1Config(self.task_id, tuple(self.servers), self.layout,
-                                  s.segment_granularity, s.max_rows_in_memory,
-                                  s.max_saved_parse_exceptions, self.token, self.ca_file,
-                                  self.fault)
         result_path = os.path.join(self.staging, "phase1-committed.jsonl")
         self.spark.dataSource.register(phase1.ShuffleDataSource)
         (handoff.write.format(phase1.ShuffleDataSource.name()).mode("append")
          .option("config", phase1.encode_config(cfg)).option("result_path", result_path).save())
         with open(result_path, encoding="utf-8") as fh:
-            lines = [line for line in fh if line.strip()]
+            return [line for line in fh if line.strip()]
+
+    def _collect(self, lines: list[str], started: float, reader: str) -> list[dict[str, Any]]:
+        s = self.spec
         partials, bad = [], []
         for line in lines:
             item = json.loads(line)
@@ -227,7 +265,8 @@ class _Job:
         self.report.unparseable_events = bad
         r = self.report.rows
         self.report.phase("partialSegmentGeneration", started, subtasks=len(self.report.subtasks),
-                          partials=len(partials), bytesShuffled=self.report.bytes_shuffled)
+                          partials=len(partials), bytesShuffled=self.report.bytes_shuffled,
+                          reader=reader)
         self.say(f"phase 1 done: {len(self.report.subtasks)} subtasks, {r['processed']} rows, "
                  f"{r['unparseable']} unparseable, {r['thrownAway']} thrown away, "
                  f"{len(partials)} partials, {self.report.bytes_shuffled} bytes shuffled")

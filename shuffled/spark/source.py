@@ -142,7 +142,8 @@ def resolve_lines(bad: Iterable[dict[str, object]]) -> None:
     """
     by_file: dict[str, list[dict[str, object]]] = {}
     for rec in bad:
-        if not rec.get("line") and rec.get("file") not in (None, "", "inline"):
+        # Only text input has raw lines to look for (Parquet rows carry no raw text).
+        if not rec.get("line") and rec.get("raw") and rec.get("file") not in (None, "", "inline"):
             by_file.setdefault(str(rec["file"]), []).append(rec)
     for uri, recs in by_file.items():
         path = uri[len("file:"):] if uri.startswith("file:") else uri
