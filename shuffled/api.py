@@ -10,11 +10,13 @@ from typing import Any
 def ingest(spec: Any, *, master: str | None = None,
            shuffle_servers: Sequence[str] | None = None, output_dir: str = "segments",
            token: str | None = None, ca_file: str | None = None,
-           progress: Callable[[str], None] | None = None, show_rows: int = 0) -> Any:
+           progress: Callable[[str], None] | None = None, show_rows: int = 0,
+           reader: str = "auto") -> Any:
     """Run a Druid ``index_parallel`` spec on Spark through shuffled.
 
     With no ``shuffle_servers`` an embedded daemon runs on a free loopback port with a
-    temporary location for the job's lifetime. Returns the pipeline's IngestResult.
+    temporary location for the job's lifetime. ``reader`` is phase 1's input reader (see
+    :func:`shuffled.spark.run_ingestion`). Returns the pipeline's IngestResult.
     """
     from shuffled.spark import parse_spec, run_ingestion
 
@@ -23,7 +25,7 @@ def ingest(spec: Any, *, master: str | None = None,
     if shuffle_servers:
         result = run_ingestion(parsed, shuffle_servers=list(shuffle_servers), master=master,
                                output_dir=output_dir, token=token, ca_file=ca_file,
-                               progress=progress)
+                               progress=progress, reader=reader)
     else:
         from shuffled.server.embedded import EmbeddedDaemon
 
@@ -32,7 +34,7 @@ def ingest(spec: Any, *, master: str | None = None,
                 say(f"embedded shuffle daemon at {url} (location {tmp})")
                 result = run_ingestion(parsed, shuffle_servers=[url], master=master,
                                        output_dir=output_dir, token=token, ca_file=ca_file,
-                                       progress=progress)
+                                       progress=progress, reader=reader)
     if show_rows:
         _show_rows(output_dir, show_rows, say)
     return result

@@ -50,6 +50,9 @@ def _ingest_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--ca-file", help="CA bundle to verify https shuffle servers")
     parser.add_argument("--show-rows", type=int, default=0, metavar="N",
                         help="print up to N rows of the resulting segments")
+    parser.add_argument("--phase1-reader", choices=("auto", "native", "jvm"), default="auto",
+                        help="how phase 1 reads input: native (pyarrow, Parquet only), jvm "
+                             "(Spark), or auto: native where it applies (default)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,7 +94,8 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         spec = json.load(fh)
     ingest(spec, master=args.master, shuffle_servers=args.shuffle_servers,
            output_dir=args.output, token=token, ca_file=args.ca_file,
-           progress=lambda line: print(line, flush=True), show_rows=args.show_rows)
+           progress=lambda line: print(line, flush=True), show_rows=args.show_rows,
+           reader=args.phase1_reader)
     return EXIT_OK
 
 
