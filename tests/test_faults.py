@@ -294,8 +294,9 @@ def test_corrupted_byte_is_detected_and_names_the_partial(tmp_path: Path) -> Non
                 client.get_partition(partition, subs)
             assert info.value.details["key"] == str(key("s2"))
             assert "sup/s2" in str(info.value) and "partition 0" in str(info.value)
-        with pytest.raises(DigestMismatch):
-            client.get_partition_to(partition, open(tmp_path / "out", "wb"), ["s2", "s3"])
+        with open(tmp_path / "out", "wb") as out, pytest.raises(DigestMismatch) as info:
+            client.get_partition_to(partition, out, ["s2", "s3"])
+        assert info.value.details["key"] == str(key("s2"))
         assert client.get_partition(partition, ["s1", "s3"])  # the healthy ones still read
 
         # Slow path (schemas differ, re-encoded, no digest to send): the daemon verifies.
