@@ -110,6 +110,14 @@ class LocationFailed(InsufficientStorage):
     code = "location_failed"
 
 
+class CorruptData(ShuffleError):
+    """A stored partial segment no longer matches the CRC32C recorded when it was written
+    (bit rot, tampering). Not retried: the same bytes would come back."""
+
+    status = 500
+    code = "corrupt_data"
+
+
 class ConfigError(ShuffleError):
     """A setting is invalid; the message names the setting."""
 

@@ -13,7 +13,14 @@ from types import TracebackType
 from typing import Any, BinaryIO
 
 from shuffled.client.digest import check_crc, crc32c_of, crc_from_json
-from shuffled.client.download import BytesSink, Download, FileSink, LocalWriteError, Sink
+from shuffled.client.download import (
+    BytesSink,
+    DiscardSink,
+    Download,
+    FileSink,
+    LocalWriteError,
+    Sink,
+)
 from shuffled.client.http import (
     NO_RETRY,
     BadResponse,
@@ -132,11 +139,13 @@ class ShuffleClient:
         ``sub_task_ids`` restricts it to those subtasks (sent as repeated ``subTaskId=``);
         None means all. An empty sequence is refused (it would silently mean "all").
         Verifies ``Content-Digest`` when the server sends one; a dropped connection fetches
-        the whole stream again.
+        the whole stream again. On a digest mismatch each partial segment is fetched alone
+        (each has its own stored CRC) and the DigestMismatch names the corrupt one (``key``);
+        a server that finds a stored file corrupt answers CorruptData naming it.
         """
         sink = BytesSink()
         query = self._partition_query(partition, sub_task_ids)
-        self._download(_partition_label(partition), partition.path(), query, sink, resumable=False)
+        self._download_partition(partition, sub_task_ids, query, sink)
         return sink.value()
 
     def get_partition_to(
@@ -144,9 +153,51 @@ class ShuffleClient:
     ) -> int:
         """Like :meth:`get_partition`, streamed into ``out`` (seekable); returns bytes written."""
         query = self._partition_query(partition, sub_task_ids)
-        return self._download(
-            _partition_label(partition), partition.path(), query, FileSink(out), resumable=False
-        )
+        return self._download_partition(partition, sub_task_ids, query, FileSink(out))
+
+    def _download_partition(
+        self, partition: PartitionKey, sub_task_ids: Sequence[str] | None,
+        query: list[tuple[str, str]], sink: Sink,
+    ) -> int:
+        what = _partition_label(partition)
+        try:
+            return self._download(what, partition.path(), query, sink, resumable=False)
+        except DigestMismatch as exc:
+            culprit = self._find_corrupt(partition, sub_task_ids)
+            if culprit is None:
+                raise  # every partial verifies alone: the damage was in transit
+            raise DigestMismatch(
+                f"{what}: the aggregate stream failed its CRC32C check because partial "
+                f"segment {culprit.details.get('key')} is corrupt ({culprit.message})",
+                key=culprit.details.get("key"), partition=what,
+            ) from exc
+
+    def _find_corrupt(
+        self, partition: PartitionKey, sub_task_ids: Sequence[str] | None
+    ) -> DigestMismatch | None:
+        """After an aggregate digest mismatch, fetch each partial of ``partition`` alone
+        (each carries its own stored CRC) and return the first one's mismatch, if any."""
+        if sub_task_ids is None:
+            held = self.task(partition.supervisor_task_id) or {}
+            sub_task_ids = [
+                str(sub.get("subTaskId"))
+                for part in held.get("partitions", [])
+                if part.get("partitionId") == partition.partition_id
+                and part.get("start") == partition.interval.start_iso
+                and part.get("end") == partition.interval.end_iso
+                for sub in part.get("subTasks", [])
+            ]
+        for sub in sub_task_ids:
+            key = PartialKey(partition.supervisor_task_id, sub, partition.interval,
+                             partition.partition_id)
+            try:
+                self._download(str(key), key.path(), list(key.query().items()), DiscardSink(),
+                               resumable=True)
+            except DigestMismatch as exc:
+                return exc
+            except ShuffleError:
+                continue  # gone or unreachable meanwhile: only diagnosing, keep looking
+        return None
 
     @staticmethod
     def _partition_query(

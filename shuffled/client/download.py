@@ -51,6 +51,19 @@ class BytesSink:
         return b"".join(self._chunks)
 
 
+class DiscardSink:
+    """Verifies and throws the body away (finding which partial segment is corrupt)."""
+
+    def expect(self, total: int | None) -> None:
+        pass
+
+    def write(self, chunk: memoryview) -> None:
+        pass
+
+    def restart(self, what: str) -> None:
+        pass
+
+
 class LocalWriteError(Exception):
     """Writing to the caller's file failed: not a network problem, never retried."""
 

@@ -19,7 +19,13 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from shuffled import __version__
-from shuffled.errors import LocationFailed, Overloaded, ShuffleError, error_from_json
+from shuffled.errors import (
+    CorruptData,
+    LocationFailed,
+    Overloaded,
+    ShuffleError,
+    error_from_json,
+)
 
 log = logging.getLogger("shuffled.client")
 
@@ -120,6 +126,8 @@ def parse_retry_after(value: str | None) -> float | None:
 
 
 def _is_retryable(status: int, error: ShuffleError) -> bool:
+    if isinstance(error, CorruptData):
+        return False  # the stored bytes are damaged: asking again returns the same damage
     if status in _RETRY_STATUSES:
         return True
     return status == 507 and error.code == LocationFailed.code

@@ -18,10 +18,14 @@ from typing import IO, Any
 
 import pyarrow as pa
 
-from shuffled.crc import combine
-from shuffled.errors import Conflict
+from shuffled.crc import combine, crc32c
+from shuffled.errors import Conflict, CorruptData
+from shuffled.protocol import crc_hex
 from shuffled.storage.arrowfile import EOS, EOS_CRC, schema_has_dictionaries
 from shuffled.storage.index import PartialMeta
+
+
+VERIFY_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +60,28 @@ def fast_plan(metas: Sequence[PartialMeta]) -> FastPlan | None:
                     sum(m.rows for m in metas))
 
 
+def verify_files(files: Sequence[IO[bytes]], metas: Sequence[PartialMeta]) -> None:
+    """Check each file against the CRC32C stored at upload; CorruptData naming the partial
+    segment if one differs. The slow path needs this: a re-encoded stream carries no digest
+    the reader could check, so damage on disk would otherwise reach a segment unnoticed."""
+    for fh, meta in zip(files, metas, strict=True):
+        fh.seek(0)
+        crc = 0
+        while chunk := fh.read(VERIFY_CHUNK):
+            crc = crc32c(chunk, crc)
+        if crc != meta.crc:
+            raise CorruptData(
+                f"partial segment {meta.key} is corrupt on disk: CRC32C {crc_hex(crc)}, "
+                f"stored at upload {crc_hex(meta.crc)}; re-run the subtask that wrote it",
+                key=str(meta.key), supervisorTaskId=meta.key.supervisor_task_id,
+                subTaskId=meta.key.sub_task_id, partitionId=meta.key.partition_id,
+            )
+
+
 def unified_schema(files: Sequence[IO[bytes]], metas: Sequence[PartialMeta]) -> pa.Schema:
-    """Read each stream's schema and unify them; 409 naming the subtasks if impossible."""
+    """Verify each file (:func:`verify_files`), read each stream's schema and unify them;
+    409 naming the subtasks if impossible."""
+    verify_files(files, metas)
     schemas = []
     for fh in files:
         fh.seek(0)
@@ -144,4 +168,5 @@ class Reencoder:
             return self._sink.take()
 
 
-__all__ = ["FastPlan", "Reencoder", "fast_plan", "schema_has_dictionaries", "unified_schema"]
+__all__ = ["FastPlan", "Reencoder", "fast_plan", "schema_has_dictionaries", "unified_schema",
+           "verify_files"]

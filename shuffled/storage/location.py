@@ -12,6 +12,9 @@ from shuffled.errors import ConfigError, LocationLocked
 
 LOCK_NAME = ".lock"
 TMP_DIR = ".tmp"
+# A location taken out of service for want of space returns only with this much free
+# beyond its reserve, so it does not flap in and out on the last few pages.
+PROBE_MIN_FREE = 1 << 20
 
 
 class Location:
@@ -102,7 +105,12 @@ class Location:
         return min(total, self.max_bytes) if self.max_bytes is not None else total
 
     def probe(self) -> None:
-        """Write, fsync and remove a small file; raises OSError if the disk cannot."""
+        """Write, fsync and remove a small file, and check the file system has free space
+        beyond the reserve; raises OSError (ENOSPC for too little space) if not."""
+        _, free = self.disk_usage()
+        if free < self.reserve_bytes + PROBE_MIN_FREE:
+            raise OSError(errno.ENOSPC, f"only {free} bytes free (reserve "
+                                        f"{self.reserve_bytes} + {PROBE_MIN_FREE})")
         probe = self.tmp_dir / ".probe"
         fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:

@@ -6,7 +6,6 @@ import errno
 
 from shuffled.errors import (
     BadRequest,
-    InsufficientStorage,
     LocationFailed,
     NotFound,
     Overloaded,
@@ -25,9 +24,12 @@ def translate(exc: OSError, where: str, doing: str) -> ShuffleError:
     name = errno.errorcode.get(code or 0, "OSError")
     reason = exc.strerror or str(exc)
     if code in FULL_ERRNOS:
-        return InsufficientStorage(
-            f"location {where} ran out of space while {doing} ({name}); free space there, "
-            f"lower its max size, or add a location",
+        # The location is taken out of service (see marks_unhealthy), so a retry of the same
+        # request goes to another location: a retryable ``location_failed``, not a plain 507.
+        return LocationFailed(
+            f"location {where} ran out of space while {doing} ({name}); it takes no writes "
+            f"until a health probe finds free space there again; free space there, lower its "
+            f"max size, or add a location",
             location=where,
         )
     if code in (errno.EMFILE, errno.ENFILE):
@@ -49,6 +51,7 @@ def translate(exc: OSError, where: str, doing: str) -> ShuffleError:
 
 
 def marks_unhealthy(exc: OSError) -> bool:
-    """Whether ``exc`` means the location should stop taking writes."""
-    return exc.errno not in FULL_ERRNOS and exc.errno not in (
-        errno.ENOENT, errno.EMFILE, errno.ENFILE, errno.ENAMETOOLONG)
+    """Whether ``exc`` means the location should stop taking writes until a probe succeeds:
+    a failing or read-only disk, and a full one (ENOSPC/EDQUOT: the file system filled up
+    under us, whatever the accounting said)."""
+    return exc.errno not in (errno.ENOENT, errno.EMFILE, errno.ENFILE, errno.ENAMETOOLONG)
