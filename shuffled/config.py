@@ -204,6 +204,9 @@ FIELDS: tuple[Field, ...] = (
     Field("max_concurrent_downloads", _positive_int,
           "downloads in flight before new ones get 503 + Retry-After",
           "--max-concurrent-downloads", "N"),
+    Field("upload_idle_timeout", parse_duration,
+          "an upload whose body sends nothing for this long is abandoned (408) and its "
+          "slot freed", "--upload-idle-timeout", "DURATION"),
     Field("shutdown_timeout", parse_duration,
           "on SIGTERM, how long in-flight requests may take to finish",
           "--shutdown-timeout", "DURATION"),
@@ -236,6 +239,7 @@ class Settings:
     max_age: float = 7 * 86400.0
     max_concurrent_uploads: int = 64
     max_concurrent_downloads: int = 256
+    upload_idle_timeout: float = 60.0
     shutdown_timeout: float = 30.0
     access_log: bool = True
     log_level: str = "INFO"

@@ -64,6 +64,13 @@ class Unauthorized(ShuffleError):
     code = "unauthorized"
 
 
+class RequestTimeout(ShuffleError):
+    """The client stopped sending a request body (RFC 9110 section 15.5.9)."""
+
+    status = 408
+    code = "request_timeout"
+
+
 class NotFound(ShuffleError):
     status = 404
     code = "not_found"

@@ -24,7 +24,9 @@ from typing import Any
 import pytest
 
 from shuffled.client import ShuffleClient
+from shuffled.client.http import NO_RETRY
 from shuffled.crc import crc32c
+from shuffled.errors import ShuffleError
 from shuffled.protocol import Interval, PartialKey, PartitionKey, format_crc32c
 from tests.conftest import DAY, PREFIX, arrow_bytes, files_under, sample_table
 from tests.procs import DaemonProcess, http_get, metric_value, wait_for
@@ -128,6 +130,9 @@ def test_read_only_location_is_taken_out_then_returns(start_ns_daemon: Any,
     with ShuffleClient(daemon.url) as client:
         before = put_all(client, [f"before{i}" for i in range(4)])
         assert {loc for _, loc in before.values()} == {str(a), str(b)}  # round-robin
+        for i in range(2):  # a second task, on both locations, deleted while a is read-only
+            client.put_partial(PartialKey("doomed", f"s{i}", INTERVAL, 0),
+                               arrow_bytes(sample_table(50, seed=i)))
         in_ns(daemon.pid, "sh", "-c", f"mount --bind {a} {a} && mount -o remount,bind,ro {a}")
         assert in_ns(daemon.pid, "touch", f"{a}/.tmp/x", check=False).returncode != 0  # real
 
@@ -137,6 +142,11 @@ def test_read_only_location_is_taken_out_then_returns(start_ns_daemon: Any,
         assert status["healthy"] is False and "Read-only" in status["lastError"]
         assert watch.gauge() == 0.0
         check_reads(client, {**before, **during})  # its existing data is still served
+        with ShuffleClient(daemon.url, retry=NO_RETRY) as once:
+            with pytest.raises(ShuffleError) as failed:  # never a success that left files
+                once.delete_task("doomed")
+        assert failed.value.status == 507 and str(a) in str(failed.value)
+        assert (a / "doomed").exists() and not (b / "doomed").exists()
         wait_for(watch.probe_failed, "a failed probe while read-only")
         assert not watch.healthy()
 
@@ -146,6 +156,8 @@ def test_read_only_location_is_taken_out_then_returns(start_ns_daemon: Any,
         after = put_all(client, [f"after{i}" for i in range(4)], seed=20)
         assert str(a) in {loc for _, loc in after.values()}  # it takes writes again
         check_reads(client, {**before, **during, **after})
+        client.delete_task("doomed")  # the retried DELETE finishes the job
+        assert not (a / "doomed").exists()
     assert daemon.stop() == 0
     for loc in (a, b):
         assert list((loc / ".tmp").iterdir()) == []

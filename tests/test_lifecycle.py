@@ -118,3 +118,32 @@ async def test_uploads_beyond_the_limit_get_503_and_nothing_is_kept(start_daemon
     names = sorted(p.parent.name for loc in settings.locations
                    for p in files_under(loc.path) if p.suffix == ".arrow")
     assert names == ["extra", "slow0", "slow1"]
+
+
+async def test_a_stalled_upload_is_abandoned_with_408_and_frees_its_slot(
+        start_daemon, make_settings) -> None:
+    settings = make_settings(max_concurrent_uploads=1, upload_idle_timeout=0.3)
+    client = await start_daemon(settings)
+    body = arrow_bytes(sample_table(2000))
+    gate = asyncio.Event()
+
+    async def stalled_body():
+        yield body[:100]
+        await gate.wait()  # never set before the daemon gives up
+        yield body[100:]
+
+    params = {**DAY, "partitionId": 0}
+    stalled = await asyncio.wait_for(
+        client.put(f"{PREFIX}/tasks/sup/stalled/partition", params=params, data=stalled_body()),
+        timeout=20)
+    assert stalled.status == 408
+    assert (await stalled.json())["code"] == "request_timeout"
+    gate.set()
+    status = await (await client.get("/status")).json()
+    assert status["inFlight"]["uploads"] == 0  # the only slot is free again
+    accepted = await client.put(f"{PREFIX}/tasks/sup/next/partition", params=params, data=body)
+    assert accepted.status == 201
+    names = [p.parent.name for loc in settings.locations for p in files_under(loc.path)
+             if p.suffix == ".arrow"]
+    assert names == ["next"]  # nothing of the stalled upload, not even a temp file
+    assert not [p for loc in settings.locations for p in (loc.path / ".tmp").iterdir()]

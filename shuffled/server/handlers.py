@@ -13,7 +13,7 @@ from aiohttp import ClientPayloadError, web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from shuffled import __version__
-from shuffled.errors import BadRequest, InvalidBody, NotFound
+from shuffled.errors import BadRequest, InvalidBody, NotFound, RequestTimeout
 from shuffled.protocol import (
     ARROW_STREAM, CONTENT_DIGEST, GENERATION_HEADER, REPR_DIGEST, ROWS_HEADER, Interval,
     PartialKey, PartitionKey, format_crc32c, parse_crc32c, parse_partition_id, validate_id,
@@ -43,9 +43,20 @@ def _partial_key(request: web.Request) -> PartialKey:
     return PartialKey(part.supervisor_task_id, sub, part.interval, part.partition_id)
 
 
-async def _body(request: web.Request) -> AsyncIterator[bytes]:
+async def _body(request: web.Request, idle: float) -> AsyncIterator[bytes]:
+    """The upload body as it arrives; a body silent for ``idle`` seconds is abandoned so a
+    stalled client cannot hold an upload slot (and its temp file) for ever."""
+    content = request.content
     try:
-        async for chunk in request.content.iter_any():
+        while True:
+            try:
+                async with asyncio.timeout(idle):
+                    chunk = await content.readany()
+            except TimeoutError:
+                raise RequestTimeout(f"upload body stalled: nothing received for {idle:g} s; "
+                                     f"the upload was abandoned, send it again") from None
+            if not chunk:
+                return
             yield chunk
     except (ClientPayloadError, asyncio.IncompleteReadError, ConnectionError) as exc:
         raise InvalidBody(f"upload body ended early: {exc}") from exc
@@ -60,7 +71,8 @@ async def put_partial(request: web.Request) -> web.Response:
     expected = parse_crc32c(request.headers.get(CONTENT_DIGEST)
                             or request.headers.get(REPR_DIGEST))
     with state.uploads.slot():
-        result = await state.store.put(key, _body(request), request.content_length, expected)
+        result = await state.store.put(key, _body(request, state.settings.upload_idle_timeout),
+                                       request.content_length, expected)
     meta = result.meta
     state.metrics.received_bytes.inc(meta.size)
     state.metrics.received_partials.inc()

@@ -45,6 +45,16 @@ class PutResult:
     replaced: bool
 
 
+def _remove_tree(path: Any) -> None:
+    """``rm -r path``: an absent tree is fine, any other failure is raised."""
+
+    def onerror(func: Any, name: str, exc_info: Any) -> None:
+        if not isinstance(exc_info[1], FileNotFoundError):
+            raise exc_info[1]
+
+    shutil.rmtree(path, onerror=onerror)
+
+
 class Store:
     """Partial segments across several locations, indexed in memory, rebuilt on start."""
 
@@ -334,8 +344,20 @@ class Store:
             if entry is not None:
                 for meta in entry.all():
                     self._unaccount(meta)
+            failed: tuple[Location, OSError] | None = None
             for loc in self.locations:
-                await self.run(shutil.rmtree, loc.path / sup, True)
+                try:
+                    await self.run(_remove_tree, loc.path / sup)
+                except OSError as exc:  # keep going: remove what can be removed everywhere
+                    failed = failed or (loc, exc)
+            if failed is not None:
+                # Files left behind would be indexed again at the next start: say so rather
+                # than answer success. A retried DELETE removes them once the disk recovers.
+                loc, exc = failed
+                if marks_unhealthy(exc):
+                    loc.mark_unhealthy(f"{exc.strerror} while deleting")
+                log.error("could not delete all of %s on %s: %s", sup, loc.path, exc)
+                raise translate(exc, str(loc.path), f"deleting supervisor task {sup}")
         return entry
 
     async def probe_unhealthy(self) -> list[Location]:
