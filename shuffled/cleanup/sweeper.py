@@ -92,6 +92,8 @@ class Sweeper:
         try:
             back = await self.store.probe_unhealthy()
             result.recovered_locations = [str(loc.path) for loc in back]
+            for sup in await self.store.remove_leftovers():
+                log.info("removed what an earlier DELETE of %s left behind", sup)
         except Exception as exc:  # a probe problem must not stop expiry
             log.exception("probing unhealthy locations failed")
             result.errors.append(f"probe: {exc}")

@@ -70,6 +70,8 @@ class Store:
         self._placement = RoundRobin(self.locations)
         self._tasks: dict[str, TaskEntry] = {}
         self._inflight: dict[str, set[_Upload]] = {}
+        # Supervisor tasks a DELETE could not fully remove -> indexes of those locations.
+        self._leftovers: dict[str, set[int]] = {}
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._executor = ThreadPoolExecutor(io_threads, thread_name_prefix="shuffled-io")
         self._last_generation = 0
@@ -350,15 +352,43 @@ class Store:
                     await self.run(_remove_tree, loc.path / sup)
                 except OSError as exc:  # keep going: remove what can be removed everywhere
                     failed = failed or (loc, exc)
+                    self._leftovers.setdefault(sup, set()).add(loc.index)
+                    if marks_unhealthy(exc):
+                        loc.mark_unhealthy(f"{exc.strerror} while deleting")
             if failed is not None:
-                # Files left behind would be indexed again at the next start: say so rather
-                # than answer success. A retried DELETE removes them once the disk recovers.
+                # Say so rather than answer success: left alone, the files would be indexed
+                # again at the next start. remove_leftovers() finishes the job once the disk
+                # recovers (each sweep), as does a retried DELETE.
                 loc, exc = failed
-                if marks_unhealthy(exc):
-                    loc.mark_unhealthy(f"{exc.strerror} while deleting")
                 log.error("could not delete all of %s on %s: %s", sup, loc.path, exc)
                 raise translate(exc, str(loc.path), f"deleting supervisor task {sup}")
+            self._leftovers.pop(sup, None)
         return entry
+
+    async def remove_leftovers(self) -> list[str]:
+        """Retry removing what failed DELETEs left on locations now healthy; returns the
+        supervisor tasks fully removed. A task written again since is live data: skipped."""
+        done = []
+        for sup in list(self._leftovers):
+            async with self._lock(sup):
+                where = self._leftovers.get(sup, set())
+                if sup in self._tasks:
+                    self._leftovers.pop(sup, None)
+                    continue
+                for i in sorted(where):
+                    loc = self.locations[i]
+                    if not loc.healthy:
+                        continue
+                    try:
+                        await self.run(_remove_tree, loc.path / sup)
+                    except OSError as exc:
+                        log.warning("still cannot remove %s on %s: %s", sup, loc.path, exc)
+                        continue
+                    where.discard(i)
+                if not where:
+                    self._leftovers.pop(sup, None)
+                    done.append(sup)
+        return done
 
     async def probe_unhealthy(self) -> list[Location]:
         """Probe unhealthy locations; return those that came back into service."""
