@@ -86,10 +86,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     if "memory" in names:
         from bench.memory import overall
-        results.append(overall(ctx))
+        last = max(i for i, r in enumerate(results) if r.name.startswith("memory"))
+        results.insert(last + 1, overall(ctx))
     meta["seconds"] = time.monotonic() - began
     meta["notes"] = ctx.notes
     meta["daemon_peaks_mib"] = ctx.peaks
+    meta["daemon_rss_split_mib"] = ctx.split
     print("\n" + report.table(results))
     for note in ctx.notes:
         print(f"- {note}")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from bench.daemon import Daemon
 from bench.peers import Nginx
+from bench.procs import RssPoller
 
 MiB = 1 << 20
 KiB = 1 << 10
@@ -49,6 +50,7 @@ class Ctx:
     workdir: Path
     quick: bool = False
     peaks: dict[str, float] = field(default_factory=dict)  # daemon label -> VmHWM MiB
+    split: dict[str, dict[str, float]] = field(default_factory=dict)  # label -> RssAnon/File
     notes: list[str] = field(default_factory=list)
 
     def scratch(self, name: str) -> Path:
@@ -63,9 +65,12 @@ class Ctx:
         """A shuffled daemon for the block; its peak RSS is recorded under ``label``."""
         d = Daemon(location, fsync=fsync)
         d.start()
+        assert d.proc is not None
+        poller = RssPoller(d.proc.pid).start()
         try:
             yield d
         finally:
+            self.split[label] = poller.stop()
             if d.proc is not None:
                 self.peaks[label] = d.tree.peak_rss_mib()
             d.stop()

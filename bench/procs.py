@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -119,3 +120,30 @@ def stop(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
         proc.wait(10)
     except ProcessLookupError:
         pass
+
+
+class RssPoller:
+    """Samples a process's RssAnon and RssFile every ``interval`` s on a thread, keeping
+    the maxima: VmHWM gives the peak, this says whether it was heap or mapped files."""
+
+    def __init__(self, pid: int, interval: float = 0.005) -> None:
+        self.pid = pid
+        self.interval = interval
+        self.peak_kib = {"RssAnon": 0, "RssFile": 0}
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"rss-{pid}", daemon=True)
+
+    def _run(self) -> None:
+        while not self._done.wait(self.interval):
+            for key in self.peak_kib:
+                self.peak_kib[key] = max(self.peak_kib[key], status_kib(self.pid, key))
+
+    def start(self) -> RssPoller:
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict[str, float]:
+        """Stop sampling; the peaks in MiB."""
+        self._done.set()
+        self._thread.join(5)
+        return {k: v / 1024 for k, v in self.peak_kib.items()}

@@ -78,7 +78,8 @@ def run(ctx: Ctx) -> list[Result]:
             one = d.partial_url(SUP, "sub000000", INTERVAL.start_iso, INTERVAL.end_iso, 0)
             partial = [client.get([one]).seconds for _ in range(GETS)]
         figures[count] = {"startup_s": median(starts), "rebuild_s": max(median(starts) - empty, 1e-3),
-                          "task_get_s": median(listing), "partial_get_s": median(partial)}
+                          "task_get_s": median(listing), "partial_get_s": median(partial),
+                          "peak_rss_mib": ctx.peaks[f"scale_{count}"]}
     # rm is much faster than shutil.rmtree on 100k-file trees
     subprocess.run(["rm", "-rf", "--one-file-system", str(base)], check=False, timeout=600)
     small, large = min(s.scale_counts), max(s.scale_counts)
@@ -92,6 +93,8 @@ def run(ctx: Ctx) -> list[Result]:
                 f["rebuild_s"], g["rebuild_s"], "s", "<=", growth, **common),
         compare("scale_task_get", f"6. GET /tasks/{{id}} latency, {k(large)} vs {k(small)} partials",
                 f["task_get_s"], g["task_get_s"], "s", "<=", growth, **common),
+        compare("scale_rss", f"6. daemon peak RSS, {k(large)} vs {k(small)} partials indexed",
+                f["peak_rss_mib"], g["peak_rss_mib"], "MiB", None, None, **common),
         compare("scale_partial_get", f"6. per-partial GET latency, {k(large)} vs {k(small)} partials",
                 f["partial_get_s"], g["partial_get_s"], "s", None, None, **common),
     ]
