@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--write-readme", action=argparse.BooleanOptionalAction, default=None,
                    help="rewrite the README's bench block (default: only after a full run, "
                         "i.e. no --quick/--only/--skip)")
+    p.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra Spark setting for both sides of the end-to-end comparison "
+                        "(e.g. spark.driver.memory=2g); default: Spark's defaults")
     p.add_argument("--workdir", type=Path,
                    help="scratch directory on the disk under test (default: a new temp dir)")
     return p
@@ -62,8 +65,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = [n for n in (args.only or COMPARISONS) if n not in (args.skip or [])]
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     workdir = Path(tempfile.mkdtemp(prefix="shuffled-bench-", dir=args.workdir))
-    ctx = Ctx(sizes, workdir, quick=args.quick)
+    bad = [c for c in args.spark_conf if "=" not in c]
+    if bad:
+        build_parser().error(f"--spark-conf needs KEY=VALUE, got {bad[0]!r}")
+    ctx = Ctx(sizes, workdir, quick=args.quick, spark_conf=tuple(args.spark_conf))
     meta = {"machine": report.machine(), "quick": args.quick, "sizes": sizes.__dict__,
+            "spark_conf": list(args.spark_conf),
             "command": "make bench" if argv is None and not sys.argv[1:]
             else "python -m bench " + shlex.join(sys.argv[1:] if argv is None else argv)}
     print(f"bench: {', '.join(names)} on {report.machine_line(meta['machine'])}", flush=True)

@@ -52,6 +52,7 @@ class Ctx:
     peaks: dict[str, float] = field(default_factory=dict)  # daemon label -> VmHWM MiB
     split: dict[str, dict[str, float]] = field(default_factory=dict)  # label -> RssAnon/File
     notes: list[str] = field(default_factory=list)
+    spark_conf: tuple[str, ...] = ()  # KEY=VALUE settings for both sides of comparison 5
 
     def scratch(self, name: str) -> Path:
         """A fresh directory under the run's work dir (removed by the caller's cleanup)."""

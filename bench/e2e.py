@@ -35,6 +35,8 @@ def run(ctx: Ctx) -> list[Result]:
     cmd = [sys.executable, "-m", "bench.e2e_worker", "--data", str(data), "--workdir",
            str(base), "--repeats", str(s.e2e_repeats), "--warmup", "0" if ctx.quick else "1",
            "--out", str(out)]
+    for item in ctx.spark_conf:
+        cmd += ["--conf", item]
     log = base.parent / "e2e-worker.log"
     with open(log, "wb") as fh:
         proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=TIMEOUT,
@@ -53,7 +55,7 @@ def run(ctx: Ctx) -> list[Result]:
     shuffled_bytes = median([r["bytesShuffled"] for r in ours])
     spark_bytes = median([r["sparkShuffleWriteBytes"] for r in theirs])
     rows = s.e2e_rows
-    common = {"rows_in": rows, "rows_out": rows_out["spark"], "input_parquet_bytes": input_bytes,
+    common = {"spark_conf": list(ctx.spark_conf), "rows_in": rows, "rows_out": rows_out["spark"], "input_parquet_bytes": input_bytes,
               "seconds": {"shuffled": [r["seconds"] for r in ours],
                           "spark": [r["seconds"] for r in theirs]},
               "phases_median_s": phases, "runs": got["runs"]}

@@ -25,11 +25,15 @@ from pyspark.sql import functions as F
 from bench.e2e_data import spec as make_spec
 
 
-def session() -> SparkSession:
-    """local[2] on loopback, with the settings shuffled's own session would have."""
+def session(extra: dict[str, str] | None = None) -> SparkSession:
+    """local[2] on loopback, with the settings shuffled's own session would have, plus
+    ``extra`` Spark settings (``--conf``; both sides share them)."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    return (SparkSession.builder.appName("shuffled-bench-e2e").master("local[2]")
+    builder = SparkSession.builder
+    for key, value in (extra or {}).items():
+        builder = builder.config(key, value)
+    return (builder.appName("shuffled-bench-e2e").master("local[2]")
             .config("spark.ui.showConsoleProgress", "false")
             .config("spark.pyspark.python", sys.executable)
             .config("spark.pyspark.driver.python", sys.executable)
@@ -81,8 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
     args = p.parse_args(argv)
-    spark = session()
+    spark = session(dict(c.split("=", 1) for c in args.conf))
     sides = {"shuffled": shuffled_rollup, "spark": spark_rollup}
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in sides}
     try:
