@@ -3,10 +3,14 @@
 Run on the temp file before it becomes visible. It reads through a memory map (no copy of
 the data into the heap), validates every record batch's structure, requires the
 end-of-stream marker and nothing after it, so a truncated or padded body is refused.
+The checksums are read with pread into one small buffer, not through the map: touching
+every page of the map would make the file resident in the daemon (RSS growing with the
+size of the partial segments being uploaded).
 """
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
 
@@ -48,6 +52,28 @@ def _view(source: pa.MemoryMappedFile, offset: int, length: int) -> pa.Buffer:
     return source.read_buffer(length)
 
 
+_CRC_CHUNK = 1 << 20
+
+
+def _crc_range(path: str, offset: int, length: int) -> int:
+    """CRC32C of bytes [offset, offset+length) of ``path``, read in bounded chunks."""
+    crc = 0
+    buf = bytearray(min(_CRC_CHUNK, max(length, 1)))
+    view = memoryview(buf)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        while length > 0:
+            got = os.preadv(fd, [view[: min(len(buf), length)]], offset)
+            if got <= 0:
+                raise InvalidBody("file ended while computing its checksum")
+            crc = crc32c(view[:got], crc)
+            offset += got
+            length -= got
+    finally:
+        os.close(fd)
+    return crc
+
+
 def inspect(path: str, size: int) -> ArrowFacts:
     """Validate the stream in ``path`` (``size`` bytes) and return its facts, or InvalidBody."""
     if size < 16:
@@ -86,7 +112,7 @@ def inspect(path: str, size: int) -> ArrowFacts:
             rows=rows,
             batches=batches,
             schema_len=schema_len,
-            schema_crc=crc32c(_view(source, 0, schema_len)),
-            body_crc=crc32c(_view(source, schema_len, size - len(EOS) - schema_len)),
+            schema_crc=_crc_range(path, 0, schema_len),
+            body_crc=_crc_range(path, schema_len, size - len(EOS) - schema_len),
             has_dictionaries=schema_has_dictionaries(schema),
         )

@@ -1,0 +1,111 @@
+"""``python -m bench``: run the comparisons, print the table, write results and README."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench import report
+from bench.context import FULL, QUICK, Ctx
+from bench.stats import Result, failed
+
+HERE = Path(__file__).resolve().parent
+#: comparison name -> module (each has ``run(ctx) -> list[Result]``), in run order.
+COMPARISONS = {
+    "serve_large": "bench.serve_large",
+    "serve_small": "bench.serve_small",
+    "ingest": "bench.ingest",
+    "memory": "bench.memory",
+    "e2e": "bench.e2e",
+    "scale": "bench.scale",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    p.add_argument("--only", action="append", choices=list(COMPARISONS), metavar="NAME",
+                   help=f"run only these comparisons (repeatable): {', '.join(COMPARISONS)}")
+    p.add_argument("--skip", action="append", choices=list(COMPARISONS), metavar="NAME",
+                   help="skip these comparisons (repeatable)")
+    p.add_argument("--quick", action="store_true",
+                   help="small sizes and few repeats: a smoke test of the harness, not a benchmark")
+    p.add_argument("--repeats", type=int, help="alternations per side (default 5; quick 2)")
+    p.add_argument("--out", type=Path, default=HERE / "results.json",
+                   help="results file (default bench/results.json)")
+    p.add_argument("--readme", type=Path, default=HERE.parent / "README.md",
+                   help="README whose bench block is rewritten (default ./README.md)")
+    p.add_argument("--write-readme", action=argparse.BooleanOptionalAction, default=None,
+                   help="rewrite the README's bench block (default: only after a full run, "
+                        "i.e. no --quick/--only/--skip)")
+    p.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra Spark setting for both sides of the end-to-end comparison "
+                        "(e.g. spark.driver.memory=2g); default: Spark's defaults")
+    p.add_argument("--workdir", type=Path,
+                   help="scratch directory on the disk under test (default: a new temp dir)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the selected comparisons; exit 0 when all ran (targets missed are reported,
+    not failures), 1 when a comparison could not run."""
+    args = build_parser().parse_args(argv)
+    sizes = QUICK if args.quick else FULL
+    if args.repeats:
+        from dataclasses import replace
+        sizes = replace(sizes, repeats=args.repeats)
+    names = [n for n in (args.only or COMPARISONS) if n not in (args.skip or [])]
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    workdir = Path(tempfile.mkdtemp(prefix="shuffled-bench-", dir=args.workdir))
+    bad = [c for c in args.spark_conf if "=" not in c]
+    if bad:
+        build_parser().error(f"--spark-conf needs KEY=VALUE, got {bad[0]!r}")
+    ctx = Ctx(sizes, workdir, quick=args.quick, spark_conf=tuple(args.spark_conf))
+    meta = {"machine": report.machine(), "quick": args.quick, "sizes": sizes.__dict__,
+            "spark_conf": list(args.spark_conf),
+            "command": "make bench" if argv is None and not sys.argv[1:]
+            else "python -m bench " + shlex.join(sys.argv[1:] if argv is None else argv)}
+    print(f"bench: {', '.join(names)} on {report.machine_line(meta['machine'])}", flush=True)
+    results: list[Result] = []
+    began = time.monotonic()
+    try:
+        for name in names:
+            t0 = time.monotonic()
+            print(f"bench: {name} ...", flush=True)
+            try:
+                module = importlib.import_module(COMPARISONS[name])
+                got = module.run(ctx)
+            except Exception as exc:  # one broken comparison must not hide the others
+                traceback.print_exc()
+                got = [failed(name, name, f"{type(exc).__name__}: {exc}")]
+            results.extend(got)
+            print(report.table(got), flush=True)
+            print(f"bench: {name} took {time.monotonic() - t0:.0f} s", flush=True)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    if "memory" in names:
+        from bench.memory import overall
+        last = max(i for i, r in enumerate(results) if r.name.startswith("memory"))
+        results.insert(last + 1, overall(ctx))
+    meta["seconds"] = time.monotonic() - began
+    meta["notes"] = ctx.notes
+    meta["daemon_peaks_mib"] = ctx.peaks
+    meta["daemon_rss_split_mib"] = ctx.split
+    print("\n" + report.table(results))
+    for note in ctx.notes:
+        print(f"- {note}")
+    report.write_json(args.out, results, meta)
+    print(f"bench: wrote {args.out} in {meta['seconds']:.0f} s")
+    full = not (args.quick or args.only or args.skip)
+    if args.write_readme or (args.write_readme is None and full):
+        if report.update_readme(args.readme, report.readme_block(results, meta)):
+            print(f"bench: updated the table in {args.readme}")
+    return 1 if report.errors(results) else 0

@@ -1,0 +1,118 @@
+"""Child process of comparison 5: one SparkSession, both sides alternately, JSON out.
+
+    python -m bench.e2e_worker --data DIR --workdir DIR --repeats N --out FILE
+
+The session is local[2] on loopback (driver host/bind 127.0.0.1, SPARK_LOCAL_IP), session
+time zone UTC, UI on loopback (its REST API gives the shuffle bytes). ``shuffled.api.ingest``
+reuses the active session, so both sides run on the same JVM with the same settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from bench.e2e_data import spec as make_spec
+
+
+def session(extra: dict[str, str] | None = None) -> SparkSession:
+    """local[2] on loopback, with the settings shuffled's own session would have, plus
+    ``extra`` Spark settings (``--conf``; both sides share them)."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder
+    for key, value in (extra or {}).items():
+        builder = builder.config(key, value)
+    return (builder.appName("shuffled-bench-e2e").master("local[2]")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.pyspark.python", sys.executable)
+            .config("spark.pyspark.driver.python", sys.executable)
+            .config("spark.driver.host", "127.0.0.1")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.sql.session.timeZone", "UTC")
+            .getOrCreate())
+
+
+def shuffle_write_bytes(spark: SparkSession) -> int:
+    """Shuffle bytes written by every completed stage so far (Spark's REST API)."""
+    sc = spark.sparkContext
+    url = f"{sc.uiWebUrl}/api/v1/applications/{sc.applicationId}/stages?status=complete"
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        return sum(int(s.get("shuffleWriteBytes", 0)) for s in json.load(resp))
+
+
+def spark_rollup(spark: SparkSession, data: Path, out: Path) -> dict[str, Any]:
+    """The baseline: the same perfect rollup by Spark's own shuffle, written as Parquet."""
+    df = spark.read.parquet(str(data))
+    rolled = (df.withColumn("__time", F.date_trunc("hour", F.col("ts")))
+              .groupBy("__time", "country", "city", "device")
+              .agg(F.count(F.lit(1)).alias("count"), F.sum("clicks").alias("clicks"),
+                   F.sum("revenue").alias("revenue")))
+    rolled.write.mode("overwrite").parquet(str(out))
+    return {}
+
+
+def shuffled_rollup(spark: SparkSession, data: Path, out: Path) -> dict[str, Any]:
+    """``shuffled.api.ingest`` with its embedded daemon; the task report's figures."""
+    from shuffled.api import ingest
+
+    result = ingest(make_spec(data), output_dir=str(out))
+    report = result.report
+    return {"bytesShuffled": report.get("bytesShuffled"), "bytesFetched": report.get("bytesFetched"),
+            "rowsOut": report.get("rowsOut"),
+            "phases": {k: v.get("ingest/task/time", 0) / 1000 for k, v in report["phases"].items()},
+            "rowsIn": report["ingestionStatsAndErrors"]["rowStats"]["buildSegments"]["processed"]}
+
+
+def _count_rows(spark: SparkSession, out: Path) -> int:
+    return spark.read.parquet(str(out)).count()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.e2e_worker")
+    p.add_argument("--data", type=Path, required=True)
+    p.add_argument("--workdir", type=Path, required=True)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
+    args = p.parse_args(argv)
+    spark = session(dict(c.split("=", 1) for c in args.conf))
+    sides = {"shuffled": shuffled_rollup, "spark": spark_rollup}
+    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in sides}
+    try:
+        for i in range(args.warmup + args.repeats):
+            for name in (list(sides) if i % 2 == 0 else list(sides)[::-1]):
+                out = args.workdir / f"out-{name}"
+                shutil.rmtree(out, ignore_errors=True)
+                shuffled_before = shuffle_write_bytes(spark)
+                began = time.perf_counter()
+                facts = sides[name](spark, args.data, out)
+                facts["seconds"] = time.perf_counter() - began
+                facts["sparkShuffleWriteBytes"] = shuffle_write_bytes(spark) - shuffled_before
+                facts["warmup"] = i < args.warmup
+                print(f"e2e: {name} {'warm-up ' if facts['warmup'] else ''}"
+                      f"{facts['seconds']:.1f} s {json.dumps({k: v for k, v in facts.items() if k != 'seconds'})}",
+                      flush=True)
+                runs[name].append(facts)
+        # Untimed check that both sides computed the same rollup.
+        rows = {"spark": _count_rows(spark, args.workdir / "out-spark"),
+                "shuffled": runs["shuffled"][-1]["rowsOut"]}
+    finally:
+        spark.stop()
+    args.out.write_text(json.dumps({"runs": runs, "rowsOut": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""Comparison 2: a partition of many small partial segments (1,000 x 64 KiB).
+
+nginx serves the files one request each over ``small_parallel`` keep-alive connections;
+shuffled serves the same partition as ONE aggregate GET (the seed's API), and also one
+request per partial over the same connections. Time to all bytes is curl's wall time for
+the whole partition; the table shows it as partition MB/s so higher is better everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from bench import client
+from bench.context import Ctx
+from bench.data import END, START, total, write_partials
+from bench.fixtures import mirror, partial_urls, upload
+from bench.stats import Result, alternate, compare, median
+
+
+def _sampler(urls: list[str], parallel: int, expect: int | None, payload: int,
+             ) -> Callable[[], dict[str, float]]:
+    def sample() -> dict[str, float]:
+        done = client.get(urls, parallel=parallel, expect_bytes=expect)
+        return {"seconds": done.seconds, "mbps": payload / done.seconds / 1e6,
+                "rps": done.requests / done.seconds}
+    return sample
+
+
+def run(ctx: Ctx) -> list[Result]:
+    """Aggregate and per-partial GETs from shuffled vs nginx one file per request."""
+    s = ctx.sizes
+    base = ctx.scratch("serve_small")
+    files = write_partials(base / "data", s.small_count, s.small_size, seed=2)
+    payload = total(files)
+    with ctx.daemon("serve_small", base / "loc") as d, ctx.nginx(base / "nginx") as n:
+        upload(d, "bench-small", files, parallel=s.put_parallel)
+        nginx_urls = [n.url + p for p in mirror(n.root, "small", files)]
+        per_partial = partial_urls(d, "bench-small", files)
+        aggregate = [d.partition_url("bench-small", START, END, 0)]
+        par = s.small_parallel
+        sides = {
+            "nginx": _sampler(nginx_urls, par, payload, payload),
+            "aggregate": _sampler(aggregate, 1, None, payload),
+            "per_partial": _sampler(per_partial, par, payload, payload),
+        }
+        for warm in sides.values():
+            warm()
+        got = alternate(sides, s.repeats)
+    o, p, b = got["aggregate"], got["per_partial"], got["nginx"]
+    common = {"files": len(files), "bytes": payload, "connections": par, "repeats": s.repeats,
+              "seconds_median": {k: median(v["seconds"]) for k, v in got.items()},
+              "requests_per_second_median": {k: median(v["rps"]) for k, v in got.items()},
+              "samples": got}
+    what = f"{len(files)} x {s.small_size >> 10} KiB"
+    return [
+        compare("serve_small_aggregate",
+                f"2. GET partition of {what}: shuffled aggregate GET vs nginx {par} conns",
+                median(o["mbps"]), median(b["mbps"]), "MB/s", ">=", 1.0, **common),
+        compare("serve_small_per_partial",
+                f"2. GET partition of {what}: shuffled per-partial GETs vs nginx, {par} conns",
+                median(p["mbps"]), median(b["mbps"]), "MB/s", None, None, **common),
+    ]

@@ -1,0 +1,59 @@
+"""Smoke run of the benchmark harness (``python -m bench --quick``): shape, not speed.
+
+It starts real nginx and daemons on loopback with tiny sizes and checks that every
+comparison ran and ``results.json`` has the documented fields. Timing is never asserted
+(this machine is shared); the end-to-end Spark comparison is left out (it needs a JVM
+and far longer than a smoke test may take).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIELDS = {"name", "ours", "baseline", "unit", "ratio", "target", "met"}
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("nginx") is None and not os.access("/usr/sbin/nginx", os.X_OK),
+    reason="nginx is not installed (make sysdeps-bench installs it); the bench compares against it")
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is the bench's shared client")
+def test_quick_bench_writes_results(tmp_path: Path) -> None:
+    out = tmp_path / "results.json"
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--skip", "e2e", "--out", str(out),
+         "--readme", str(readme), "--write-readme", "--workdir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads(out.read_text())
+    assert isinstance(results, list)
+    names = {r["name"] for r in results}
+    assert {"serve_large_throughput", "serve_large_cpu", "serve_small_aggregate",
+            "ingest_large_durable", "ingest_small_nofsync", "memory_flat", "memory_peak_rss",
+            "scale_rebuild", "scale_task_get"} <= names
+    for r in results:
+        assert FIELDS <= set(r), r
+        assert isinstance(r["ours"], (int, float)) and math.isfinite(r["ours"]) and r["ours"] > 0
+        assert r["met"] in (True, False, None)
+        if r["baseline"] and r["ratio"] is not None:
+            assert r["ratio"] == pytest.approx(r["ours"] / r["baseline"])
+        if r["met"] is not None:
+            assert r["target"]
+    meta = json.loads((tmp_path / "results-meta.json").read_text())
+    assert meta["quick"] is True and meta["machine"]["cores"]
+    text = readme.read_text()
+    assert "## Benchmarks" in text and "<!-- bench:start -->" in text
+    assert "| comparison |" in text and "<!-- bench:end -->" in text
+    assert "| serve_large" not in done.stdout  # titles, not internal names, in the table
+    assert not list(tmp_path.glob("shuffled-bench-*")), "scratch directory left behind"
