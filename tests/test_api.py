@@ -101,6 +101,23 @@ async def test_aggregate_streams_every_partial_as_one_arrow_stream(daemon: TestC
     assert none.status == 404
 
 
+async def test_aggregate_mixes_gathered_small_and_sendfile_large_partials(daemon: TestClient) -> None:
+    # Pieces up to 256 KiB are gathered into shared buffers, larger ones go by sendfile;
+    # batch boundaries (1 MiB) fall inside runs of small ones.
+    sizes = [40, 30_000, 50, 2_000, 9_000, 9_000, 9_000, 9_000, 9_000, 9_000, 60, 30_000, 70]
+    tables = {f"s{i:02d}": sample_table(n, seed=i) for i, n in enumerate(sizes)}
+    bodies = {sub: arrow_bytes(t) for sub, t in tables.items()}
+    assert any(len(b) > 256 << 10 for b in bodies.values())
+    assert sum(len(b) for b in bodies.values() if len(b) <= 256 << 10) > 1 << 20
+    for sub, body in bodies.items():
+        await put(daemon, body, sub=sub)
+    resp = await daemon.get(part_url(sub=None), params=q())
+    data = await resp.read()
+    assert resp.status == 200 and resp.headers["Content-Digest"] == format_crc32c(crc32c(data))
+    got = pa.ipc.open_stream(data).read_all()
+    assert got.equals(pa.concat_tables(tables[s] for s in sorted(tables)))
+
+
 async def test_aggregate_unifies_differing_schemas_or_refuses(daemon: TestClient) -> None:
     await put(daemon, arrow_bytes(pa.table({"a": [1, 2], "b": ["x", "y"]})), sub="s1")
     await put(daemon, arrow_bytes(pa.table({"a": [3]})), sub="s2")

@@ -22,7 +22,7 @@ from shuffled.server import aggregate
 from shuffled.server.errors import RESPONSE_STARTED
 from shuffled.server.middleware import SENT_BYTES
 from shuffled.server.ranges import if_range_allows, parse_range
-from shuffled.server.sendfile import send_range
+from shuffled.server.sendfile import send_range, send_ranges
 from shuffled.server.state import state_of
 from shuffled.server.views import task_detail, task_summary
 from shuffled.storage.arrowfile import EOS
@@ -153,9 +153,9 @@ async def get_partition(request: web.Request) -> web.StreamResponse:
                 request[RESPONSE_STARTED] = True
                 sent = 0
                 if request.method != "HEAD":
-                    for piece in plan.pieces:
-                        await send_range(request, response, files[piece.file], piece.offset,
-                                         piece.length, state.store.run)
+                    await send_ranges(request, response,
+                                      [(files[p.file], p.offset, p.length) for p in plan.pieces],
+                                      state.store.run)
                     await response.write(EOS)
                     sent = plan.length
             else:

@@ -1,18 +1,24 @@
-"""Zero-copy sending of file ranges on a prepared response (os.sendfile via the loop).
+"""Sending file ranges on a prepared response.
 
-Falls back to chunked reads in the executor where the transport cannot sendfile (TLS).
+A large range goes zero-copy (os.sendfile via the loop), falling back to chunked reads in the
+executor where the transport cannot sendfile (TLS). Many small ranges (an aggregate GET of
+small partial segments) are read together into one buffer per executor call instead: each
+``loop.sendfile`` costs a pause/drain/resume of the connection, about two event-loop turns,
+which for 64 KiB pieces is more than the copy it saves.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import IO
 
 from aiohttp import web
 
 CHUNK = 1 << 20
+SMALL = 256 << 10  # pieces up to this size are gathered, not sendfile'd
+GATHER = 1 << 20  # bytes gathered per buffer (per concurrent aggregate GET)
 
 
 async def send_range(request: web.Request, response: web.StreamResponse, fobj: IO[bytes],
@@ -43,3 +49,40 @@ async def send_range(request: web.Request, response: web.StreamResponse, fobj: I
 
 def _pread(fobj: IO[bytes], offset: int, size: int) -> bytes:
     return os.pread(fobj.fileno(), size, offset)
+
+
+async def send_ranges(request: web.Request, response: web.StreamResponse,
+                      ranges: Sequence[tuple[IO[bytes], int, int]],
+                      run: Callable[..., Awaitable[bytearray]]) -> None:
+    """Write each ``(file, offset, count)`` in order: runs of small ranges gathered into
+    buffers of up to :data:`GATHER` bytes, large ranges with :func:`send_range`.
+
+    (Reading the next buffer while writing this one was measured slower here: the reader
+    thread competes with the event loop for the same cores.)
+    """
+    batch: list[tuple[IO[bytes], int, int]] = []
+    size = 0
+    for fobj, offset, count in ranges:
+        if batch and (count > SMALL or size + count > GATHER):
+            await response.write(await run(_gather, batch, size))
+            batch, size = [], 0
+        if count > SMALL:
+            await send_range(request, response, fobj, offset, count, run)
+            continue
+        batch.append((fobj, offset, count))
+        size += count
+    if batch:
+        await response.write(await run(_gather, batch, size))
+
+
+def _gather(ranges: Sequence[tuple[IO[bytes], int, int]], size: int) -> bytearray:
+    """Read every range into one buffer (one executor call for the lot)."""
+    buf = bytearray(size)
+    view = memoryview(buf)
+    at = 0
+    for fobj, offset, count in ranges:
+        got = os.preadv(fobj.fileno(), [view[at: at + count]], offset)
+        if got != count:
+            raise ConnectionResetError(f"file ended {count - got} bytes early")
+        at += count
+    return buf

@@ -8,6 +8,7 @@ lock, so a DELETE and a late upload of the same task never interleave on disk.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import shutil
 import time
@@ -95,18 +96,28 @@ class Store:
             for loc in opened:
                 loc.close()
             raise
-        found: list[PartialMeta] = []
-        for loc in self.locations:
-            result = await self.run(recovery.scan, loc)
-            found.extend(result.partials)
-            self.dropped_on_recovery += result.dropped
-        keep, stale = recovery.newest_only(found)
-        for meta in stale:
-            await self.run(writer.remove, meta)
-        now = self.clock()
-        for meta in keep:
-            self._index(meta, now)
-            self._last_generation = max(self._last_generation, meta.generation)
+        # The rebuild allocates a few objects per partial and frees none: the cyclic
+        # collector would walk the growing index again and again (superlinear in the number
+        # of partials). Pause it, then freeze the index out of later collections.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            found: list[PartialMeta] = []
+            for loc in self.locations:
+                result = await self.run(recovery.scan, loc)
+                found.extend(result.partials)
+                self.dropped_on_recovery += result.dropped
+            keep, stale = recovery.newest_only(found)
+            for meta in stale:
+                await self.run(writer.remove, meta)
+            now = self.clock()
+            for meta in keep:
+                self._index(meta, now)
+                self._last_generation = max(self._last_generation, meta.generation)
+        finally:
+            if collecting:
+                gc.freeze()
+                gc.enable()
         self.recovered_partials = len(keep)
         if keep or stale:
             log.info("recovered %d partial segments of %d tasks (%d stale dropped)",
@@ -212,7 +223,9 @@ class Store:
             files: list[IO[bytes]] = []
             try:
                 for meta in metas:
-                    files.append(open(meta.path, "rb"))
+                    # Unbuffered: reads are positional (pread/sendfile); a BufferedReader per
+                    # file would allocate 8 KiB each for nothing, 8 MiB for 1,000 partials.
+                    files.append(open(meta.path, "rb", buffering=0))
             except BaseException:
                 for fh in files:
                     fh.close()
