@@ -74,8 +74,11 @@ def _crc_range(path: str, offset: int, length: int) -> int:
     return crc
 
 
-def inspect(path: str, size: int) -> ArrowFacts:
-    """Validate the stream in ``path`` (``size`` bytes) and return its facts, or InvalidBody."""
+def inspect(path: str, size: int, body_crc: int | None = None) -> ArrowFacts:
+    """Validate the stream in ``path`` (``size`` bytes) and return its facts, or InvalidBody.
+
+    ``body_crc``, when the writer computed it while streaming, saves reading the file again.
+    """
     if size < 16:
         raise InvalidBody(f"body of {size} bytes is not an Arrow IPC stream")
     with pa.memory_map(path, "r") as source:
@@ -113,6 +116,7 @@ def inspect(path: str, size: int) -> ArrowFacts:
             batches=batches,
             schema_len=schema_len,
             schema_crc=_crc_range(path, 0, schema_len),
-            body_crc=_crc_range(path, schema_len, size - len(EOS) - schema_len),
+            body_crc=(_crc_range(path, schema_len, size - len(EOS) - schema_len)
+                      if body_crc is None else body_crc),
             has_dictionaries=schema_has_dictionaries(schema),
         )
