@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
 import shlex
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -25,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from tests.procs import first_line
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -181,19 +181,7 @@ def start_daemon(argv: list[str], env: dict[str, str], log: Path,
     with open(log, "wb") as err:
         proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=err)
-    lines: queue.Queue[str | None] = queue.Queue()
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for raw in proc.stdout:
-            lines.put(raw.decode("utf-8", "replace"))
-        lines.put(None)
-
-    threading.Thread(target=pump, daemon=True).start()
-    try:
-        first = lines.get(timeout=START_TIMEOUT)
-    except queue.Empty:
-        first = None
+    first = first_line(proc, START_TIMEOUT)
     match = re.match(r"shuffled listening on (http://\S+)", first or "")
     if not match:
         stop(proc)

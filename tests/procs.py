@@ -25,6 +25,24 @@ ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT = 30.0
 
 
+def first_line(proc: subprocess.Popen[bytes], timeout: float = START_TIMEOUT) -> str | None:
+    """The first line ``proc`` prints on stdout (None if it exits or stays silent for
+    ``timeout`` s); the rest of its stdout keeps being drained so the pipe never fills."""
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            lines.put(raw.decode("utf-8", "replace"))
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    try:
+        return lines.get(timeout=timeout)
+    except queue.Empty:
+        return None
+
+
 class DaemonProcess:
     """``python -m shuffled serve`` on 127.0.0.1 with the given locations."""
 
@@ -52,20 +70,7 @@ class DaemonProcess:
                                      stdin=subprocess.DEVNULL)
         if log is not subprocess.DEVNULL:
             log.close()
-        lines: queue.Queue[str | None] = queue.Queue()
-
-        def pump() -> None:
-            assert self.proc is not None and self.proc.stdout is not None
-            for raw in self.proc.stdout:
-                lines.put(raw.decode("utf-8", "replace"))
-            lines.put(None)
-
-        threading.Thread(target=pump, daemon=True).start()
-        try:
-            first = lines.get(timeout=START_TIMEOUT)
-        except queue.Empty:
-            self.kill()
-            raise AssertionError(f"daemon printed nothing within {START_TIMEOUT}s") from None
+        first = first_line(self.proc)
         match = re.match(r"shuffled listening on (https?://\S+)", (first or "").strip())
         if match is None:
             self.kill()

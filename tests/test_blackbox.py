@@ -11,7 +11,6 @@ import base64
 import http.client
 import json
 import os
-import queue
 import re
 import subprocess
 import sys
@@ -24,6 +23,8 @@ from pathlib import Path
 import crc32c
 import pyarrow as pa
 import pytest
+
+from tests.procs import first_line
 
 PREFIX = "/druid/worker/v1/shuffle"
 ARROW = "application/vnd.apache.arrow.stream"
@@ -61,23 +62,11 @@ def _start_daemon(tmp: Path, locations: list[str], *extra: str) -> Daemon:
         stderr=log,
         stdin=subprocess.DEVNULL,
     )
-    lines: queue.Queue = queue.Queue()
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for raw in proc.stdout:
-            lines.put(raw.decode("utf-8", "replace"))
-        lines.put(None)
-
-    threading.Thread(target=pump, daemon=True).start()
-    try:
-        first = lines.get(timeout=START_TIMEOUT)
-    except queue.Empty:
-        _stop(proc)
-        pytest.fail(f"daemon printed nothing within {START_TIMEOUT}s")
+    first = first_line(proc, START_TIMEOUT)
     if first is None:
         _stop(proc)
-        pytest.fail(f"daemon exited at start: {(tmp / 'daemon.log').read_text()[-2000:]}")
+        pytest.fail(f"daemon exited or printed nothing within {START_TIMEOUT}s: "
+                    f"{(tmp / 'daemon.log').read_text()[-2000:]}")
     m = re.match(r"shuffled listening on (http://\S+)", first.strip())
     if not m:
         _stop(proc)
