@@ -15,7 +15,7 @@ MINUTE = 60 * SECOND
 HOUR = 60 * MINUTE
 DAY = 24 * HOUR
 WEEK = 7 * DAY
-_MONDAY_OFFSET = 4 * DAY  # 1970-01-05 was a Monday
+MONDAY_OFFSET = 4 * DAY  # 1970-01-05 was a Monday
 
 #: Fixed periods in milliseconds; calendar granularities map to months.
 FIXED: dict[str, int] = {
@@ -47,7 +47,7 @@ def truncate(ms: int, granularity: str) -> int:
     if granularity == "none":
         return ms
     if granularity == "week":
-        return ms - (ms - _MONDAY_OFFSET) % WEEK
+        return ms - (ms - MONDAY_OFFSET) % WEEK
     if granularity in FIXED:
         return ms - ms % FIXED[granularity]
     step = MONTHS[granularity]
@@ -85,7 +85,7 @@ def spark_truncate(col: str, granularity: str) -> str:
     if granularity == "none":
         return col
     if granularity == "week":
-        return f"({col} - pmod({col} - {_MONDAY_OFFSET}L, {WEEK}L))"
+        return f"({col} - pmod({col} - {MONDAY_OFFSET}L, {WEEK}L))"
     if granularity in FIXED:
         period = FIXED[granularity]
         return f"({col} - pmod({col}, {period}L))"

@@ -25,13 +25,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from shuffled.spark.granularity import FIXED, MONTHS, WEEK, truncate
+from shuffled.spark.granularity import FIXED, MONDAY_OFFSET, MONTHS, WEEK, truncate
 from shuffled.spark.model import IngestSpec
 from shuffled.spark.prepare import PartitionPlan, metric_column
 from shuffled.spark.rollup import BAD, CHUNK, TIME
 from shuffled.spark.sparkhash import pmod_hash
 
-_MONDAY_OFFSET = 4 * 86_400_000
 _UNITS = {"b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "g": 1 << 30,
           "gb": 1 << 30, "t": 1 << 40, "tb": 1 << 40}
 _TS_SCALE = {"posix": 1000.0, "micro": 0.001, "nano": 0.000001}
@@ -88,7 +87,7 @@ def truncate_array(ms: np.ndarray, granularity: str) -> np.ndarray:
     if granularity == "none":
         return ms
     if granularity == "week":
-        return ms - np.mod(ms - _MONDAY_OFFSET, WEEK)
+        return ms - np.mod(ms - MONDAY_OFFSET, WEEK)
     if granularity in FIXED:
         return ms - np.mod(ms, FIXED[granularity])
     months = ms.astype("datetime64[ms]").astype("datetime64[M]").astype(np.int64)
@@ -177,6 +176,8 @@ def _schema_problem(schema: pa.Schema, spec: IngestSpec) -> str | None:
                                or pa.types.is_date32(ts)):
         return f"timestamp column type {ts}"
     for d in spec.dimensions:
+        if d.type not in ("string", "long"):
+            return f"{d.type} dimension {d.name}"
         t = types.get(d.name)
         if t is None:
             continue
@@ -184,8 +185,6 @@ def _schema_problem(schema: pa.Schema, spec: IngestSpec) -> str | None:
             return f"dimension {d.name} of type {t}"
         if d.type == "long" and not pa.types.is_integer(t):
             return f"long dimension {d.name} of type {t}"
-        if d.type not in ("string", "long"):
-            return f"{d.type} dimension {d.name}"
     for m in spec.metrics:
         t = types.get(m.field) if m.field else None
         if t is None:

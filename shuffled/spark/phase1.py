@@ -3,8 +3,8 @@
 Rows reach a task one of two ways: a Spark 4 Python data source sink (DataSourceArrowWriter)
 hands JVM rows to Python as Arrow batches carrying their partition (``__bucket``); or, for
 Parquet input, the task reads its row groups itself (:mod:`.native`, no JVM hand-off) and
-computes the partition after its rollup. Each Spark task is one subtask. Its id is ``p<sparkPartition>-a<taskAttemptId>-f<flush>``:
-``taskAttemptId`` is unique per attempt (retries and speculative copies included), so two
+computes the partition after its rollup. Each Spark task is one subtask. Its id is
+``p<sparkPartition>-a<taskAttemptId>-f<flush>``: ``taskAttemptId`` is unique per attempt (retries and speculative copies included), so two
 attempts never overwrite each other. The task RETURNS the list of partials it uploaded as
 its commit message; Spark's commit coordinator lets exactly one attempt per partition
 commit and hands only those messages to the driver-side ``commit``, so the driver's list
@@ -13,8 +13,8 @@ names exactly the committed attempts (docs/exactly-once.md).
 Memory per task is bounded: raw rows are buffered up to ``max_rows`` (maxRowsInMemory) and
 rolled up together; rolled-up rows are kept up to ``max_rows``, then compacted, and flushed
 as additional partial segments (new flush number) if still more than half that.
-This module runs on executors: it imports only shuffled.client/protocol, pyarrow and pyspark's
-TaskContext.
+This module runs on executors: it imports shuffled.client/protocol, the native reader,
+pyarrow and pyspark's data source API.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import os
 import pickle
 import time
 from collections.abc import Iterator
+from itertools import groupby
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +40,6 @@ from shuffled.protocol import Interval, PartialKey
 from shuffled.spark.granularity import bucket_end
 from shuffled.spark.native import Bucketer, NativeInput, Split, read_split
 from shuffled.spark.rollup import BAD, BUCKET, CHUNK, Layout, combine, rollup_input, split_by, to_ipc
-
 
 
 @dataclass(frozen=True)
@@ -169,8 +169,13 @@ def _maybe_fail(fault: dict[str, Any], partition: int, attempt_number: int, uplo
 
 def run_native_task(cfg: Phase1Config, native: NativeInput, splits: Iterator[Split]) -> list[str]:
     """Run one phase-1 subtask reading its Parquet splits itself (see :mod:`.native`)."""
-    columns = [native.ts_column, *(d for d, _ in native.dims), *(m[2] for m in native.metrics)]
-    tables = (t for s in splits for t in read_split(s, native, list(dict.fromkeys(columns))))
+    columns = list(dict.fromkeys([native.ts_column, *(d for d, _ in native.dims),
+                                  *(m[2] for m in native.metrics)]))
+    # Consecutive row groups of one file are read through one opened file (one footer read).
+    per_file = [Split(path, tuple(g for s in group for g in s.row_groups),
+                      sum(s.nbytes for s in group), group[0].dictionary)
+                for path, group in ((p, list(g)) for p, g in groupby(splits, key=lambda s: s.path))]
+    tables = (t for s in per_file for t in read_split(s, native, columns))
     return run_task(cfg, tables, native.bucketer)
 
 

@@ -89,13 +89,6 @@ def _valid(arr: pa.Array) -> np.ndarray:
     return pc.is_valid(arr).to_numpy(zero_copy_only=False)
 
 
-def supported(dtype: pa.DataType) -> bool:
-    """Whether :func:`spark_hash` reproduces Spark for values of this Arrow type."""
-    return (pa.types.is_string(dtype) or pa.types.is_large_string(dtype)
-            or pa.types.is_int64(dtype) or pa.types.is_dictionary(dtype)
-            and supported(dtype.value_type))
-
-
 def spark_hash(columns: list[pa.Array | pa.ChunkedArray]) -> np.ndarray:
     """Spark's ``hash(c1, c2, ...)`` of each row, as int32."""
     n = len(columns[0]) if columns else 0
