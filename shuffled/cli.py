@@ -61,6 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _ingest_parser(sub)
+    migrate = sub.add_parser(
+        "migrate", help="convert locations written by shuffled 0.1 to packs (daemon stopped)",
+        description="Convert storage locations from format 1 (a file per partial segment) "
+                    "to format 2 (packs + catalog) in place. Run with the daemon stopped; "
+                    "safe to run again after an interruption.")
+    migrate.add_argument("--config", metavar="FILE", help="TOML settings file (its locations)")
+    migrate.add_argument("--location", action="append", dest="locations", metavar="PATH",
+                         help="location to convert; repeat for several (default: the "
+                              "configured locations)")
     sub.add_parser("config-reference", help="print the configuration reference (Markdown)")
     return parser
 
@@ -77,6 +86,25 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         print(f"shuffled listening on {url}", flush=True)
 
     asyncio.run(serve(settings, ready=ready))
+    return EXIT_OK
+
+
+def _cmd_migrate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from shuffled.storage.migrate import migrate_location
+
+    if args.locations:
+        paths, fsync = [Path(p) for p in args.locations], True
+    else:
+        settings = load_settings(args.config, os.environ, {})
+        paths, fsync = [loc.path for loc in settings.locations], settings.fsync
+    for path in paths:
+        if not path.is_dir():
+            raise ConfigError(f"location {path} does not exist", setting="locations")
+        done = migrate_location(path, fsync, progress=lambda line: print(line, flush=True))
+        if done.already:
+            print(f"{path}: already in the current format; nothing to do", flush=True)
     return EXIT_OK
 
 
@@ -106,6 +134,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_serve(args)
         if args.command == "ingest":
             return _cmd_ingest(args)
+        if args.command == "migrate":
+            return _cmd_migrate(args)
         if args.command == "config-reference":
             from shuffled.config import reference_markdown
 

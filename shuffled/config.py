@@ -175,8 +175,12 @@ FIELDS: tuple[Field, ...] = (
     Field("max_partial_bytes", parse_size,
           "largest partial segment accepted (413 above)", "--max-partial-bytes", "SIZE"),
     Field("fsync", parse_bool,
-          "fsync each partial segment before it becomes visible (durable against power loss)",
+          "sync each partial segment and its index entry before acknowledging it (durable "
+          "against power loss; uploads committing together share the syncs)",
           "--fsync", "BOOL"),
+    Field("pack_max_bytes", parse_size,
+          "partial segments of a task are appended to pack files of up to this size",
+          "--pack-max-bytes", "SIZE"),
     Field("auth_token_file", _opt_str,
           "file holding the bearer token every request must carry, except /status/health "
           "and (unless metrics_require_auth) /metrics; env SHUFFLED_AUTH_TOKEN gives the token",
@@ -228,6 +232,7 @@ class Settings:
     free_space_reserve: int = 64 * 1024**2
     max_partial_bytes: int = 4 * 1024**3
     fsync: bool = True
+    pack_max_bytes: int = 1024**3
     auth_token_file: str | None = None
     auth_token: str | None = field(default=None, repr=False)
     metrics_require_auth: bool = False

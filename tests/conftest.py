@@ -39,8 +39,10 @@ def sample_table(rows: int = 10, seed: int = 0) -> pa.Table:
 
 
 def files_under(root: Path) -> list[Path]:
-    """Every file in a location except the lock (temp dir included: it must be empty)."""
-    return sorted(p for p in root.rglob("*") if p.is_file() and p.name != ".lock")
+    """Every data file in a location: packs and anything else, but not the lock nor the
+    catalog and format mark under ``.shuffled/`` (temp dir included: it must be empty)."""
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.name != ".lock"
+                  and ".shuffled" not in p.relative_to(root).parts)
 
 
 @pytest.fixture

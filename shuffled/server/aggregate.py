@@ -12,6 +12,7 @@ when they cannot be unified.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import IO, Any
@@ -49,11 +50,11 @@ def fast_plan(metas: Sequence[PartialMeta]) -> FastPlan | None:
     if any(m.has_dictionaries or m.schema_crc != first.schema_crc
            or m.schema_len != first.schema_len for m in metas):
         return None
-    pieces = [Piece(0, 0, first.schema_len)]
+    pieces = [Piece(0, first.offset, first.schema_len)]
     crc, length = first.schema_crc, first.schema_len
     for i, meta in enumerate(metas):
         body_len = meta.size - meta.schema_len - len(EOS)
-        pieces.append(Piece(i, meta.schema_len, body_len))
+        pieces.append(Piece(i, meta.offset + meta.schema_len, body_len))
         crc = combine(crc, meta.body_crc, body_len)
         length += body_len
     return FastPlan(pieces, length + len(EOS), combine(crc, EOS_CRC, len(EOS)),
@@ -65,10 +66,13 @@ def verify_files(files: Sequence[IO[bytes]], metas: Sequence[PartialMeta]) -> No
     segment if one differs. The slow path needs this: a re-encoded stream carries no digest
     the reader could check, so damage on disk would otherwise reach a segment unnoticed."""
     for fh, meta in zip(files, metas, strict=True):
-        fh.seek(0)
-        crc = 0
-        while chunk := fh.read(VERIFY_CHUNK):
+        crc, done = 0, 0
+        while done < meta.size:
+            chunk = os.pread(fh.fileno(), min(VERIFY_CHUNK, meta.size - done), meta.offset + done)
+            if not chunk:
+                break
             crc = crc32c(chunk, crc)
+            done += len(chunk)
         if crc != meta.crc:
             raise CorruptData(
                 f"partial segment {meta.key} is corrupt on disk: CRC32C {crc_hex(crc)}, "
@@ -82,10 +86,7 @@ def unified_schema(files: Sequence[IO[bytes]], metas: Sequence[PartialMeta]) -> 
     """Verify each file (:func:`verify_files`), read each stream's schema and unify them;
     409 naming the subtasks if impossible."""
     verify_files(files, metas)
-    schemas = []
-    for fh in files:
-        fh.seek(0)
-        schemas.append(pa.ipc.open_stream(fh).schema)
+    schemas = [pa.ipc.open_stream(stream_of(meta)).schema for meta in metas]
     try:
         unified = pa.unify_schemas(schemas, promote_options="permissive")
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
@@ -130,14 +131,21 @@ class _ChunkSink:
         return data
 
 
+def stream_of(meta: PartialMeta) -> pa.BufferReader:
+    """The partial segment's bytes in its pack, memory-mapped (no copy into the heap)."""
+    source = pa.memory_map(str(meta.path), "r")  # unmapped when the buffer is released
+    source.seek(meta.offset)
+    return pa.BufferReader(source.read_buffer(meta.size))
+
+
 class Reencoder:
     """Re-encodes several streams into one with ``schema``, one batch per :meth:`next`.
 
     Every method blocks; the handler calls them on the I/O threads.
     """
 
-    def __init__(self, files: Sequence[IO[bytes]], schema: pa.Schema) -> None:
-        self._files = list(files)
+    def __init__(self, metas: Sequence[PartialMeta], schema: pa.Schema) -> None:
+        self._metas = list(metas)
         self._schema = schema
         self._sink = _ChunkSink()
         self._writer = pa.ipc.new_stream(self._sink, schema)
@@ -151,13 +159,11 @@ class Reencoder:
             return None
         while True:
             if self._reader is None:
-                if not self._files:
+                if not self._metas:
                     self._writer.close()
                     self._done = True
                     return self._sink.take()
-                fh = self._files.pop(0)
-                fh.seek(0)
-                self._reader = pa.ipc.open_stream(fh)
+                self._reader = pa.ipc.open_stream(stream_of(self._metas.pop(0)))
             try:
                 batch = self._reader.read_next_batch()
             except StopIteration:

@@ -120,7 +120,8 @@ async def get_partial(request: web.Request) -> web.StreamResponse:
             await response.prepare(request)
             request[RESPONSE_STARTED] = True
             if request.method != "HEAD":
-                await send_range(request, response, fobj, offset, count, state.store.run)
+                await send_range(request, response, fobj, meta.offset + offset, count,
+                                 state.store.run)
                 request[SENT_BYTES] = count
                 state.metrics.served_bytes.labels("partial").inc(count)
                 state.metrics.served_requests.labels("partial").inc()
@@ -167,7 +168,7 @@ async def get_partition(request: web.Request) -> web.StreamResponse:
                 request[RESPONSE_STARTED] = True
                 sent = 0
                 if request.method != "HEAD":
-                    encoder = aggregate.Reencoder(files, schema)
+                    encoder = aggregate.Reencoder(metas, schema)
                     while (data := await state.store.run(encoder.next)) is not None:
                         await response.write(data)
                         sent += len(data)
@@ -193,14 +194,41 @@ async def list_tasks(request: web.Request) -> web.Response:
     })
 
 
+UNPAGED_MAX = 10_000  # partials a task listing answers without ?limit
+PAGE_MAX = 10_000  # the largest ?limit
+
+
+def _limit(value: str | None) -> int | None:
+    if value is None:
+        return None
+    if not value.isdecimal() or not 1 <= int(value[:6]) <= PAGE_MAX:
+        raise BadRequest(f"limit {value[:16]!r} is not an integer from 1 to {PAGE_MAX}",
+                         field="limit")
+    return int(value)
+
+
 async def get_task(request: web.Request) -> web.Response:
+    """A task's figures and partitions, paged by ``limit`` (partials per page, in start,
+    end, partitionId, subTaskId order) and ``cursor`` (the previous page's nextCursor)."""
     state = state_of(request)
     sup = validate_id(request.match_info["sup"], "supervisorTaskId")
+    limit = _limit(request.query.get("limit"))
+    cursor = request.query.get("cursor")
     entry = state.store.task(sup)
     if entry is None:
         raise NotFound(f"supervisor task {sup} holds no data here", supervisorTaskId=sup)
+    if limit is None:
+        if cursor is not None:
+            raise BadRequest("cursor goes with limit", field="limit")
+        if entry.files > UNPAGED_MAX:
+            raise BadRequest(
+                f"supervisor task {sup} holds {entry.files} partial segments, more than one "
+                f"answer lists ({UNPAGED_MAX}): page through them with ?limit=N (up to "
+                f"{PAGE_MAX}) and then ?cursor=<nextCursor>", field="limit", files=entry.files)
+        limit = UNPAGED_MAX
+    metas, next_cursor = state.store.page(sup, cursor, limit)
     return web.json_response(task_detail(entry, state.settings.expiry_timeout,
-                                         state.store.locations))
+                                         state.store.locations, metas, next_cursor))
 
 
 async def delete_task(request: web.Request) -> web.Response:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from shuffled.protocol import crc_hex
-from shuffled.storage import Location, TaskEntry
+from shuffled.storage import Location, PartialMeta, TaskEntry
 
 
 def task_summary(entry: TaskEntry, expiry_timeout: float) -> dict[str, Any]:
@@ -15,7 +15,7 @@ def task_summary(entry: TaskEntry, expiry_timeout: float) -> dict[str, Any]:
         "supervisorTaskId": entry.supervisor_task_id,
         "bytes": entry.bytes,
         "files": entry.files,
-        "partitions": len(entry.partitions),
+        "partitions": entry.partitions,
         "lastAccess": entry.last_access,
         "expiresAt": entry.last_access + expiry_timeout,
         "servedBytes": entry.served_bytes,
@@ -25,22 +25,27 @@ def task_summary(entry: TaskEntry, expiry_timeout: float) -> dict[str, Any]:
     }
 
 
-def task_detail(entry: TaskEntry, expiry_timeout: float,
-                locations: Sequence[Location]) -> dict[str, Any]:
-    partitions = []
-    for (interval, pid), subs in sorted(entry.partitions.items()):
-        partitions.append({
-            "start": interval.start_iso,
-            "end": interval.end_iso,
-            "partitionId": pid,
-            "bytes": sum(m.size for m in subs.values()),
-            "rows": sum(m.rows for m in subs.values()),
-            "subTasks": [
-                {"subTaskId": sub, "bytes": m.size, "rows": m.rows, "crc32c": crc_hex(m.crc),
-                 "generation": m.generation, "location": str(locations[m.location].path)}
-                for sub, m in sorted(subs.items())
-            ],
-        })
+def task_detail(entry: TaskEntry, expiry_timeout: float, locations: Sequence[Location],
+                metas: Sequence[PartialMeta], next_cursor: str | None) -> dict[str, Any]:
+    """A task's summary plus one page of its partials, grouped by partition (a partition
+    cut by the page's end continues on the next page)."""
+    partitions: list[dict[str, Any]] = []
+    for meta in metas:
+        k = meta.key
+        if not partitions or partitions[-1]["_slot"] != meta.slot:
+            partitions.append({"_slot": meta.slot, "start": k.interval.start_iso,
+                               "end": k.interval.end_iso, "partitionId": k.partition_id,
+                               "bytes": 0, "rows": 0, "subTasks": []})
+        part = partitions[-1]
+        part["bytes"] += meta.size
+        part["rows"] += meta.rows
+        part["subTasks"].append({
+            "subTaskId": k.sub_task_id, "bytes": meta.size, "rows": meta.rows,
+            "crc32c": crc_hex(meta.crc), "generation": meta.generation,
+            "location": str(locations[meta.location].path)})
+    for part in partitions:
+        del part["_slot"]
     body = task_summary(entry, expiry_timeout)
     body["partitions"] = partitions
+    body["nextCursor"] = next_cursor
     return body

@@ -1,4 +1,4 @@
-"""Partial-segment storage: disk locations, placement, atomic writes, index, restart recovery.
+"""Partial-segment storage: locations, placement, packs, catalog, group commit, recovery.
 
 Only :class:`Store` is the public face; the modules below it each own one idea.
 """

@@ -1,6 +1,6 @@
 """Checks that a file is one complete Arrow IPC stream, and finds its parts.
 
-Run on the temp file before it becomes visible. It reads through a memory map (no copy of
+Run on an upload's bytes before they become visible. A large one it reads through a memory map (no copy of
 the data into the heap), validates every record batch's structure, requires the
 end-of-stream marker and nothing after it, so a truncated or padded body is refused.
 The checksums are read with pread into one small buffer, not through the map: touching
@@ -74,49 +74,72 @@ def _crc_range(path: str, offset: int, length: int) -> int:
     return crc
 
 
-def inspect(path: str, size: int, body_crc: int | None = None) -> ArrowFacts:
-    """Validate the stream in ``path`` (``size`` bytes) and return its facts, or InvalidBody.
+def _validate(buf: pa.Buffer) -> tuple[int, int, int, bool]:
+    """Check that ``buf`` is exactly one complete Arrow IPC stream: (rows, batches,
+    schema_len, has_dictionaries), or InvalidBody."""
+    size = buf.size
+    if size < 16:
+        raise InvalidBody(f"body of {size} bytes is not an Arrow IPC stream")
+    head = buf[:8].to_pybytes()
+    if head[:4] != CONTINUATION:
+        raise InvalidBody(
+            "body is not an Arrow IPC stream (no continuation marker; pre-1.0 "
+            "legacy streams are not accepted)"
+        )
+    (meta_len,) = struct.unpack("<i", head[4:8])
+    schema_len = 8 + meta_len
+    if meta_len <= 0 or schema_len > size - len(EOS):
+        raise InvalidBody("body does not start with an Arrow schema message")
+    if buf[size - len(EOS):].to_pybytes() != EOS:
+        raise InvalidBody(
+            "Arrow stream has no end-of-stream marker: the body is truncated or "
+            "the writer was not closed"
+        )
+    rows = batches = 0
+    source = pa.BufferReader(buf)
+    try:
+        reader = pa.ipc.open_stream(source)
+        schema = reader.schema
+        for batch in reader:
+            batch.validate()
+            rows += batch.num_rows
+            batches += 1
+        end = source.tell()
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OSError) as exc:
+        raise InvalidBody(f"body is not a valid Arrow IPC stream: {exc}") from exc
+    if end != size:
+        raise InvalidBody(f"Arrow stream ends at byte {end} but the body has {size} bytes")
+    return rows, batches, schema_len, schema_has_dictionaries(schema)
+
+
+def inspect(path: str, size: int, body_crc: int | None = None, offset: int = 0) -> ArrowFacts:
+    """Validate the stream at bytes ``[offset, offset + size)`` of ``path`` and return its
+    facts, or InvalidBody.
 
     ``body_crc``, when the writer computed it while streaming, saves reading the file again.
     """
     if size < 16:
         raise InvalidBody(f"body of {size} bytes is not an Arrow IPC stream")
     with pa.memory_map(path, "r") as source:
-        head = _view(source, 0, 8).to_pybytes()
-        if head[:4] != CONTINUATION:
-            raise InvalidBody(
-                "body is not an Arrow IPC stream (no continuation marker; pre-1.0 "
-                "legacy streams are not accepted)"
-            )
-        (meta_len,) = struct.unpack("<i", head[4:8])
-        schema_len = 8 + meta_len
-        if meta_len <= 0 or schema_len > size - len(EOS):
-            raise InvalidBody("body does not start with an Arrow schema message")
-        if _view(source, size - len(EOS), len(EOS)).to_pybytes() != EOS:
-            raise InvalidBody(
-                "Arrow stream has no end-of-stream marker: the body is truncated or "
-                "the writer was not closed"
-            )
-        rows = batches = 0
-        source.seek(0)
-        try:
-            reader = pa.ipc.open_stream(source)
-            schema = reader.schema
-            for batch in reader:
-                batch.validate()
-                rows += batch.num_rows
-                batches += 1
-            end = source.tell()
-        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OSError) as exc:
-            raise InvalidBody(f"body is not a valid Arrow IPC stream: {exc}") from exc
-        if end != size:
-            raise InvalidBody(f"Arrow stream ends at byte {end} but the body has {size} bytes")
-        return ArrowFacts(
-            rows=rows,
-            batches=batches,
-            schema_len=schema_len,
-            schema_crc=_crc_range(path, 0, schema_len),
-            body_crc=(_crc_range(path, schema_len, size - len(EOS) - schema_len)
-                      if body_crc is None else body_crc),
-            has_dictionaries=schema_has_dictionaries(schema),
-        )
+        rows, batches, schema_len, dicts = _validate(_view(source, offset, size))
+    return ArrowFacts(
+        rows=rows,
+        batches=batches,
+        schema_len=schema_len,
+        schema_crc=_crc_range(path, offset, schema_len),
+        body_crc=(_crc_range(path, offset + schema_len, size - len(EOS) - schema_len)
+                  if body_crc is None else body_crc),
+        has_dictionaries=dicts,
+    )
+
+
+def inspect_bytes(data: bytes | bytearray | memoryview) -> ArrowFacts:
+    """Like :func:`inspect` for a stream held in memory (a small partial segment)."""
+    view = memoryview(data)
+    rows, batches, schema_len, dicts = _validate(pa.py_buffer(view))
+    return ArrowFacts(
+        rows=rows, batches=batches, schema_len=schema_len,
+        schema_crc=crc32c(view[:schema_len]),
+        body_crc=crc32c(view[schema_len: len(view) - len(EOS)]),
+        has_dictionaries=dicts,
+    )

@@ -1,4 +1,10 @@
-"""The in-memory index: supervisor task -> partition -> subtask -> partial segment facts."""
+"""What the store knows: one partial segment's facts, and one supervisor task's figures.
+
+Partial segments are not held in memory: the catalog (SQLite, one per location) has them and
+:class:`PartialMeta` objects are made per query. What stays in memory per supervisor task
+(:class:`TaskEntry`) is a handful of counters plus the set of its partitions, so memory grows
+with tasks and partitions, not with partial segments.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +14,20 @@ from typing import Any
 
 from shuffled.protocol import Interval, PartialKey, crc_hex
 
-PartitionSlot = tuple[Interval, int]
+#: (start ms, end ms, partitionId): a partition of a task, as the catalog orders them.
+Slot = tuple[int, int, int]
 
 
 @dataclass(slots=True)
 class PartialMeta:
-    """Everything needed to serve one stored partial segment; persisted as JSON beside it."""
+    """Everything needed to serve one stored partial segment: bytes
+    ``[offset, offset + size)`` of the pack file ``path``."""
 
     key: PartialKey
     generation: int
     location: int
     path: Path
+    offset: int
     size: int
     rows: int
     crc: int
@@ -27,11 +36,16 @@ class PartialMeta:
     body_crc: int
     has_dictionaries: bool
     created: float
+    pack: int = 0
 
     @property
     def etag(self) -> str:
         # Strong validator (RFC 9110 section 8.8.3): content CRC + generation.
         return f'"{crc_hex(self.crc)}-{self.generation:x}"'
+
+    @property
+    def slot(self) -> Slot:
+        return (self.key.interval.start, self.key.interval.end, self.key.partition_id)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -51,30 +65,39 @@ class PartialMeta:
             "created": self.created,
         }
 
+    def row(self) -> tuple[Any, ...]:
+        """The catalog row (column order of :data:`shuffled.storage.catalog.COLUMNS`)."""
+        k = self.key
+        return (k.supervisor_task_id, k.interval.start, k.interval.end, k.partition_id,
+                k.sub_task_id, self.generation, self.pack, self.offset, self.size, self.rows,
+                self.crc, self.schema_len, self.schema_crc, self.body_crc,
+                int(self.has_dictionaries), self.created)
+
     @classmethod
-    def from_json(cls, data: dict[str, Any], location: int, path: Path) -> PartialMeta:
-        key = PartialKey(
-            data["supervisorTaskId"], data["subTaskId"],
-            Interval.parse(data["start"], data["end"]), int(data["partitionId"]),
-        )
-        return cls(
-            key=key, generation=int(data["generation"]), location=location, path=path,
-            size=int(data["bytes"]), rows=int(data["rows"]), crc=int(data["crc32c"], 16),
-            schema_len=int(data["schemaLen"]), schema_crc=int(data["schemaCrc32c"], 16),
-            body_crc=int(data["bodyCrc32c"], 16),
-            has_dictionaries=bool(data["hasDictionaries"]), created=float(data["created"]),
-        )
+    def from_row(cls, row: tuple[Any, ...], location: int, root: Path) -> PartialMeta:
+        (sup, start, end, pid, sub, generation, pack, offset, size, rows, crc, schema_len,
+         schema_crc, body_crc, dicts, created) = row
+        # PartialKey validates the ids again: a catalog edited by hand must not smuggle a
+        # path component through.
+        key = PartialKey(sup, sub, Interval(start, end), pid)
+        return cls(key=key, generation=generation, location=location,
+                   path=root / sup / f"{pack}.pack", offset=offset, size=size, rows=rows,
+                   crc=crc, schema_len=schema_len, schema_crc=schema_crc, body_crc=body_crc,
+                   has_dictionaries=bool(dicts), created=created, pack=pack)
 
 
 @dataclass(slots=True)
 class TaskEntry:
-    """One supervisor task's partial segments here, with its access and traffic figures."""
+    """One supervisor task held here: its figures, access count and partitions."""
 
     supervisor_task_id: str
     last_access: float
-    partitions: dict[PartitionSlot, dict[str, PartialMeta]] = field(default_factory=dict)
-    bytes: int = 0
-    files: int = 0
+    bytes: int = 0  # bytes of the partial segments held (replaced ones not counted)
+    files: int = 0  # partial segments held
+    slots: set[Slot] = field(default_factory=set)
+    # Pack bytes per location index, replaced partials' bytes included: reclaimed at delete.
+    pack_bytes: dict[int, int] = field(default_factory=dict)
+    files_at: dict[int, int] = field(default_factory=dict)  # partials per location index
     served_bytes: int = 0
     served_requests: int = 0
     received_bytes: int = 0
@@ -83,18 +106,6 @@ class TaskEntry:
     # which equal clock readings could not tell.
     accesses: int = 0
 
-    def add(self, meta: PartialMeta) -> PartialMeta | None:
-        """Insert ``meta``; return the entry it replaced (same key), if any."""
-        slot = (meta.key.interval, meta.key.partition_id)
-        subs = self.partitions.setdefault(slot, {})
-        old = subs.get(meta.key.sub_task_id)
-        subs[meta.key.sub_task_id] = meta
-        self.bytes += meta.size - (old.size if old else 0)
-        self.files += 0 if old else 1
-        return old
-
-    def get(self, key: PartialKey) -> PartialMeta | None:
-        return self.partitions.get((key.interval, key.partition_id), {}).get(key.sub_task_id)
-
-    def all(self) -> list[PartialMeta]:
-        return [m for subs in self.partitions.values() for m in subs.values()]
+    @property
+    def partitions(self) -> int:
+        return len(self.slots)

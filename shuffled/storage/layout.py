@@ -1,53 +1,94 @@
-"""Where a partial segment lives on disk, and its JSON sidecar.
+"""Where things live in a location (storage format 2: packs).
 
-``<location>/<supervisorTaskId>/<start>_<end>/<partitionId>/<subTaskId>/<generation>.arrow``
-with ``<generation>.json`` beside it. Each id is one path component of its own, so an id of
-the full 255 characters still fits the file system's name limit. A new generation of a key is a new file name, so replacing a
-key never rewrites a file a reader may hold open; the older generation is unlinked after
-the newer one is committed.
+```
+<location>/.lock                      exclusive lock of the daemon using it
+<location>/.tmp/                      scratch (health probes)
+<location>/.shuffled/format           the format mark: "shuffled-storage 2"
+<location>/.shuffled/catalog.sqlite   the index of every partial segment held here
+<location>/<supervisorTaskId>/<n>.pack  partial segments of that task, appended back to back
+```
+
+A pack holds the partial segments' bytes exactly as uploaded (each one a whole Arrow IPC
+stream) at offsets the catalog records; a replaced partial's old bytes stay in its pack
+(readers holding them keep a consistent view) until the task is deleted, which removes the
+task's directory. Format 1 (one ``.arrow`` file + ``.json`` sidecar per partial under
+``<sup>/<interval>/<partition>/<sub>/``) is refused at start; ``shuffled migrate`` converts
+it (see :mod:`shuffled.storage.migrate`).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
-from shuffled.protocol import PartialKey
-
-DATA_SUFFIX = ".arrow"
-META_SUFFIX = ".json"
-
-
-def partition_dir(root: Path, key: PartialKey) -> Path:
-    return root / key.supervisor_task_id / key.interval.dirname / str(key.partition_id)
-
-
-def data_path(root: Path, key: PartialKey, generation: int) -> Path:
-    return partition_dir(root, key) / key.sub_task_id / f"{generation}{DATA_SUFFIX}"
+FORMAT_VERSION = 2
+FORMAT_TEXT = f"shuffled-storage {FORMAT_VERSION}\n"
+META_DIR = ".shuffled"
+FORMAT_NAME = "format"
+CATALOG_NAME = "catalog.sqlite"
+PACK_SUFFIX = ".pack"
+#: Names at a location's top level that are not supervisor tasks.
+RESERVED = frozenset({".lock", ".tmp", META_DIR})
 
 
-def meta_path(data: Path) -> Path:
-    return data.with_suffix(META_SUFFIX)
+def meta_dir(root: Path) -> Path:
+    return root / META_DIR
 
 
-def generation_of(name: str) -> int | None:
-    """``<generation>.arrow`` -> generation; None if the name is not a data file."""
-    if not name.endswith(DATA_SUFFIX):
+def format_path(root: Path) -> Path:
+    return root / META_DIR / FORMAT_NAME
+
+
+def catalog_path(root: Path) -> Path:
+    return root / META_DIR / CATALOG_NAME
+
+
+def task_dir(root: Path, supervisor_task_id: str) -> Path:
+    return root / supervisor_task_id
+
+
+def pack_path(root: Path, supervisor_task_id: str, pack: int) -> Path:
+    return root / supervisor_task_id / f"{pack}{PACK_SUFFIX}"
+
+
+def pack_number(name: str) -> int | None:
+    """``<n>.pack`` -> n; None if the name is not a pack."""
+    if not name.endswith(PACK_SUFFIX):
         return None
-    stem = name[: -len(DATA_SUFFIX)]
+    stem = name[: -len(PACK_SUFFIX)]
     return int(stem) if stem.isdigit() else None
 
 
-def write_json_atomic(path: Path, data: dict[str, object], fsync: bool) -> None:
-    """Write ``data`` to ``path`` via a temp file and rename."""
-    tmp = path.with_name(path.name + ".tmp")
+def read_format(root: Path) -> int | None:
+    """The location's format version, or None when it has no mark."""
+    try:
+        text = format_path(root).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    name, _, version = text.strip().partition(" ")
+    if name != "shuffled-storage" or not version.isdigit():
+        raise ValueError(f"{format_path(root)} is not a shuffled format mark: {text[:64]!r}")
+    return int(version)
+
+
+def write_format(root: Path, fsync: bool) -> None:
+    """Mark ``root`` as holding format :data:`FORMAT_VERSION` (atomically)."""
+    meta_dir(root).mkdir(exist_ok=True)
+    tmp = format_path(root).with_suffix(".tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, separators=(",", ":"))
+        fh.write(FORMAT_TEXT)
         if fsync:
             fh.flush()
             os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    os.replace(tmp, format_path(root))
+    if fsync:
+        fsync_dir(meta_dir(root))
+        fsync_dir(root)
+
+
+def user_entries(root: Path) -> list[str]:
+    """Top-level names that are not ours to ignore (tasks, or another format's data)."""
+    return sorted(n for n in os.listdir(root) if n not in RESERVED)
 
 
 def fsync_dir(path: Path) -> None:

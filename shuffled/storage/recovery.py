@@ -1,84 +1,146 @@
-"""Rebuild the index from disk at start: data survives restarts and rolling upgrades."""
+"""At start: check a location's format, then make its packs and its catalog agree.
+
+The catalog is the authority on what was committed (a row is written only after its bytes
+are synced). What a crash can leave: bytes past a pack's last committed partial (an upload
+that never committed: cut off), a pack nothing refers to (removed), rows whose bytes are
+gone or damaged (fsync off and a power loss: dropped, never served). The last partial of
+each pack is checked against its CRC32C, so a torn tail is found by checksum, not trusted.
+"""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shuffled.errors import ShuffleError
+from shuffled.crc import crc32c
+from shuffled.errors import ConfigError
 from shuffled.storage import layout
-from shuffled.storage.index import PartialMeta
-from shuffled.storage.location import LOCK_NAME, TMP_DIR, Location
+from shuffled.storage.catalog import Catalog
 
 log = logging.getLogger("shuffled.storage")
+
+#: The last partial of a pack is CRC-checked whole up to this size; beyond it only its
+#: end-of-stream marker is (reading gigabytes at every start would be worse than the risk).
+VERIFY_TAIL_MAX = 64 << 20
+_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+class LegacyLayout(ConfigError):
+    """The location holds data in a format this version does not serve."""
+
+    code = "legacy_layout"
+
+
+def check_format(root: Path, fsync: bool) -> None:
+    """Refuse a location in another storage format; mark a new, empty one as ours."""
+    try:
+        version = layout.read_format(root)
+    except ValueError as exc:
+        raise LegacyLayout(f"location {root}: {exc}", setting="locations") from exc
+    if version == layout.FORMAT_VERSION:
+        return
+    if version is not None:
+        raise LegacyLayout(
+            f"location {root} holds storage format {version}, written by a newer shuffled "
+            f"(this one reads format {layout.FORMAT_VERSION}); run that version, or give "
+            f"this daemon another location", setting="locations", location=str(root))
+    entries = layout.user_entries(root)
+    if entries:
+        raise LegacyLayout(
+            f"location {root} holds shuffle data in the storage format of shuffled 0.1 "
+            f"(one file per partial segment; e.g. {entries[0]!r}); this version stores packs. "
+            f"Stop the daemon and run `shuffled migrate --location {root}` to convert it in "
+            f"place (nothing is lost), or empty the location if the data is no longer "
+            f"needed", setting="locations", location=str(root))
+    layout.write_format(root, fsync)
 
 
 @dataclass
 class Recovered:
-    partials: list[PartialMeta] = field(default_factory=list)
-    dropped: int = 0  # sidecars without data, unreadable sidecars, stale generations
+    """What reconciling one location found."""
+
+    pack_bytes: dict[str, int] = field(default_factory=dict)  # sup -> bytes of its packs
+    max_pack: int = 0
+    dropped: int = 0  # committed rows whose bytes were missing or damaged
+    cut_bytes: int = 0  # uncommitted tails cut off packs
+    orphans: int = 0  # packs holding nothing committed, removed
 
 
-def _scan_dir(directory: Path, location: Location, found: Recovered) -> None:
-    names = os.listdir(directory)
-    name_set = set(names)
-    for name in names:
-        path = directory / name
-        if name.endswith(".json.tmp"):
-            os.unlink(path)
-            found.dropped += 1
-            continue
-        if name.endswith(layout.META_SUFFIX):
-            data_name = name[: -len(layout.META_SUFFIX)] + layout.DATA_SUFFIX
-            if data_name not in name_set:  # crash between the two renames
+def _crc_of(fd: int, offset: int, size: int) -> int:
+    crc, done = 0, 0
+    while done < size:
+        chunk = os.pread(fd, min(1 << 20, size - done), offset + done)
+        if not chunk:
+            break
+        crc = crc32c(chunk, crc)
+        done += len(chunk)
+    return crc if done == size else -1
+
+
+def _tail_ok(fd: int, offset: int, size: int, crc: int) -> bool:
+    if size <= VERIFY_TAIL_MAX:
+        return _crc_of(fd, offset, size) == crc
+    return os.pread(fd, len(_EOS), offset + size - len(_EOS)) == _EOS
+
+
+def _settle(catalog: Catalog, sup: str, number: int, path: Path, found: Recovered) -> int:
+    """Make one pack agree with the catalog; returns its length afterwards (0: removed)."""
+    fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+    try:
+        size = os.fstat(fd).st_size
+        while True:
+            tail = catalog.pack_tail(sup, number)
+            if tail is None:
+                os.close(fd)
+                fd = -1
                 os.unlink(path)
-                found.dropped += 1
-            continue
-        if layout.generation_of(name) is None:
-            continue
-        meta_file = layout.meta_path(path)
-        try:
-            with open(meta_file, encoding="utf-8") as fh:
-                meta = PartialMeta.from_json(json.load(fh), location.index, path)
-            if meta.size != path.stat().st_size:
-                raise ValueError(f"size {path.stat().st_size} != recorded {meta.size}")
-        except (OSError, ValueError, KeyError, ShuffleError) as exc:
-            log.warning("dropping %s: unreadable metadata (%s)", path, exc)
-            for victim in (path, meta_file):
-                try:
-                    os.unlink(victim)
-                except FileNotFoundError:
-                    pass
-            found.dropped += 1
-            continue
-        found.partials.append(meta)
+                found.orphans += 1
+                return 0
+            offset, length, crc = tail
+            end = offset + length
+            if end <= size and _tail_ok(fd, offset, length, crc):
+                break
+            dropped = catalog.drop_past(sup, number, min(size, offset))
+            found.dropped += dropped
+            log.warning("%s: dropped %d partial segment(s) whose bytes are missing or fail "
+                        "their CRC32C (a crash with fsync off?)", path, dropped)
+        if size > end:
+            os.ftruncate(fd, end)
+            found.cut_bytes += size - end
+            log.info("%s: cut %d bytes of uncommitted tail", path, size - end)
+        return end
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
-def scan(location: Location) -> Recovered:
-    """Every committed partial segment in ``location`` (blocking)."""
+def reconcile(root: Path, catalog: Catalog) -> Recovered:
+    """Cut torn tails, drop what has no bytes, remove what has no rows (writer thread)."""
     found = Recovered()
-    for top in os.scandir(location.path):
-        if top.name in (LOCK_NAME, TMP_DIR) or not top.is_dir():
+    on_disk: set[tuple[str, int]] = set()
+    for entry in os.scandir(root):
+        if entry.name in layout.RESERVED or not entry.is_dir(follow_symlinks=False):
             continue
-        for dirpath, _dirnames, filenames in os.walk(top.path):
-            if filenames:
-                _scan_dir(Path(dirpath), location, found)
+        sup = entry.name
+        for item in os.scandir(entry.path):
+            number = layout.pack_number(item.name)
+            if number is None:
+                log.warning("ignoring unexpected file %s", item.path)
+                continue
+            on_disk.add((sup, number))
+            found.max_pack = max(found.max_pack, number)
+            length = _settle(catalog, sup, number, Path(item.path), found)
+            if length:
+                found.pack_bytes[sup] = found.pack_bytes.get(sup, 0) + length
+        try:
+            os.rmdir(entry.path)  # only succeeds for a task left with no packs
+        except OSError:
+            pass
+    for sup, number in catalog.packs() - on_disk:
+        dropped = catalog.drop_pack(sup, number)
+        found.dropped += dropped
+        log.warning("pack %s/%s of %s is missing: %d partial segment(s) dropped",
+                    sup, number, root, dropped)
     return found
-
-
-def newest_only(partials: list[PartialMeta]) -> tuple[list[PartialMeta], list[PartialMeta]]:
-    """Split into (newest generation per key, older generations to delete)."""
-    best: dict[object, PartialMeta] = {}
-    stale: list[PartialMeta] = []
-    for meta in partials:
-        current = best.get(meta.key)
-        if current is None or meta.generation > current.generation:
-            if current is not None:
-                stale.append(current)
-            best[meta.key] = meta
-        else:
-            stale.append(meta)
-    return list(best.values()), stale

@@ -1,49 +1,50 @@
 """The store: the one object the server talks to about partial segments.
 
-All blocking file work runs on the store's thread pool; the event loop only does
-bookkeeping. Mutations of one supervisor task (commit, delete) are serialised by a per-task
-lock, so a DELETE and a late upload of the same task never interleave on disk.
+Partial segments live in packs (:mod:`.packs`) indexed by one SQLite catalog per location
+(:mod:`.catalog`); uploads go through sessions (:mod:`.session`) and become visible through
+the location's group commit (:mod:`.commit`). Blocking file work runs on the store's I/O
+threads, catalog writes on one writer thread per location; the event loop keeps only
+per-task figures. A DELETE of a task refuses its uploads still in flight, lets commits
+already under way land, then removes the task's rows and packs under the task's lock.
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import shutil
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, Any, TypeVar
 
 from shuffled.config import Settings
-from shuffled.errors import Conflict, InsufficientStorage, InvalidBody, NotFound, TooLarge
-from shuffled.protocol import PartialKey, PartitionKey
-from shuffled.storage import recovery, writer
+from shuffled.errors import InsufficientStorage, InvalidBody, ShuffleError
+from shuffled.protocol import PartialKey
+from shuffled.storage import packs, recovery
+from shuffled.storage.append import Written
+from shuffled.storage.catalog import Catalog
+from shuffled.storage.commit import GroupCommit
 from shuffled.storage.index import PartialMeta, TaskEntry
 from shuffled.storage.location import Location
 from shuffled.storage.oserrors import marks_unhealthy, translate
 from shuffled.storage.placement import RoundRobin
+from shuffled.storage.queries import Queries
+from shuffled.storage.session import SMALL, BulkSession, PutResult
 
 log = logging.getLogger("shuffled.storage")
 T = TypeVar("T")
 
-WRITE_BATCH = 1 << 20  # bytes gathered before one executor hop writes them
-RESERVE_STEP = 8 << 20  # reservation growth for uploads without Content-Length
-
-
-@dataclass(slots=True, eq=False)
-class _Upload:
-    key: PartialKey
-    cancelled: bool = False
-
 
 @dataclass(slots=True)
-class PutResult:
-    meta: PartialMeta
-    replaced: bool
+class _Writes:
+    """Uploads of one supervisor task in flight: sessions open, commits not yet landed."""
+
+    sessions: set[BulkSession] = field(default_factory=set)
+    committing: int = 0
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 def _remove_tree(path: Any) -> None:
@@ -56,8 +57,8 @@ def _remove_tree(path: Any) -> None:
     shutil.rmtree(path, onerror=onerror)
 
 
-class Store:
-    """Partial segments across several locations, indexed in memory, rebuilt on start."""
+class Store(Queries):
+    """Partial segments across several locations, packed, indexed, rebuilt on start."""
 
     def __init__(self, settings: Settings, clock: Callable[[], float] = time.time,
                  io_threads: int = 16) -> None:
@@ -68,14 +69,22 @@ class Store:
                      settings.free_space_reserve if loc.reserve_bytes is None else loc.reserve_bytes)
             for i, loc in enumerate(settings.locations)
         ]
+        self.catalogs = [Catalog(loc.path, settings.fsync) for loc in self.locations]
+        self._writers = [ThreadPoolExecutor(1, thread_name_prefix=f"shuffled-commit-{i}")
+                         for i in range(len(self.locations))]
+        self.commits = [GroupCommit(c, w, settings.fsync)
+                        for c, w in zip(self.catalogs, self._writers, strict=True)]
         self._placement = RoundRobin(self.locations)
+        self._pool = packs.PackPool(settings.pack_max_bytes)
         self._tasks: dict[str, TaskEntry] = {}
-        self._inflight: dict[str, set[_Upload]] = {}
+        self._writes: dict[str, _Writes] = {}
         # Supervisor tasks a DELETE could not fully remove -> indexes of those locations.
         self._leftovers: dict[str, set[int]] = {}
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._executor = ThreadPoolExecutor(io_threads, thread_name_prefix="shuffled-io")
+        self._background: set[asyncio.Future[Any]] = set()
         self._last_generation = 0
+        self._last_pack = 0
         self.recovered_partials = 0
         self.dropped_on_recovery = 0
 
@@ -85,50 +94,60 @@ class Store:
         """Run blocking ``fn`` on the store's I/O threads."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
+    async def on_writer(self, index: int, fn: Callable[..., T], *args: Any) -> T:
+        """Run blocking ``fn`` on location ``index``'s writer thread (catalog writes)."""
+        return await asyncio.get_running_loop().run_in_executor(self._writers[index], fn, *args)
+
     async def open(self) -> None:
-        """Lock every location, clear temp files and rebuild the index from disk."""
+        """Lock every location, check its format, reconcile packs and catalog, load figures."""
         opened: list[Location] = []
         try:
             for loc in self.locations:
                 await self.run(loc.open)
                 opened.append(loc)
+                await self.run(recovery.check_format, loc.path, self.settings.fsync)
+                await self.on_writer(loc.index, self.catalogs[loc.index].open)
         except BaseException:
             for loc in opened:
                 loc.close()
+                await self.on_writer(loc.index, self.catalogs[loc.index].close)
             raise
-        # The rebuild allocates a few objects per partial and frees none: the cyclic
-        # collector would walk the growing index again and again (superlinear in the number
-        # of partials). Pause it, then freeze the index out of later collections.
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            found: list[PartialMeta] = []
-            for loc in self.locations:
-                result = await self.run(recovery.scan, loc)
-                found.extend(result.partials)
-                self.dropped_on_recovery += result.dropped
-            keep, stale = recovery.newest_only(found)
-            for meta in stale:
-                await self.run(writer.remove, meta)
-            now = self.clock()
-            for meta in keep:
-                self._index(meta, now)
-                self._last_generation = max(self._last_generation, meta.generation)
-        finally:
-            if collecting:
-                gc.freeze()
-                gc.enable()
-        self.recovered_partials = len(keep)
-        if keep or stale:
-            log.info("recovered %d partial segments of %d tasks (%d stale dropped)",
-                     len(keep), len(self._tasks), len(stale) + self.dropped_on_recovery)
+        now = self.clock()
+        for loc, catalog in zip(self.locations, self.catalogs, strict=True):
+            found = await self.on_writer(loc.index, recovery.reconcile, loc.path, catalog)
+            self.dropped_on_recovery += found.dropped
+            self._last_pack = max(self._last_pack, found.max_pack)
+            for sup, count, size, newest in await self.on_writer(loc.index, catalog.task_figures):
+                entry = self._tasks.get(sup) or self._tasks.setdefault(sup, TaskEntry(sup, now))
+                entry.files += count
+                entry.bytes += size
+                entry.files_at[loc.index] = count
+                loc.files += count
+                self._last_generation = max(self._last_generation, newest)
+                self.recovered_partials += count
+            for sup, length in found.pack_bytes.items():
+                if sup in self._tasks:
+                    self._tasks[sup].pack_bytes[loc.index] = length
+                loc.used_bytes += length
+            for sup, start, end, pid in await self.on_writer(loc.index, catalog.slots):
+                self._tasks[sup].slots.add((start, end, pid))
+        if self.recovered_partials or self.dropped_on_recovery:
+            log.info("recovered %d partial segments of %d tasks (%d dropped)",
+                     self.recovered_partials, len(self._tasks), self.dropped_on_recovery)
 
     async def close(self) -> None:
-        for loc in self.locations:
+        for commit in self.commits:
+            await commit.idle()
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+        for loc, catalog in zip(self.locations, self.catalogs, strict=True):
+            await self.on_writer(loc.index, catalog.close)
             loc.close()
+        for writer in self._writers:
+            writer.shutdown(wait=True)
         self._executor.shutdown(wait=True, cancel_futures=False)
 
-    # -- index bookkeeping (event loop only) ---------------------------------------------
+    # -- bookkeeping (event loop only) ---------------------------------------------------
 
     def _lock(self, supervisor_task_id: str) -> asyncio.Lock:
         lock = self._locks.get(supervisor_task_id)
@@ -137,27 +156,140 @@ class Store:
             self._locks[supervisor_task_id] = lock
         return lock
 
-    def _index(self, meta: PartialMeta, now: float) -> PartialMeta | None:
-        sup = meta.key.supervisor_task_id
-        entry = self._tasks.get(sup)
-        if entry is None:
-            entry = self._tasks[sup] = TaskEntry(sup, last_access=now)
-        old = entry.add(meta)
-        loc = self.locations[meta.location]
-        loc.used_bytes += meta.size
-        loc.files += 1
-        if old is not None:
-            self._unaccount(old)
-        return old
-
-    def _unaccount(self, meta: PartialMeta) -> None:
-        loc = self.locations[meta.location]
-        loc.used_bytes -= meta.size
-        loc.files -= 1
-
     def _next_generation(self) -> int:
         self._last_generation = max(time.time_ns(), self._last_generation + 1)
         return self._last_generation
+
+    def _sessions(self, sup: str) -> set[BulkSession]:
+        writes = self._writes.get(sup)
+        if writes is None:
+            writes = self._writes[sup] = _Writes()
+            writes.idle.set()
+        return writes.sessions
+
+    def _forget_writes(self, sup: str) -> None:
+        writes = self._writes.get(sup)
+        if writes is not None and not writes.sessions and not writes.committing:
+            del self._writes[sup]
+
+    async def _wait_for_delete(self, sup: str) -> None:
+        lock = self._locks.get(sup)
+        if lock is not None and lock.locked():
+            async with lock:
+                pass
+
+    def _take_out(self, loc: Location, reason: str) -> None:
+        if loc.healthy:
+            log.error("location %s taken out of service: %s", loc.path, reason)
+        loc.mark_unhealthy(reason)
+        self._pool.drop_location(loc.index)
+
+    def _close_later(self, pack: packs.Pack) -> None:
+        future = asyncio.ensure_future(self.run(pack.close))
+        self._background.add(future)
+        future.add_done_callback(self._background.discard)
+
+    async def _acquire(self, loc: Location, sup: str, size: int) -> packs.Pack:
+        """A pack of ``sup`` at ``loc`` for one writer: an idle one, or a new one."""
+        if size:
+            _, free = await self.run(loc.disk_usage)
+            if free - size < loc.reserve_bytes:
+                raise InsufficientStorage(
+                    f"location {loc.path} would drop below its free-space reserve "
+                    f"({loc.reserve_bytes} bytes)", location=str(loc.path))
+        pack = self._pool.take(loc.index, sup)
+        if pack is not None and pack.size + size <= self.settings.pack_max_bytes:
+            await self.run(pack.reopen)
+            return pack
+        self._last_pack += 1
+        return await self.run(packs.create, loc.path, loc.index, sup, self._last_pack,
+                              self.settings.fsync)
+
+    async def _release(self, pack: packs.Pack) -> None:
+        """Give ``pack`` back to the pool, or close it (and remove it if it never held a
+        committed partial: a refused upload leaves no file behind)."""
+        if pack.fresh or self._pool.give(pack) is not None:
+            pack.dead = True
+            await asyncio.shield(self.run(_close_pack, pack))
+        else:
+            await asyncio.shield(self.run(pack.close))  # kept closed: see packs
+
+    def _commit(self, key: PartialKey, loc: Location, written: Written,
+                ) -> tuple[PartialMeta, asyncio.Future[int | None]]:
+        facts = written.facts
+        meta = PartialMeta(
+            key=key, generation=self._next_generation(), location=loc.index,
+            path=written.pack.path, offset=written.offset, size=written.size, rows=facts.rows,
+            crc=written.crc, schema_len=facts.schema_len, schema_crc=facts.schema_crc,
+            body_crc=facts.body_crc, has_dictionaries=facts.has_dictionaries,
+            created=time.time(), pack=written.pack.number,
+        )
+        sup = key.supervisor_task_id
+        self._sessions(sup)
+        writes = self._writes[sup]
+        writes.committing += 1
+        writes.idle.clear()
+        landed = self.commits[loc.index].submit(meta, written.pack)
+        outcome: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+        landed.add_done_callback(lambda f: self._committed(meta, f, outcome))
+        return meta, outcome
+
+    def _committed(self, meta: PartialMeta, future: asyncio.Future[int | None],
+                   outcome: asyncio.Future[int | None]) -> None:
+        """A commit landed (or failed): update the task's figures, then resolve
+        ``outcome`` with the size of the partial replaced, wherever it was. On the loop."""
+        sup = meta.key.supervisor_task_id
+        writes = self._writes[sup]
+        writes.committing -= 1
+        if not writes.committing:
+            writes.idle.set()
+            self._forget_writes(sup)
+        if future.cancelled():
+            outcome.cancel()
+            return
+        if future.exception() is not None:
+            outcome.set_exception(future.exception())  # type: ignore[arg-type]
+            return
+        old = future.result()
+        entry = self._tasks.get(sup)
+        if entry is None:
+            entry = self._tasks[sup] = TaskEntry(sup, last_access=self.clock())
+        index = meta.location
+        loc = self.locations[index]
+        entry.pack_bytes[index] = entry.pack_bytes.get(index, 0) + meta.size
+        loc.used_bytes += meta.size
+        if old is None:
+            if len(self.locations) > 1 and meta.slot in entry.slots:
+                old = self._forget_elsewhere(meta, entry)
+            entry.files_at[index] = entry.files_at.get(index, 0) + 1
+            loc.files += 1
+        entry.files += old is None
+        entry.bytes += meta.size - (old or 0)
+        entry.slots.add(meta.slot)
+        entry.received_bytes += meta.size
+        entry.received_partials += 1
+        entry.last_access = self.clock()
+        entry.accesses += 1
+        outcome.set_result(old)
+
+    def _forget_elsewhere(self, meta: PartialMeta, entry: TaskEntry) -> int | None:
+        """A key replaced in another location than its older copy: forget the older one
+        there (readers already prefer the newest generation). Its size, or None."""
+        k = meta.key
+        for i, catalog in enumerate(self.catalogs):
+            if i == meta.location:
+                continue
+            row = catalog.lookup(k.supervisor_task_id, k.interval.start, k.interval.end,
+                                 k.partition_id, k.sub_task_id)
+            if row is None or row[5] >= meta.generation:
+                continue
+            future = asyncio.ensure_future(self.on_writer(i, catalog.forget, row))
+            self._background.add(future)
+            future.add_done_callback(self._background.discard)
+            entry.files_at[i] = entry.files_at.get(i, 1) - 1
+            self.locations[i].files -= 1
+            return int(row[8])
+        return None
 
     def touch(self, supervisor_task_id: str) -> None:
         """Refresh a task's last access (its expiry); a PUT or GET of its data does this."""
@@ -165,79 +297,6 @@ class Store:
         if entry is not None:
             entry.last_access = self.clock()
             entry.accesses += 1
-
-    # -- queries -------------------------------------------------------------------------
-
-    def tasks(self) -> list[TaskEntry]:
-        return list(self._tasks.values())
-
-    def task(self, supervisor_task_id: str) -> TaskEntry | None:
-        return self._tasks.get(supervisor_task_id)
-
-    def lookup(self, key: PartialKey) -> PartialMeta:
-        entry = self._tasks.get(key.supervisor_task_id)
-        meta = entry.get(key) if entry else None
-        if meta is None:
-            raise NotFound(f"no partial segment {key}", key=str(key))
-        return meta
-
-    def partition(self, key: PartitionKey, sub_task_ids: Sequence[str] | None = None,
-                  ) -> list[PartialMeta]:
-        """The partial segments of one partition, by subtask id; all must exist if named."""
-        entry = self._tasks.get(key.supervisor_task_id)
-        subs = entry.partitions.get((key.interval, key.partition_id), {}) if entry else {}
-        if sub_task_ids is None:
-            if not subs:
-                raise NotFound(
-                    f"no partial segments of {key.supervisor_task_id} {key.interval} "
-                    f"partition {key.partition_id}", partition=key.partition_id,
-                )
-            return [subs[s] for s in sorted(subs)]
-        missing = [s for s in sub_task_ids if s not in subs]
-        if missing:
-            raise NotFound(
-                f"{key.supervisor_task_id} {key.interval} partition {key.partition_id} has "
-                f"no partial segment from subtasks {missing[:20]}", missing=missing[:100],
-            )
-        return [subs[s] for s in dict.fromkeys(sub_task_ids)]
-
-    async def open_partial(self, key: PartialKey) -> tuple[PartialMeta, IO[bytes]]:
-        """The newest generation of ``key`` and an open file of it.
-
-        If the key is replaced or deleted between lookup and open, look again: a reader
-        gets the old or the new file complete, or NotFound, never a mix.
-        """
-        for _ in range(5):
-            meta = self.lookup(key)
-            try:
-                return meta, await self.run(open, meta.path, "rb")
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                raise translate(exc, str(self.locations[meta.location].path), "opening") from exc
-        raise NotFound(f"no partial segment {key}", key=str(key))
-
-    async def open_many(self, metas: Sequence[PartialMeta]) -> list[IO[bytes]]:
-        """Open every file of ``metas`` up front so a later replace cannot break a response."""
-        def _open_all() -> list[IO[bytes]]:
-            files: list[IO[bytes]] = []
-            try:
-                for meta in metas:
-                    # Unbuffered: reads are positional (pread/sendfile); a BufferedReader per
-                    # file would allocate 8 KiB each for nothing, 8 MiB for 1,000 partials.
-                    files.append(open(meta.path, "rb", buffering=0))
-            except BaseException:
-                for fh in files:
-                    fh.close()
-                raise
-            return files
-        try:
-            return await self.run(_open_all)
-        except FileNotFoundError as exc:
-            raise Conflict("a partial segment of this partition was replaced or deleted "
-                           "while the request started; retry") from exc
-        except OSError as exc:
-            raise translate(exc, "a location", "opening") from exc
 
     def record_served(self, supervisor_task_id: str, nbytes: int) -> None:
         entry = self._tasks.get(supervisor_task_id)
@@ -247,136 +306,84 @@ class Store:
 
     # -- writes --------------------------------------------------------------------------
 
-    async def _start_temp(self, size: int) -> tuple[Location, writer.TempPartial]:
-        tried: set[int] = set()
-        while True:
-            loc = self._placement.choose(size, frozenset(tried))
-            try:
-                return loc, await self.run(writer.TempPartial, loc, size, self.settings.fsync)
-            except InsufficientStorage:
-                tried.add(loc.index)
-            except OSError as exc:
-                tried.add(loc.index)
-                if marks_unhealthy(exc):
-                    loc.mark_unhealthy(f"{exc.strerror} creating a temp file")
-                    log.error("location %s taken out of service: %s", loc.path, exc)
+    def bulk(self, supervisor_task_id: str) -> BulkSession:
+        """A session writing many partial segments of one task (see :class:`BulkSession`)."""
+        return BulkSession(self, supervisor_task_id)
 
     async def put(self, key: PartialKey, body: AsyncIterator[bytes], content_length: int | None,
                   expected_crc: int | None) -> PutResult:
-        """Stream ``body`` into a new generation of ``key``; visible only once complete.
+        """Stream ``body`` into a new generation of ``key``; visible only once durable.
 
         Raises TooLarge, InsufficientStorage, InvalidBody, DigestMismatch, Conflict (task
         deleted meanwhile) or LocationFailed; whatever it raises, nothing is left on disk.
         """
-        limit = self.settings.max_partial_bytes
-        if content_length is not None and content_length > limit:
-            raise TooLarge(f"partial segment of {content_length} bytes exceeds the limit of "
-                           f"{limit} bytes (max_partial_bytes)", limit=limit)
-        upload = _Upload(key)
-        sup = key.supervisor_task_id
-        self._inflight.setdefault(sup, set()).add(upload)
-        reserved = content_length or 0
-        tmp: writer.TempPartial | None = None
-        loc: Location | None = None
-        committed = False
-        try:
-            loc, tmp = await self._start_temp(reserved)
-            loc.reserved_bytes += reserved
-            pending: list[bytes] = []
-            pending_size = size = 0
-            async for chunk in body:
-                size += len(chunk)
-                if size > limit:
-                    raise TooLarge(f"partial segment exceeds the limit of {limit} bytes "
-                                   f"(max_partial_bytes)", limit=limit)
-                if size > reserved:
-                    grow = max(RESERVE_STEP, size - reserved)
-                    if not loc.has_room(grow):
-                        raise InsufficientStorage(f"location {loc.path} is full (max size)",
-                                                  location=str(loc.path))
-                    loc.reserved_bytes += grow
-                    reserved += grow
-                pending.append(chunk)
-                pending_size += len(chunk)
-                if pending_size >= WRITE_BATCH:
-                    await self.run(_write_all, tmp, pending)
-                    pending, pending_size = [], 0
-            if pending:
-                await self.run(_write_all, tmp, pending)
-            if content_length is not None and size != content_length:
-                raise InvalidBody(f"body has {size} bytes but Content-Length said {content_length}")
-            written = await self.run(tmp.finish, expected_crc)
-            async with self._lock(sup):
-                if upload.cancelled:
-                    raise Conflict(f"supervisor task {sup} was deleted while this upload was "
-                                   f"in flight; nothing was stored", supervisorTaskId=sup)
-                meta = await self.run(writer.commit, written, loc, key,
-                                      self._next_generation(), self.settings.fsync)
-                committed = True
-                old = self._index(meta, self.clock())
-                entry = self._tasks[sup]
-                entry.received_bytes += meta.size
-                entry.received_partials += 1
-                entry.last_access = self.clock()
-                entry.accesses += 1
-            if old is not None:
-                await self.run(writer.remove, old)
-            return PutResult(meta, old is not None)
-        except OSError as exc:
-            where = str(loc.path) if loc else "?"
-            if loc is not None and marks_unhealthy(exc):
-                loc.mark_unhealthy(f"{exc.strerror} while writing")
-                log.error("location %s taken out of service: %s", where, exc)
-            raise translate(exc, where, f"writing {key}") from exc
-        finally:
-            if loc is not None:
-                loc.reserved_bytes -= reserved
-            if tmp is not None and not committed:
-                await _discard(self, tmp)
-            inflight = self._inflight.get(sup)
-            if inflight is not None:
-                inflight.discard(upload)
-                if not inflight:
-                    del self._inflight[sup]
+        async with self.bulk(key.supervisor_task_id) as session:
+            if content_length is not None and content_length <= SMALL:
+                data = bytearray()
+                async for chunk in body:
+                    data += chunk
+                    if len(data) > content_length:
+                        raise InvalidBody(f"body has more than the {content_length} bytes "
+                                          f"announced")
+                await session.add(key, data, content_length, expected_crc)
+            else:
+                await session.add(key, body, content_length, expected_crc)
+            (result,) = await session.finish()
+        if isinstance(result, ShuffleError):
+            raise result
+        return result
 
     async def delete_task(self, supervisor_task_id: str, *,
                           if_accesses: int | None = None) -> TaskEntry | None:
-        """Remove everything of a supervisor task; idempotent. In-flight uploads of it are
-        refused at commit. Returns what was removed (None if nothing was held).
+        """Remove everything of a supervisor task; idempotent. Uploads of it in flight are
+        refused; commits already under way land first and are removed with the rest.
+        Returns what was removed (None if nothing was held).
 
         With ``if_accesses`` (the sweeper's case) nothing happens unless the task's access
-        count still equals it once the task's lock is held: a PUT that committed while the
-        sweeper waited for the lock saves the task.
+        count still equals it once the task's lock is held.
         """
         sup = supervisor_task_id
         async with self._lock(sup):
             current = self._tasks.get(sup)
             if if_accesses is not None and (current is None or current.accesses != if_accesses):
                 return None
-            for upload in self._inflight.get(sup, ()):
-                upload.cancelled = True
+            writes = self._writes.get(sup)
+            if writes is not None:
+                for session in writes.sessions:
+                    session.cancelled = True
+                await writes.idle.wait()
             entry = self._tasks.pop(sup, None)
             if entry is not None:
-                for meta in entry.all():
-                    self._unaccount(meta)
+                for index, size in entry.pack_bytes.items():
+                    self.locations[index].used_bytes -= size
+                for index, count in entry.files_at.items():
+                    self.locations[index].files -= count
+            self._pool.drop_task(sup)
             failed: tuple[Location, OSError] | None = None
             for loc in self.locations:
                 try:
-                    await self.run(_remove_tree, loc.path / sup)
+                    await self._remove_at(loc, sup)
                 except OSError as exc:  # keep going: remove what can be removed everywhere
                     failed = failed or (loc, exc)
                     self._leftovers.setdefault(sup, set()).add(loc.index)
                     if marks_unhealthy(exc):
                         loc.mark_unhealthy(f"{exc.strerror} while deleting")
             if failed is not None:
-                # Say so rather than answer success: left alone, the files would be indexed
-                # again at the next start. remove_leftovers() finishes the job once the disk
+                # Say so rather than answer success: left alone, the data would be served
+                # again after a restart. remove_leftovers() finishes the job once the disk
                 # recovers (each sweep), as does a retried DELETE.
                 loc, exc = failed
                 log.error("could not delete all of %s on %s: %s", sup, loc.path, exc)
                 raise translate(exc, str(loc.path), f"deleting supervisor task {sup}")
             self._leftovers.pop(sup, None)
         return entry
+
+    async def _remove_at(self, loc: Location, sup: str) -> None:
+        """Forget ``sup``'s rows at ``loc``, then remove its packs (rows first: a pack
+        without rows is an orphan recovery removes; rows without a pack are dropped too)."""
+        catalog = self.catalogs[loc.index]
+        await self.on_writer(loc.index, catalog.delete_task, sup)
+        await self.run(_remove_tree, loc.path / sup)
 
     async def remove_leftovers(self) -> list[str]:
         """Retry removing what failed DELETEs left on locations now healthy; returns the
@@ -393,7 +400,7 @@ class Store:
                     if not loc.healthy:
                         continue
                     try:
-                        await self.run(_remove_tree, loc.path / sup)
+                        await self._remove_at(loc, sup)
                     except OSError as exc:
                         log.warning("still cannot remove %s on %s: %s", sup, loc.path, exc)
                         continue
@@ -419,16 +426,19 @@ class Store:
             log.warning("location %s is back in service", loc.path)
         return back
 
+    async def open_partial(self, key: PartialKey) -> tuple[PartialMeta, IO[bytes]]:
+        """The newest generation of ``key`` and its pack, open.
 
-def _write_all(tmp: writer.TempPartial, chunks: list[bytes]) -> None:
-    for chunk in chunks:
-        tmp.write(chunk)
+        If the task is deleted between lookup and open, look again: a reader gets the old
+        or the new bytes complete, or NotFound, never a mix (packs are append-only).
+        """
+        return await self._open_partial(key)
+
+    async def open_many(self, metas: Sequence[PartialMeta]) -> list[IO[bytes]]:
+        """Open the packs of ``metas`` (each once) up front; one file object per meta."""
+        return await self._open_many(metas)
 
 
-async def _discard(store: Store, tmp: writer.TempPartial) -> None:
-    # Shielded so a cancelled handler still removes its temp file.
-    try:
-        await asyncio.shield(store.run(tmp.discard))
-    except asyncio.CancelledError:
-        tmp.discard()
-        raise
+def _close_pack(pack: packs.Pack) -> None:
+    pack.close()
+    pack.remove_if_fresh()

@@ -1,0 +1,155 @@
+"""Appending one partial segment to a pack: CRC while streaming, validate, or cut it off.
+
+Every method here blocks; the store calls them from its I/O threads. Nothing appended is
+visible until the group commit (:mod:`shuffled.storage.commit`) records it in the catalog;
+a refused partial is cut off the pack's end, so it leaves nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from shuffled.crc import crc32c
+from shuffled.errors import DigestMismatch, ShuffleError
+from shuffled.protocol import crc_hex
+from shuffled.storage import arrowfile
+from shuffled.storage.packs import Pack
+
+
+@dataclass(slots=True)
+class Written:
+    """A validated partial segment in a pack, waiting for its commit."""
+
+    pack: Pack
+    offset: int
+    size: int
+    crc: int
+    facts: arrowfile.ArrowFacts
+
+
+def _writeback_starter() -> Callable[[int, int, int], object] | None:
+    """Linux ``sync_file_range(fd, offset, n, SYNC_FILE_RANGE_WRITE)`` (no Python binding):
+    start writing dirty pages back without waiting, so the commit's fdatasync finds little
+    left to do. None where unavailable."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fn = libc.sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    return lambda fd, offset, count: fn(fd, offset, count, 2)  # SYNC_FILE_RANGE_WRITE
+
+
+_START_WRITEBACK = _writeback_starter()
+WRITEBACK_STEP = 8 << 20  # bytes written between two writeback starts
+
+
+def check_crc(crc: int, expected: int | None) -> None:
+    if expected is not None and expected != crc:
+        raise DigestMismatch(
+            f"body CRC32C is {crc_hex(crc)} but the sender declared {crc_hex(expected)}: "
+            f"the upload was corrupted in transit; retry it",
+            received=crc_hex(crc), expected=crc_hex(expected),
+        )
+
+
+class Append:
+    """A partial segment being streamed onto the end of ``pack``."""
+
+    def __init__(self, pack: Pack, fsync: bool) -> None:
+        self.pack = pack
+        self.offset = pack.size
+        self.fsync = fsync
+        self.size = 0
+        self.crc = 0
+        self._synced = 0  # writeback started up to here (see WRITEBACK_STEP)
+        # CRC32C of the stream between its schema message and its end-of-stream marker,
+        # folded in as the bytes arrive so validation need not read them again.
+        self._head = bytearray()  # the first 8 bytes: continuation marker + schema length
+        self._schema_len: int | None = None  # -1: not a stream start (validation refuses)
+        self._body_crc = 0
+        self._hold = b""  # the last bytes seen (up to 8): maybe the end-of-stream marker
+
+    def write(self, chunks: Sequence[bytes | bytearray | memoryview]) -> None:
+        """Append ``chunks`` (all of them) and fold them into the running CRCs."""
+        views = [memoryview(c) for c in chunks]
+        for view in views:
+            self.crc = crc32c(view, self.crc)
+            self._fold_body(view)
+            self.size += len(view)
+        self.pack.write(views)
+        fd = self.pack.fd
+        if (self.fsync and _START_WRITEBACK and fd is not None
+                and self.size - self._synced >= WRITEBACK_STEP):
+            _START_WRITEBACK(fd, self.offset + self._synced, self.size - self._synced)
+            self._synced = self.size
+
+    def _fold_body(self, view: memoryview) -> None:
+        """Fold the part of ``view`` past the schema message into the body CRC, holding
+        back the last 8 bytes (the end-of-stream marker). ``view`` starts at ``self.size``."""
+        if self._schema_len is None:
+            self._head += view[: max(0, 8 - len(self._head))]
+            if len(self._head) < 8:
+                return
+            meta_len = int.from_bytes(self._head[4:8], "little", signed=True)
+            ok = bytes(self._head[:4]) == arrowfile.CONTINUATION and meta_len > 0
+            self._schema_len = 8 + meta_len if ok else -1
+        if self._schema_len < 0:
+            return
+        body = view[max(0, self._schema_len - self.size):]
+        if not body:
+            return
+        eos = len(arrowfile.EOS)
+        if len(body) >= eos:
+            self._body_crc = crc32c(body[:-eos], crc32c(self._hold, self._body_crc))
+            self._hold = bytes(body[-eos:])
+        else:
+            joined = self._hold + bytes(body)
+            self._body_crc = crc32c(joined[:-eos], self._body_crc)
+            self._hold = joined[-eos:]
+
+    def finish(self, expected_crc: int | None) -> Written:
+        """Check the digest and validate the Arrow stream; the caller cuts on failure."""
+        check_crc(self.crc, expected_crc)
+        body_crc = self._body_crc if self._schema_len and self._schema_len > 0 else None
+        facts = arrowfile.inspect(str(self.pack.path), self.size, body_crc, self.offset)
+        return Written(self.pack, self.offset, self.size, self.crc, facts)
+
+    def discard(self) -> None:
+        """Cut what was appended off the pack."""
+        if self.pack.fd is not None and self.pack.size != self.offset:
+            self.pack.cut(self.offset)
+
+
+def append_small(pack: Pack, items: Sequence[tuple[memoryview, int | None]],
+                 ) -> list[Written | ShuffleError]:
+    """Validate small partials held in memory and append the good ones with one write.
+
+    Per item: a :class:`Written`, or the domain error refusing it (nothing of it written).
+    """
+    out: list[Written | ShuffleError] = []
+    good: list[memoryview] = []
+    at = pack.size
+    for data, expected in items:
+        try:
+            crc = crc32c(data)
+            check_crc(crc, expected)
+            facts = arrowfile.inspect_bytes(data)
+        except ShuffleError as exc:  # refused: reported for this item alone
+            out.append(exc)
+            continue
+        out.append(Written(pack, at, len(data), crc, facts))
+        good.append(data)
+        at += len(data)
+    if good:
+        start = pack.size
+        try:
+            pack.write(good)
+        except BaseException:
+            if pack.fd is not None:
+                pack.cut(start)
+            raise
+    return out

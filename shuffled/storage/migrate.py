@@ -1,0 +1,136 @@
+"""``shuffled migrate``: convert a location from storage format 1 to packs (format 2).
+
+Format 1 (shuffled 0.1) kept one ``<generation>.arrow`` file and a ``<generation>.json``
+sidecar per partial segment under ``<sup>/<start>_<end>/<partitionId>/<subTaskId>/``.
+Migration copies each partial's newest generation into packs, records it in the catalog,
+and only then writes the format mark: the mark is the commit point. Interrupted before it,
+the location is still format 1 (plus packs and a catalog that the next run discards and
+redoes); after it, the old files are removed. Nothing a client was acknowledged is lost.
+Run it with the daemon stopped (it takes the location's lock like a daemon does).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shuffled.protocol import Interval
+from shuffled.storage import layout, packs
+from shuffled.storage.catalog import Catalog
+from shuffled.storage.location import Location
+
+log = logging.getLogger("shuffled.storage")
+_DATA, _SIDECAR = ".arrow", ".json"
+PACK_LIMIT = 1 << 30  # bytes per pack written by the migration
+
+
+@dataclass
+class Migrated:
+    location: Path
+    partials: int = 0
+    bytes: int = 0
+    already: bool = False
+
+
+def _legacy(root: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """Every format-1 data file with its sidecar, newest generation per key only."""
+    best: dict[tuple[Any, ...], tuple[int, Path, dict[str, Any]]] = {}
+    for top in sorted(layout.user_entries(root)):
+        for dirpath, _dirs, files in os.walk(root / top):
+            for name in files:
+                if not name.endswith(_DATA) or not name[: -len(_DATA)].isdigit():
+                    continue
+                path = Path(dirpath) / name
+                try:
+                    meta = json.loads(path.with_suffix(_SIDECAR).read_text(encoding="utf-8"))
+                    if int(meta["bytes"]) != path.stat().st_size:
+                        raise ValueError("size differs from its sidecar")
+                except (OSError, ValueError, KeyError) as exc:
+                    log.warning("not migrating %s: unreadable metadata (%s)", path, exc)
+                    continue
+                key = (meta["supervisorTaskId"], meta["subTaskId"], meta["start"],
+                       meta["end"], int(meta["partitionId"]))
+                held = best.get(key)
+                if held is None or int(meta["generation"]) > held[0]:
+                    best[key] = (int(meta["generation"]), path, meta)
+    for key in sorted(best):
+        _, path, meta = best[key]
+        yield path, meta
+
+
+def _discard_attempt(root: Path) -> None:
+    """Remove packs and a catalog an interrupted migration left (no format mark yet)."""
+    shutil.rmtree(layout.meta_dir(root), ignore_errors=True)
+    for top in layout.user_entries(root):
+        directory = root / top
+        if directory.is_dir():
+            for item in directory.iterdir():
+                if layout.pack_number(item.name) is not None:
+                    item.unlink()
+
+
+def migrate_location(root: Path, fsync: bool = True,
+                     progress: Callable[[str], None] = lambda _m: None) -> Migrated:
+    """Convert ``root`` in place (blocking). Idempotent: a format-2 location is left alone."""
+    done = Migrated(root)
+    location = Location(0, root, None, 0)
+    location.open()  # the exclusive lock: refuses while a daemon uses the location
+    try:
+        if layout.read_format(root) == layout.FORMAT_VERSION:
+            done.already = True
+            return done
+        _discard_attempt(root)
+        catalog = Catalog(root, fsync)
+        catalog.open()
+        try:
+            rows = []
+            open_packs: dict[str, packs.Pack] = {}
+            number = 0
+            for path, meta in _legacy(root):
+                sup = meta["supervisorTaskId"]
+                pack = open_packs.get(sup)
+                if pack is None or pack.size >= PACK_LIMIT:
+                    if pack is not None:
+                        _seal(pack, fsync)
+                    number += 1
+                    pack = open_packs[sup] = packs.create(root, 0, sup, number, fsync)
+                offset = pack.size
+                pack.write([memoryview(path.read_bytes())])
+                interval = Interval.parse(meta["start"], meta["end"])
+                rows.append((sup, interval.start, interval.end, int(meta["partitionId"]),
+                             meta["subTaskId"], int(meta["generation"]), number, offset,
+                             int(meta["bytes"]), int(meta["rows"]), int(meta["crc32c"], 16),
+                             int(meta["schemaLen"]), int(meta["schemaCrc32c"], 16),
+                             int(meta["bodyCrc32c"], 16), int(bool(meta["hasDictionaries"])),
+                             float(meta["created"])))
+                done.partials += 1
+                done.bytes += int(meta["bytes"])
+                if done.partials % 10_000 == 0:
+                    progress(f"{root}: {done.partials} partial segments copied")
+            for pack in open_packs.values():
+                _seal(pack, fsync)
+            catalog.insert_many(rows)
+        finally:
+            catalog.close()
+        layout.write_format(root, fsync)  # the commit point
+        for top in layout.user_entries(root):
+            directory = root / top
+            for item in list(directory.iterdir()) if directory.is_dir() else []:
+                if layout.pack_number(item.name) is None:
+                    shutil.rmtree(item) if item.is_dir() else item.unlink()
+        progress(f"{root}: migrated {done.partials} partial segments ({done.bytes} bytes)")
+        return done
+    finally:
+        location.close()
+
+
+def _seal(pack: packs.Pack, fsync: bool) -> None:
+    if fsync:
+        pack.sync()
+    pack.close()

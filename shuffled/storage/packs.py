@@ -1,0 +1,168 @@
+"""Pack files: partial segments of one supervisor task appended back to back.
+
+Why per (location, supervisor task) and not per partition as Celeborn does: a Druid-shaped
+job has thousands of partitions (time chunks x shards) of a few small partials each, so a
+file per partition would be nearly a file per partial again; a task's packs are few, and
+deleting the task is removing its directory. A pack is written by one upload at a time
+(taken from the pool, given back after), so concurrent uploads of one task append to
+different packs and never interleave; at most :data:`MAX_IDLE` idle packs per task and
+location are kept for the next upload. Idle packs are kept closed and reopened by the next
+writer: an open descriptor would keep writing to a file system remounted read-only, where
+a fresh open fails with EROFS and takes the location out of service.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from pathlib import Path
+
+from shuffled.storage import layout
+
+MAX_IDLE = 4
+IOV_MAX = 1024  # buffers one pwritev may take (Linux UIO_MAXIOV)
+
+
+class Pack:
+    """An open pack file and the length written so far (the next partial's offset)."""
+
+    __slots__ = ("location", "sup", "number", "path", "fd", "size", "dead", "fresh")
+
+    def __init__(self, location: int, sup: str, number: int, path: Path, fd: int) -> None:
+        self.location = location
+        self.sup = sup
+        self.number = number
+        self.path = path
+        self.fd: int | None = fd
+        self.size = 0
+        self.dead = False  # its task was deleted, or a write failed half-way: never reuse
+        self.fresh = True  # nothing of it was ever committed
+
+    def __repr__(self) -> str:
+        return f"Pack({self.path}, {self.size} bytes)"
+
+    # -- blocking --------------------------------------------------------------------------
+
+    def write(self, views: list[memoryview]) -> int:
+        """Append ``views`` at the end with as few ``pwritev`` calls as it takes."""
+        assert self.fd is not None
+        total = sum(len(v) for v in views)
+        at = self.size
+        views = [v for v in views if len(v)]
+        while views:
+            written = os.pwritev(self.fd, views[:IOV_MAX], at)
+            at += written
+            done = 0  # drop the views written whole, trim the one written in part
+            while done < len(views) and written >= len(views[done]):
+                written -= len(views[done])
+                done += 1
+            views = views[done:]
+            if views and written:
+                views[0] = views[0][written:]
+        self.size += total
+        return total
+
+    def cut(self, size: int) -> None:
+        """Drop everything past ``size`` (an upload refused half-way leaves nothing)."""
+        assert self.fd is not None
+        os.ftruncate(self.fd, size)
+        self.size = size
+
+    def sync(self) -> None:
+        if self.fd is not None:
+            os.fdatasync(self.fd)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def reopen(self) -> None:
+        """Open the pack again for the next writer; its length is what the file says."""
+        fd = os.open(self.path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        try:
+            self.size = os.fstat(fd).st_size
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+
+    def remove_if_fresh(self) -> None:
+        """Unlink a pack nothing was ever committed to, and its task directory if empty,
+        so a refused first upload of a task leaves no trace."""
+        if not self.fresh:
+            return
+        try:
+            os.unlink(self.path)
+            os.rmdir(self.path.parent)
+        except OSError:
+            pass  # gone already, or the directory holds other packs: fine
+
+
+def create(root: Path, location: int, sup: str, number: int, fsync: bool) -> Pack:
+    """Create a new empty pack (blocking). Its name is durable before anything refers to it."""
+    directory = layout.task_dir(root, sup)
+    made = False
+    try:
+        directory.mkdir()
+        made = True
+    except FileExistsError:
+        pass
+    path = layout.pack_path(root, sup, number)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+    if fsync:
+        try:
+            layout.fsync_dir(directory)
+            if made:
+                layout.fsync_dir(root)
+        except BaseException:
+            os.close(fd)
+            raise
+    return Pack(location, sup, number, path, fd)
+
+
+class PackPool:
+    """Idle packs by (location index, supervisor task); event-loop only."""
+
+    def __init__(self, max_size: int) -> None:
+        self.max_size = max_size
+        self._idle: dict[tuple[int, str], list[Pack]] = defaultdict(list)
+
+    def take(self, location: int, sup: str) -> Pack | None:
+        idle = self._idle.get((location, sup))
+        if not idle:
+            return None
+        pack = idle.pop()
+        if not idle:
+            del self._idle[(location, sup)]
+        return pack
+
+    def give(self, pack: Pack) -> Pack | None:
+        """Keep ``pack`` for the next upload; returns it if it must be closed instead."""
+        if pack.dead or pack.size >= self.max_size:
+            return pack
+        idle = self._idle[(pack.location, pack.sup)]
+        if len(idle) >= MAX_IDLE:
+            return pack
+        idle.append(pack)
+        return None
+
+    def drop_task(self, sup: str) -> list[Pack]:
+        """Take every idle pack of ``sup`` out (to be closed): its task is being deleted."""
+        out = []
+        for key in [k for k in self._idle if k[1] == sup]:
+            out.extend(self._idle.pop(key))
+        for pack in out:
+            pack.dead = True
+        return out
+
+    def drop_location(self, location: int) -> list[Pack]:
+        out = []
+        for key in [k for k in self._idle if k[0] == location]:
+            out.extend(self._idle.pop(key))
+        for pack in out:
+            pack.dead = True
+        return out
+
+    def all(self) -> list[Pack]:
+        return [p for idle in self._idle.values() for p in idle]

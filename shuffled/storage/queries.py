@@ -1,0 +1,174 @@
+"""Read side of the store: tasks, lookups, partitions and pages of a task's listing.
+
+Queries run on the event loop against each location's catalog reader (point lookups and
+index range scans: microseconds to a few milliseconds). A key can briefly have an older
+copy in another location (replaced there, forgotten in the background): the newest
+generation always wins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import heapq
+import json
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+from shuffled.errors import BadRequest, Conflict, NotFound
+from shuffled.protocol import PartialKey, PartitionKey
+from shuffled.storage.catalog import Catalog, Row
+from shuffled.storage.index import PartialMeta, TaskEntry
+from shuffled.storage.location import Location
+from shuffled.storage.oserrors import translate
+
+T = TypeVar("T")
+Cursor = tuple[int, int, int, str]
+
+
+def encode_cursor(after: Cursor) -> str:
+    return base64.urlsafe_b64encode(json.dumps(list(after)).encode()).decode().rstrip("=")
+
+
+def decode_cursor(text: str) -> Cursor:
+    """A cursor from :func:`encode_cursor`; BadRequest for anything else."""
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        start, end, pid, sub = json.loads(raw)
+        if not (isinstance(start, int) and isinstance(end, int) and isinstance(pid, int)
+                and isinstance(sub, str)):
+            raise ValueError("types")
+    except (ValueError, TypeError) as exc:
+        raise BadRequest(f"cursor {text[:40]!r} is not one this daemon handed out",
+                         field="cursor") from exc
+    return (start, end, pid, sub)
+
+
+def _newest(rows: list[tuple[int, Row]]) -> dict[str, tuple[int, Row]]:
+    """Per subtask id, the (location, row) of the newest generation."""
+    best: dict[str, tuple[int, Row]] = {}
+    for index, row in rows:
+        held = best.get(row[4])
+        if held is None or row[5] > held[1][5]:
+            best[row[4]] = (index, row)
+    return best
+
+
+class Queries:
+    """Mixed into :class:`shuffled.storage.store.Store` (which provides the attributes)."""
+
+    locations: list[Location]
+    catalogs: list[Catalog]
+    _tasks: dict[str, TaskEntry]
+    _executor: ThreadPoolExecutor
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        raise NotImplementedError
+
+    def _meta(self, index: int, row: Row) -> PartialMeta:
+        return PartialMeta.from_row(row, index, self.locations[index].path)
+
+    def tasks(self) -> list[TaskEntry]:
+        return list(self._tasks.values())
+
+    def task(self, supervisor_task_id: str) -> TaskEntry | None:
+        return self._tasks.get(supervisor_task_id)
+
+    def lookup(self, key: PartialKey) -> PartialMeta:
+        found: PartialMeta | None = None
+        if key.supervisor_task_id in self._tasks:
+            i = key.interval
+            for index, catalog in enumerate(self.catalogs):
+                row = catalog.lookup(key.supervisor_task_id, i.start, i.end, key.partition_id,
+                                     key.sub_task_id)
+                if row is not None and (found is None or row[5] > found.generation):
+                    found = self._meta(index, row)
+        if found is None:
+            raise NotFound(f"no partial segment {key}", key=str(key))
+        return found
+
+    def partition(self, key: PartitionKey, sub_task_ids: Sequence[str] | None = None,
+                  ) -> list[PartialMeta]:
+        """The partial segments of one partition, by subtask id; all must exist if named."""
+        subs = list(dict.fromkeys(sub_task_ids)) if sub_task_ids is not None else None
+        rows: list[tuple[int, Row]] = []
+        if key.supervisor_task_id in self._tasks:
+            i = key.interval
+            for index, catalog in enumerate(self.catalogs):
+                rows.extend((index, r) for r in catalog.partition(
+                    key.supervisor_task_id, i.start, i.end, key.partition_id, subs))
+        best = _newest(rows)
+        if subs is None:
+            if not best:
+                raise NotFound(
+                    f"no partial segments of {key.supervisor_task_id} {key.interval} "
+                    f"partition {key.partition_id}", partition=key.partition_id,
+                )
+            return [self._meta(*best[s]) for s in sorted(best)]
+        missing = [s for s in subs if s not in best]
+        if missing:
+            raise NotFound(
+                f"{key.supervisor_task_id} {key.interval} partition {key.partition_id} has "
+                f"no partial segment from subtasks {missing[:20]}", missing=missing[:100],
+            )
+        return [self._meta(*best[s]) for s in subs]
+
+    def page(self, supervisor_task_id: str, cursor: str | None, limit: int,
+             ) -> tuple[list[PartialMeta], str | None]:
+        """Up to ``limit`` partials of a task in (start, end, partitionId, subTaskId) order
+        after ``cursor``, and the cursor of the next page (None after the last)."""
+        after = decode_cursor(cursor) if cursor else None
+        streams = []
+        for index, catalog in enumerate(self.catalogs):
+            # One more than asked: an older copy of a key elsewhere may be skipped below.
+            rows = catalog.page(supervisor_task_id, after, limit + 1)
+            streams.append([((r[1], r[2], r[3], r[4]), -r[5], index, r) for r in rows])
+        out: list[PartialMeta] = []
+        last: Cursor | None = None
+        more = False
+        for sort_key, _, index, row in heapq.merge(*streams):
+            if sort_key == last:
+                continue  # an older generation of the key just taken
+            if len(out) == limit:
+                more = True
+                break
+            out.append(self._meta(index, row))
+            last = sort_key
+        return out, (encode_cursor(last) if more and last is not None else None)
+
+    async def _open_partial(self, key: PartialKey) -> tuple[PartialMeta, IO[bytes]]:
+        for _ in range(5):
+            meta = self.lookup(key)
+            try:
+                return meta, await self.run(open, meta.path, "rb", 0)
+            except FileNotFoundError:
+                await asyncio.sleep(0)  # deleted meanwhile: look again
+                continue
+            except OSError as exc:
+                raise translate(exc, str(self.locations[meta.location].path), "opening") from exc
+        raise NotFound(f"no partial segment {key}", key=str(key))
+
+    async def _open_many(self, metas: Sequence[PartialMeta]) -> list[IO[bytes]]:
+        paths = list(dict.fromkeys(m.path for m in metas))
+
+        def _open_all() -> dict[Path, IO[bytes]]:
+            files: dict[Path, IO[bytes]] = {}
+            try:
+                for path in paths:
+                    # Unbuffered: reads are positional (pread/sendfile).
+                    files[path] = open(path, "rb", buffering=0)
+            except BaseException:
+                for fh in files.values():
+                    fh.close()
+                raise
+            return files
+        try:
+            opened = await self.run(_open_all)
+        except FileNotFoundError as exc:
+            raise Conflict("a partial segment of this partition was deleted while the "
+                           "request started; retry") from exc
+        except OSError as exc:
+            raise translate(exc, "a location", "opening") from exc
+        return [opened[m.path] for m in metas]

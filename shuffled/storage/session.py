@@ -1,0 +1,261 @@
+"""One upload session: the partial segments of one request (a single PUT or a bulk batch).
+
+Small partials (up to :data:`SMALL` bytes, held in memory by the caller) are gathered and
+validated together, then appended with one write per :data:`WRITE_BATCH`; large ones are
+streamed onto a pack as they arrive. Each is committed on its own through the location's
+group commit as soon as it is written, without waiting for the rest of the session; the
+session's :meth:`finish` waits until every one of them is durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from shuffled.errors import Conflict, InsufficientStorage, InvalidBody, ShuffleError, TooLarge
+from shuffled.protocol import PartialKey
+from shuffled.storage.append import Append, Written, append_small
+from shuffled.storage.index import PartialMeta
+from shuffled.storage.location import Location
+from shuffled.storage.oserrors import marks_unhealthy, translate
+from shuffled.storage.packs import Pack
+
+if TYPE_CHECKING:
+    from shuffled.storage.store import Store
+
+SMALL = 1 << 20  # partials up to this size are gathered in memory
+WRITE_BATCH = 1 << 20  # bytes gathered before one I/O-thread hop writes them
+RESERVE_STEP = 8 << 20  # reservation growth while streaming a body of unknown length
+
+
+@dataclass(slots=True)
+class PutResult:
+    meta: PartialMeta
+    replaced: bool
+
+
+_Outcome = ShuffleError | tuple[PartialMeta, "asyncio.Future[int | None]"]
+
+
+class BulkSession:
+    """Partials of one supervisor task written by one request; use as ``async with``."""
+
+    def __init__(self, store: Store, supervisor_task_id: str) -> None:
+        self.store = store
+        self.sup = supervisor_task_id
+        self.cancelled = False  # set by a DELETE of the task: nothing more is committed
+        self._packs: dict[int, Pack] = {}
+        self._small: list[tuple[PartialKey, memoryview, int | None]] = []
+        self._small_bytes = 0
+        self._small_slots: list[int] = []  # where each gathered partial's outcome goes
+        # Per partial: the refusal, or its meta and commit future; None while gathered.
+        self._results: list[_Outcome | None] = []
+
+    async def __aenter__(self) -> BulkSession:
+        self.store._sessions(self.sup).add(self)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        try:
+            if exc_info[0] is None:
+                await self._flush_small()
+        finally:
+            self._small.clear()
+            self._small_slots.clear()
+            # Commits under way complete whatever happened to the request: wait for them
+            # (shielded) before the packs they sync go back to the pool.
+            futures = [r[1] for r in self._results if isinstance(r, tuple)]
+            if futures:
+                await asyncio.shield(asyncio.gather(*futures, return_exceptions=True))
+            for pack in self._packs.values():
+                await self.store._release(pack)
+            self._packs.clear()
+            self.store._sessions(self.sup).discard(self)
+
+    # -- adding partials ------------------------------------------------------------------
+
+    async def add(self, key: PartialKey, body: bytes | bytearray | memoryview | AsyncIterator[bytes],
+                  length: int | None, expected_crc: int | None) -> None:
+        """Write one partial segment; its commit is queued, not awaited.
+
+        Raises a ShuffleError when this partial is refused (nothing of it stays; the session
+        goes on). A refusal found while validating a gathered small partial is reported by
+        :meth:`finish` instead. If this raises while consuming an iterator body, the caller
+        drains what is left of that body.
+        """
+        if key.supervisor_task_id != self.sup:
+            raise ValueError(f"{key} does not belong to supervisor task {self.sup}")
+        limit = self.store.settings.max_partial_bytes
+        if length is not None and length > limit:
+            raise TooLarge(f"partial segment of {length} bytes exceeds the limit of {limit} "
+                           f"bytes (max_partial_bytes)", limit=limit)
+        await self.store._wait_for_delete(self.sup)
+        if self.cancelled:
+            raise self._conflict()
+        if isinstance(body, (bytes, bytearray, memoryview)) and len(body) <= SMALL:
+            view = memoryview(body).cast("B")
+            if length is not None and view.nbytes != length:
+                raise InvalidBody(f"body has {view.nbytes} bytes but its length said {length}")
+            self._small.append((key, view, expected_crc))
+            self._small_slots.append(len(self._results))
+            self._results.append(None)
+            self._small_bytes += view.nbytes
+            if self._small_bytes >= WRITE_BATCH:
+                await self._flush_small()
+            return
+        await self._flush_small()  # keep the order of the partials
+        if isinstance(body, (bytes, bytearray, memoryview)):
+            data = memoryview(body).cast("B")
+
+            async def once() -> AsyncIterator[bytes]:
+                for at in range(0, len(data), WRITE_BATCH):
+                    yield bytes(data[at: at + WRITE_BATCH])
+            body = once()
+        await self._stream(key, body, length, expected_crc)
+
+    def _conflict(self) -> Conflict:
+        return Conflict(f"supervisor task {self.sup} was deleted while this upload was in "
+                        f"flight; nothing was stored", supervisorTaskId=self.sup)
+
+    async def _stream(self, key: PartialKey, body: AsyncIterator[bytes], length: int | None,
+                      expected_crc: int | None) -> None:
+        store = self.store
+        limit = store.settings.max_partial_bytes
+        loc, pack = await self._pack_for(length or 0)
+        reserved = length or 0
+        loc.reserved_bytes += reserved
+        append = Append(pack, store.settings.fsync)
+        try:
+            pending: list[bytes] = []
+            pending_size = size = 0
+            async for chunk in body:
+                size += len(chunk)
+                if size > limit:
+                    raise TooLarge(f"partial segment exceeds the limit of {limit} bytes "
+                                   f"(max_partial_bytes)", limit=limit)
+                if length is not None and size > length:
+                    raise InvalidBody(f"body has more than the {length} bytes announced")
+                if size > reserved:
+                    grow = max(RESERVE_STEP, size - reserved)
+                    if not loc.has_room(grow):
+                        raise InsufficientStorage(f"location {loc.path} is full (max size)",
+                                                  location=str(loc.path))
+                    loc.reserved_bytes += grow
+                    reserved += grow
+                pending.append(chunk)
+                pending_size += len(chunk)
+                if pending_size >= WRITE_BATCH:
+                    await store.run(append.write, pending)
+                    pending, pending_size = [], 0
+            if pending:
+                await store.run(append.write, pending)
+            if length is not None and size != length:
+                raise InvalidBody(f"body has {size} bytes but its length said {length}")
+            written = await store.run(append.finish, expected_crc)
+        except BaseException as exc:
+            await self._cut(append)
+            if isinstance(exc, OSError):
+                raise self._failed(loc, exc, f"writing {key}") from exc
+            raise
+        finally:
+            loc.reserved_bytes -= reserved
+        self._results.append(self._submit(key, loc, written))
+
+    async def _cut(self, append: Append) -> None:
+        try:
+            await asyncio.shield(self.store.run(append.discard))
+        except (OSError, asyncio.CancelledError):
+            append.pack.dead = True  # cannot cut it back: never append to it again
+
+    def _failed(self, loc: Location, exc: OSError, doing: str) -> ShuffleError:
+        if marks_unhealthy(exc):
+            self.store._take_out(loc, f"{exc.strerror} while {doing}")
+        dead = self._packs.pop(loc.index, None)
+        if dead is not None:
+            dead.dead = True
+            self.store._close_later(dead)
+        return translate(exc, str(loc.path), doing)
+
+    async def _flush_small(self) -> None:
+        if not self._small:
+            return
+        items, slots = self._small, self._small_slots
+        self._small, self._small_slots, self._small_bytes = [], [], 0
+        total = sum(v.nbytes for _, v, _ in items)
+        try:
+            loc, pack = await self._pack_for(total)
+            loc.reserved_bytes += total
+            try:
+                outcomes = await self.store.run(
+                    append_small, pack, [(v, crc) for _, v, crc in items])
+            finally:
+                loc.reserved_bytes -= total
+        except OSError as exc:
+            error = self._failed(loc, exc, "writing partial segments")
+            for slot in slots:
+                self._results[slot] = error
+            return
+        except ShuffleError as exc:
+            for slot in slots:
+                self._results[slot] = exc
+            return
+        for slot, (key, _, _), outcome in zip(slots, items, outcomes, strict=True):
+            self._results[slot] = (outcome if isinstance(outcome, ShuffleError)
+                                   else self._submit(key, loc, outcome))
+
+    def _submit(self, key: PartialKey, loc: Location, written: Written) -> _Outcome:
+        if self.cancelled:
+            return self._conflict()
+        return self.store._commit(key, loc, written)
+
+    async def _pack_for(self, size: int) -> tuple[Location, Pack]:
+        """A location by round robin and this session's pack there (new or reused)."""
+        store = self.store
+        tried: set[int] = set()
+        while True:
+            loc = store._placement.choose(size, frozenset(tried))
+            pack = self._packs.get(loc.index)
+            if pack is not None and pack.size and pack.size + size > store.settings.pack_max_bytes:
+                await store._release(self._packs.pop(loc.index))
+                pack = None
+            if pack is not None and not pack.dead:
+                return loc, pack
+            try:
+                pack = await store._acquire(loc, self.sup, size)
+            except InsufficientStorage:
+                tried.add(loc.index)
+                continue
+            except OSError as exc:
+                tried.add(loc.index)
+                if marks_unhealthy(exc):
+                    store._take_out(loc, f"{exc.strerror} creating a pack")
+                continue
+            self._packs[loc.index] = pack
+            return loc, pack
+
+    # -- the outcome ------------------------------------------------------------------------
+
+    async def finish(self) -> list[PutResult | ShuffleError]:
+        """Wait until every partial added is durable; one outcome per partial that
+        :meth:`add` did not refuse, in order."""
+        await self._flush_small()
+        out: list[PutResult | ShuffleError] = []
+        for result in self._results:
+            assert result is not None, "gathered partials were flushed above"
+            if isinstance(result, ShuffleError):
+                out.append(result)
+                continue
+            meta, future = result
+            try:
+                old = await asyncio.shield(future)
+            except OSError as exc:
+                loc = self.store.locations[meta.location]
+                out.append(translate(exc, str(loc.path), f"committing {meta.key}"))
+                continue
+            except ShuffleError as exc:
+                out.append(exc)
+                continue
+            out.append(PutResult(meta, old is not None))
+        return out
