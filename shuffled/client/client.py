@@ -8,7 +8,7 @@ Used by Spark executors (upload/download) and the driver (task admin, cleanup). 
 from __future__ import annotations
 
 import http.client
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, BinaryIO
 
@@ -243,8 +243,34 @@ class ShuffleClient:
             raise BadResponse(f"GET /tasks: expected a JSON object, got {type(value).__name__}")
         return value
 
-    def task(self, supervisor_task_id: str) -> dict[str, Any] | None:
-        """``GET /tasks/{id}``: that task's partitions and subtasks, or None if not held here."""
+    def task(self, supervisor_task_id: str, *, page_size: int = 5000) -> dict[str, Any] | None:
+        """``GET /tasks/{id}``: that task's partitions and subtasks, or None if not held here.
+
+        Pages through the listing (``limit``/``cursor``, ``page_size`` partials a request)
+        and returns it whole: a partition cut by a page's end is joined again. Use
+        :meth:`task_pages` to walk a very large task without holding all of it.
+        """
+        whole: dict[str, Any] | None = None
+        for page in self.task_pages(supervisor_task_id, page_size=page_size):
+            if whole is None:
+                whole = page
+                continue
+            parts = page.get("partitions", [])
+            last = whole["partitions"][-1] if whole["partitions"] else None
+            if parts and last is not None and all(
+                    parts[0].get(f) == last.get(f) for f in ("start", "end", "partitionId")):
+                first = parts.pop(0)
+                last["subTasks"].extend(first.get("subTasks", []))
+                last["bytes"] = last.get("bytes", 0) + first.get("bytes", 0)
+                last["rows"] = last.get("rows", 0) + first.get("rows", 0)
+            whole["partitions"].extend(parts)
+        if whole is not None and "nextCursor" in whole:
+            whole["nextCursor"] = None  # joined: nothing more to ask
+        return whole
+
+    def task_pages(self, supervisor_task_id: str, *, page_size: int = 5000,
+                   ) -> Iterator[dict[str, Any]]:
+        """``GET /tasks/{id}?limit=..&cursor=..`` page after page (nothing if not held)."""
         what = f"task {supervisor_task_id}"
 
         def handle(resp: http.client.HTTPResponse) -> dict[str, Any] | None:
@@ -253,9 +279,17 @@ class ShuffleClient:
                 return None
             return _json_dict(resp)
 
-        return self._http.request(
-            "GET", task_path(supervisor_task_id), handle=handle, what=what, accept=(404,)
-        )
+        cursor: str | None = None
+        while True:
+            query = [("limit", str(page_size))] + ([("cursor", cursor)] if cursor else [])
+            page = self._http.request("GET", task_path(supervisor_task_id), query=query,
+                                      handle=handle, what=what, accept=(404,))
+            if page is None:
+                return
+            yield page
+            cursor = page.get("nextCursor")
+            if not cursor:  # the last page (or a daemon that does not page)
+                return
 
     def delete_task(self, supervisor_task_id: str) -> None:
         """``DELETE /tasks/{id}``: remove all of that task's data. Idempotent (unknown id is fine)."""
