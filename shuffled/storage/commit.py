@@ -46,6 +46,9 @@ class GroupCommit:
     async def _drain(self) -> None:
         loop = asyncio.get_running_loop()
         try:
+            # One loop turn first: partials finishing in the same turn (a batch, concurrent
+            # uploads released by the same read) join this group instead of the next.
+            await asyncio.sleep(0)
             while self._queue:
                 group, self._queue = self._queue, []
                 try:

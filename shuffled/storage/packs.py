@@ -6,18 +6,23 @@ file per partition would be nearly a file per partial again; a task's packs are 
 deleting the task is removing its directory. A pack is written by one upload at a time
 (taken from the pool, given back after), so concurrent uploads of one task append to
 different packs and never interleave; at most :data:`MAX_IDLE` idle packs per task and
-location are kept for the next upload. Idle packs are kept closed and reopened by the next
-writer: an open descriptor would keep writing to a file system remounted read-only, where
-a fresh open fails with EROFS and takes the location out of service.
+location stay open for the next upload. Before each use, :func:`ready` checks the file
+system (read-only, free space beyond the reserve) in the same I/O-thread call that writes:
+an open descriptor would otherwise keep writing to a file system remounted read-only.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from shuffled.errors import InsufficientStorage
 from shuffled.storage import layout
+from shuffled.storage.location import Location
 
 MAX_IDLE = 4
 IOV_MAX = 1024  # buffers one pwritev may take (Linux UIO_MAXIOV)
@@ -77,15 +82,6 @@ class Pack:
             os.close(self.fd)
             self.fd = None
 
-    def reopen(self) -> None:
-        """Open the pack again for the next writer; its length is what the file says."""
-        fd = os.open(self.path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
-        try:
-            self.size = os.fstat(fd).st_size
-        except BaseException:
-            os.close(fd)
-            raise
-        self.fd = fd
 
     def remove_if_fresh(self) -> None:
         """Unlink a pack nothing was ever committed to, and its task directory if empty,
@@ -121,6 +117,55 @@ def create(root: Path, location: int, sup: str, number: int, fsync: bool) -> Pac
     return Pack(location, sup, number, path, fd)
 
 
+class Unusable(Exception):
+    """The location cannot take the write (full, read-only, failing): try another one."""
+
+    def __init__(self, cause: OSError | InsufficientStorage) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+class WriteFailed(Exception):
+    """Writing to ``pack`` failed with ``cause``; the pack must not be used again."""
+
+    def __init__(self, pack: Pack, cause: OSError) -> None:
+        super().__init__(str(cause))
+        self.pack = pack
+        self.cause = cause
+
+
+def ready(loc: Location, sup: str, pack: Pack | None, number: int, fsync: bool,
+          size: int) -> Pack:
+    """Check that ``loc`` can take ``size`` more bytes, and give a pack there: ``pack``, or
+    a new one numbered ``number``. Raises :class:`Unusable` otherwise (blocking)."""
+    try:
+        st = os.statvfs(loc.path)
+        if st.f_flag & os.ST_RDONLY:
+            raise OSError(errno.EROFS, "Read-only file system")
+        free = st.f_bavail * st.f_frsize
+        if size and free - size < loc.reserve_bytes:
+            raise InsufficientStorage(
+                f"location {loc.path} would drop below its free-space reserve "
+                f"({loc.reserve_bytes} bytes)", location=str(loc.path))
+        return pack if pack is not None else create(loc.path, loc.index, sup, number, fsync)
+    except (OSError, InsufficientStorage) as exc:
+        raise Unusable(exc) from exc
+
+
+def on_pack(loc: Location, sup: str, pack: Pack | None, number: int, fsync: bool, size: int,
+            job: Callable[..., Any] | None, *args: Any) -> tuple[Pack, Any]:
+    """:func:`ready`, then ``job(pack, *args)`` in the same I/O-thread call (one hop for a
+    small upload instead of one per step)."""
+    pack = ready(loc, sup, pack, number, fsync, size)
+    if job is None:
+        return pack, None
+    try:
+        return pack, job(pack, *args)
+    except OSError as exc:
+        pack.dead = True
+        raise WriteFailed(pack, exc) from exc
+
+
 class PackPool:
     """Idle packs by (location index, supervisor task); event-loop only."""
 
@@ -139,7 +184,7 @@ class PackPool:
 
     def give(self, pack: Pack) -> Pack | None:
         """Keep ``pack`` for the next upload; returns it if it must be closed instead."""
-        if pack.dead or pack.size >= self.max_size:
+        if pack.dead or pack.fd is None or pack.size >= self.max_size:
             return pack
         idle = self._idle[(pack.location, pack.sup)]
         if len(idle) >= MAX_IDLE:

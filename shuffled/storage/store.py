@@ -138,6 +138,8 @@ class Store(Queries):
     async def close(self) -> None:
         for commit in self.commits:
             await commit.idle()
+        for pack in self._pool.all():
+            pack.close()
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
         for loc, catalog in zip(self.locations, self.catalogs, strict=True):
@@ -182,37 +184,28 @@ class Store(Queries):
         if loc.healthy:
             log.error("location %s taken out of service: %s", loc.path, reason)
         loc.mark_unhealthy(reason)
-        self._pool.drop_location(loc.index)
+        for pack in self._pool.drop_location(loc.index):
+            self._close_later(pack)
 
     def _close_later(self, pack: packs.Pack) -> None:
         future = asyncio.ensure_future(self.run(pack.close))
         self._background.add(future)
         future.add_done_callback(self._background.discard)
 
-    async def _acquire(self, loc: Location, sup: str, size: int) -> packs.Pack:
-        """A pack of ``sup`` at ``loc`` for one writer: an idle one, or a new one."""
-        if size:
-            _, free = await self.run(loc.disk_usage)
-            if free - size < loc.reserve_bytes:
-                raise InsufficientStorage(
-                    f"location {loc.path} would drop below its free-space reserve "
-                    f"({loc.reserve_bytes} bytes)", location=str(loc.path))
-        pack = self._pool.take(loc.index, sup)
-        if pack is not None and pack.size + size <= self.settings.pack_max_bytes:
-            await self.run(pack.reopen)
-            return pack
+    def _new_pack_number(self) -> int:
         self._last_pack += 1
-        return await self.run(packs.create, loc.path, loc.index, sup, self._last_pack,
-                              self.settings.fsync)
+        return self._last_pack
 
     async def _release(self, pack: packs.Pack) -> None:
         """Give ``pack`` back to the pool, or close it (and remove it if it never held a
         committed partial: a refused upload leaves no file behind)."""
-        if pack.fresh or self._pool.give(pack) is not None:
+        if pack.fresh or pack.dead:
             pack.dead = True
             await asyncio.shield(self.run(_close_pack, pack))
-        else:
-            await asyncio.shield(self.run(pack.close))  # kept closed: see packs
+            return
+        extra = self._pool.give(pack)
+        if extra is not None:
+            self._close_later(extra)
 
     def _commit(self, key: PartialKey, loc: Location, written: Written,
                 ) -> tuple[PartialMeta, asyncio.Future[int | None]]:
@@ -358,7 +351,8 @@ class Store(Queries):
                     self.locations[index].used_bytes -= size
                 for index, count in entry.files_at.items():
                     self.locations[index].files -= count
-            self._pool.drop_task(sup)
+            for pack in self._pool.drop_task(sup):
+                await self.run(pack.close)
             failed: tuple[Location, OSError] | None = None
             for loc in self.locations:
                 try:
