@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from shuffled.storage import Store
@@ -18,7 +18,7 @@ class StoreCollector(Collector):
         self._store = store
         self._in_flight = in_flight
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         used = GaugeMetricFamily("shuffled_location_used_bytes",
                                  "Bytes of partial segments stored in the location.",
                                  labels=["location"])
@@ -44,6 +44,17 @@ class StoreCollector(Collector):
             cap.add_metric(label, min(total, loc.max_bytes) if loc.max_bytes else total)
             free.add_metric(label, available)
         yield from (used, cap, free, healthy, files)
+        # Group commit: partials per group = how many uploads shared one round of syncs.
+        groups = CounterMetricFamily("shuffled_commit_groups",
+                                     "Group commits (one round of syncs and one index "
+                                     "transaction) done.", labels=["location"])
+        committed = CounterMetricFamily("shuffled_commit_partials",
+                                        "Partial segments made durable by group commits.",
+                                        labels=["location"])
+        for loc, commit in zip(self._store.locations, self._store.commits, strict=True):
+            groups.add_metric([str(loc.path)], commit.groups)
+            committed.add_metric([str(loc.path)], commit.partials)
+        yield from (groups, committed)
         tasks = self._store.tasks()
         yield GaugeMetricFamily("shuffled_tasks", "Supervisor tasks with data held.",
                                 value=len(tasks))
