@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from shuffled.storage import layout
+from shuffled.storage.index import slot_key
 
 COLUMNS = ("sup", "start", "end", "pid", "sub", "generation", "pack", "offset", "size",
            "rows", "crc", "schema_len", "schema_crc", "body_crc", "dicts", "created")
@@ -188,9 +189,17 @@ class Catalog:
             "SELECT sup, COUNT(*), SUM(size), MAX(generation) FROM partials GROUP BY sup"
         ).fetchall()
 
-    def slots(self) -> list[tuple[str, int, int, int]]:
-        return self.writer.execute(
-            'SELECT DISTINCT sup, start, "end", pid FROM partials').fetchall()
+    def slot_keys(self) -> dict[str, set[int]]:
+        """Per supervisor task, the slot_key() of each of its partitions, read row by row
+        (a list of a million tuples first would double the peak memory)."""
+        out: dict[str, set[int]] = {}
+        cursor = self.writer.execute('SELECT DISTINCT sup, start, "end", pid FROM partials')
+        for sup, start, end, pid in cursor:
+            keys = out.get(sup)
+            if keys is None:
+                keys = out[sup] = set()
+            keys.add(slot_key(start, end, pid))
+        return out
 
     # -- reads (event loop thread) -------------------------------------------------------
 

@@ -129,8 +129,9 @@ class Store(Queries):
                 if sup in self._tasks:
                     self._tasks[sup].pack_bytes[loc.index] = length
                 loc.used_bytes += length
-            for sup, start, end, pid in await self.on_writer(loc.index, catalog.slots):
-                self._tasks[sup].slots.add((start, end, pid))
+            for sup, keys in (await self.on_writer(loc.index, catalog.slot_keys)).items():
+                entry = self._tasks[sup]
+                entry.slots = keys if not entry.slots else entry.slots | keys
         if self.recovered_partials or self.dropped_on_recovery:
             log.info("recovered %d partial segments of %d tasks (%d dropped)",
                      self.recovered_partials, len(self._tasks), self.dropped_on_recovery)
@@ -252,13 +253,13 @@ class Store(Queries):
         entry.pack_bytes[index] = entry.pack_bytes.get(index, 0) + meta.size
         loc.used_bytes += meta.size
         if old is None:
-            if len(self.locations) > 1 and meta.slot in entry.slots:
+            if len(self.locations) > 1 and meta.slot_key in entry.slots:
                 old = self._forget_elsewhere(meta, entry)
             entry.files_at[index] = entry.files_at.get(index, 0) + 1
             loc.files += 1
         entry.files += old is None
         entry.bytes += meta.size - (old or 0)
-        entry.slots.add(meta.slot)
+        entry.slots.add(meta.slot_key)
         entry.received_bytes += meta.size
         entry.received_partials += 1
         entry.last_access = self.clock()
