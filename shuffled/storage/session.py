@@ -75,6 +75,7 @@ class BulkSession:
                 await self.store._release(pack)
             self._packs.clear()
             self.store._sessions(self.sup).discard(self)
+            self.store._forget_writes(self.sup)
 
     # -- adding partials ------------------------------------------------------------------
 
@@ -116,6 +117,12 @@ class BulkSession:
                     yield bytes(data[at: at + WRITE_BATCH])
             body = once()
         await self._stream(key, body, length, expected_crc)
+
+    def cancel(self) -> None:
+        """The task is being deleted: refuse what comes next, never reuse its packs."""
+        self.cancelled = True
+        for pack in self._packs.values():
+            pack.dead = True
 
     def _conflict(self) -> Conflict:
         return Conflict(f"supervisor task {self.sup} was deleted while this upload was in "
@@ -241,6 +248,8 @@ class BulkSession:
                 raise self._failed(loc, exc.cause, "writing partial segments") from exc.cause
             finally:
                 loc.reserved_bytes -= size
+            if self.cancelled:
+                pack.dead = True  # its task was deleted meanwhile: the file is gone
             self._packs[loc.index] = pack
             return loc, pack, result
 
@@ -261,6 +270,8 @@ class BulkSession:
                 old = await asyncio.shield(future)
             except OSError as exc:
                 loc = self.store.locations[meta.location]
+                if marks_unhealthy(exc):
+                    self.store._take_out(loc, f"{exc.strerror} while committing")
                 out.append(translate(exc, str(loc.path), f"committing {meta.key}"))
                 continue
             except ShuffleError as exc:

@@ -344,7 +344,7 @@ class Store(Queries):
             writes = self._writes.get(sup)
             if writes is not None:
                 for session in writes.sessions:
-                    session.cancelled = True
+                    session.cancel()
                 await writes.idle.wait()
             entry = self._tasks.pop(sup, None)
             if entry is not None:
