@@ -14,7 +14,7 @@ import random
 import ssl
 import time
 import urllib.parse
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -45,6 +45,8 @@ _STALE_ERRORS = (
 
 Query = Sequence[tuple[str, str]] | Mapping[str, str] | None
 Headers = Mapping[str, str] | Callable[[], Mapping[str, str]] | None
+#: A streamed body: called once per try, it yields the body's pieces (sent chunked).
+Stream = Callable[[], Iterator[bytes | memoryview]]
 
 
 @dataclass(frozen=True)
@@ -224,7 +226,8 @@ class Transport:
     # -- one exchange -------------------------------------------------------------------
 
     def _send(
-        self, method: str, target: str, headers: Mapping[str, str], body: memoryview | None
+        self, method: str, target: str, headers: Mapping[str, str], body: memoryview | None,
+        stream: Stream | None = None,
     ) -> http.client.HTTPResponse:
         conn = self._connection()
         reused = self._reused
@@ -235,12 +238,20 @@ class Transport:
                 conn.putheader("Authorization", f"Bearer {self._token}")
             for name, value in headers.items():
                 conn.putheader(name, value)
-            if body is not None:
+            if stream is not None:
+                conn.putheader("Transfer-Encoding", "chunked")
+            elif body is not None:
                 conn.putheader("Content-Length", str(body.nbytes))
             elif method in ("PUT", "POST"):
                 conn.putheader("Content-Length", "0")
             send_error: OSError | None = None
-            if body is not None and 0 < body.nbytes <= _SMALL_BODY:
+            if stream is not None:
+                conn.endheaders()
+                try:
+                    _send_chunked(conn, stream())
+                except OSError as exc:
+                    send_error = exc  # the server may have answered early: read that
+            elif body is not None and 0 < body.nbytes <= _SMALL_BODY:
                 # One send() for headers + a small body: no Nagle/delayed-ACK stall.
                 conn.endheaders(body.tobytes())
                 body = None
@@ -281,8 +292,9 @@ class Transport:
         handle: Callable[[http.client.HTTPResponse], T],
         accept: Collection[int],
         what: str,
+        stream: Stream | None = None,
     ) -> T:
-        resp = self._send(method, target, headers, body)
+        resp = self._send(method, target, headers, body, stream)
         try:
             status = resp.status
             if 200 <= status < 300 or status in accept:
@@ -328,6 +340,7 @@ class Transport:
         accept: Collection[int] = (),
         progress: Callable[[], int] | None = None,
         policy: RetryPolicy | None = None,
+        stream: Stream | None = None,
     ) -> T:
         """Send one request, retrying per the policy, and return ``handle(response)``.
 
@@ -348,7 +361,8 @@ class Transport:
             hdrs = headers() if callable(headers) else (headers or {})
             retry_after: float | None = None
             try:
-                return self._exchange(method, target, hdrs, view, handle, accept, f"{what}: {label}")
+                return self._exchange(method, target, hdrs, view, handle, accept,
+                                      f"{what}: {label}", stream)
             except _StaleConnection as exc:
                 if not stale_retried:
                     stale_retried = True
@@ -393,6 +407,34 @@ class Transport:
             f"{elapsed:.1f}s: {last!r}",
             request=label,
         ) from last
+
+
+def _send_chunked(conn: http.client.HTTPConnection, pieces: Iterator[bytes | memoryview]) -> None:
+    """Send ``pieces`` with HTTP/1.1 chunked coding (RFC 9112 section 7.1): small pieces
+    are joined into one send, large ones go as they are."""
+    pending: list[bytes | memoryview] = []
+    size = 0
+    for piece in pieces:
+        n = len(piece)
+        if not n:
+            continue
+        if n > _SMALL_BODY:
+            if pending:
+                conn.send(b"%X\r\n%s\r\n" % (size, b"".join(pending)))
+                pending, size = [], 0
+            conn.send(b"%X\r\n" % n)
+            conn.send(piece)
+            conn.send(b"\r\n")
+            continue
+        pending.append(piece)
+        size += n
+        if size >= _SMALL_BODY:
+            conn.send(b"%X\r\n%s\r\n" % (size, b"".join(pending)))
+            pending, size = [], 0
+    if pending:
+        conn.send(b"%X\r\n%s\r\n0\r\n\r\n" % (size, b"".join(pending)))
+    else:
+        conn.send(b"0\r\n\r\n")
 
 
 def read_json(resp: http.client.HTTPResponse) -> Any:

@@ -1,9 +1,10 @@
-"""Phase 1 on the executors: roll up locally, PUT each (interval, partition) partial segment.
+"""Phase 1 on the executors: roll up locally, send each (interval, partition) partial segment.
 
 Rows reach a task one of two ways: a Spark 4 Python data source sink (DataSourceArrowWriter)
 hands JVM rows to Python as Arrow batches carrying their partition (``__bucket``); or, for
 Parquet input, the task reads its row groups itself (:mod:`.native`, no JVM hand-off) and
-computes the partition after its rollup. Each Spark task is one subtask. Its id is
+computes the partition after its rollup. Each flush sends its partials with ONE streamed
+bulk upload (docs/bulk-upload.md). Each Spark task is one subtask. Its id is
 ``p<sparkPartition>-a<taskAttemptId>-f<flush>``: ``taskAttemptId`` is unique per attempt (retries and speculative copies included), so two
 attempts never overwrite each other. The task RETURNS the list of partials it uploaded as
 its commit message; Spark's commit coordinator lets exactly one attempt per partition
@@ -144,15 +145,24 @@ class _Task:
             table = table.append_column(BUCKET, self.bucketer(table))
         sub = f"p{self.partition}-a{self.attempt}-f{self.flushes}"
         self.flushes += 1
-        for (chunk, bucket), part in split_by(table, [CHUNK, BUCKET]):
-            interval = Interval(chunk, bucket_end(chunk, self.cfg.segment_granularity))
-            key = PartialKey(self.cfg.supervisor_task_id, sub, interval, bucket)
-            body = to_ipc(part)
-            answer = self.client.put_partial(key, body)
-            self.stats["bytesShuffled"] += len(body)
+        made: list[tuple[PartialKey, int, int]] = []  # key, rows, bytes
+
+        def partials() -> Iterator[tuple[PartialKey, bytes]]:
+            # Consumed by the bulk upload as it streams: each partial is encoded while the
+            # previous ones are on the wire.
+            for (chunk, bucket), part in split_by(table, [CHUNK, BUCKET]):
+                interval = Interval(chunk, bucket_end(chunk, self.cfg.segment_granularity))
+                key = PartialKey(self.cfg.supervisor_task_id, sub, interval, bucket)
+                body = to_ipc(part)
+                made.append((key, part.num_rows, len(body)))
+                yield key, body
+
+        answers = self.client.put_partials(self.cfg.supervisor_task_id, partials())
+        for (key, rows, size), answer in zip(made, answers, strict=True):
+            self.stats["bytesShuffled"] += size
             self.uploads.append({"kind": "partial", "server": self.server, "sub": sub,
-                                 "start": chunk, "end": interval.end, "partition": bucket,
-                                 "rows": part.num_rows, "bytes": len(body),
+                                 "start": key.interval.start, "end": key.interval.end,
+                                 "partition": key.partition_id, "rows": rows, "bytes": size,
                                  "crc32c": answer.get("crc32c")})
             _maybe_fail(self.cfg.fault, self.partition, self.attempt_number, len(self.uploads))
 
