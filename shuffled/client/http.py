@@ -36,6 +36,7 @@ T = TypeVar("T")
 _RETRY_STATUSES = frozenset({500, 502, 503, 504})
 _MAX_ERROR_BODY = 1 << 16
 _SMALL_BODY = 1 << 16
+_CHUNK = 1 << 20  # a streamed body is sent in chunks of about this size (fewer to parse)
 _STALE_ERRORS = (
     http.client.RemoteDisconnected,
     BrokenPipeError,
@@ -410,15 +411,16 @@ class Transport:
 
 
 def _send_chunked(conn: http.client.HTTPConnection, pieces: Iterator[bytes | memoryview]) -> None:
-    """Send ``pieces`` with HTTP/1.1 chunked coding (RFC 9112 section 7.1): small pieces
-    are joined into one send, large ones go as they are."""
+    """Send ``pieces`` with HTTP/1.1 chunked coding (RFC 9112 section 7.1): pieces are
+    joined into chunks of about :data:`_CHUNK` (one send each; the receiver parses chunk
+    framing per chunk), larger ones go as they are."""
     pending: list[bytes | memoryview] = []
     size = 0
     for piece in pieces:
         n = len(piece)
         if not n:
             continue
-        if n > _SMALL_BODY:
+        if n > _CHUNK:
             if pending:
                 conn.send(b"%X\r\n%s\r\n" % (size, b"".join(pending)))
                 pending, size = [], 0
@@ -428,7 +430,7 @@ def _send_chunked(conn: http.client.HTTPConnection, pieces: Iterator[bytes | mem
             continue
         pending.append(piece)
         size += n
-        if size >= _SMALL_BODY:
+        if size >= _CHUNK:
             conn.send(b"%X\r\n%s\r\n" % (size, b"".join(pending)))
             pending, size = [], 0
     if pending:

@@ -28,42 +28,53 @@ CHUNK = 1 << 20
 
 
 class _Reader:
-    """Exact reads from the request body, each bounded by the idle timeout."""
+    """Exact reads from the request body through one buffer: most frame headers and small
+    bodies are sliced from what already arrived, without another await. Every wait for
+    more bytes is bounded by the idle timeout."""
 
     def __init__(self, request: web.Request, idle: float) -> None:
         self._content = request.content
         self._idle = idle
+        self._buf = bytearray()
 
-    async def _guard(self, read: Any) -> bytes:
+    async def _more(self) -> bytes:
         try:
             async with asyncio.timeout(self._idle):
-                data: bytes = await read
-                return data
+                return await self._content.readany()
         except TimeoutError:
             raise RequestTimeout(f"bulk upload stalled: nothing received for {self._idle:g} s; "
                                  f"send the batch again") from None
-        except asyncio.IncompleteReadError as exc:
-            raise FramingError(f"the batch ended inside a frame ({len(exc.partial)} of "
-                               f"{exc.expected} bytes): it was cut; nothing is complete "
-                               f"before an END frame", field="body") from None
         except (ClientPayloadError, ConnectionError) as exc:
             raise FramingError(f"the batch was cut: {exc}", field="body") from exc
 
     async def exactly(self, n: int) -> bytes:
-        return await self._guard(self._content.readexactly(n))
+        while len(self._buf) < n:
+            chunk = await self._more()
+            if not chunk:
+                raise FramingError(f"the batch ended inside a frame ({len(self._buf)} of {n} "
+                                   f"bytes): it was cut; nothing is complete before an END "
+                                   f"frame", field="body")
+            self._buf += chunk
+        out = bytes(self._buf[:n])
+        del self._buf[:n]
+        return out
 
     async def at_eof(self) -> bool:
-        return (await self._guard(self._content.read(1))) == b""
+        return not self._buf and not await self._more()
 
     async def chunks(self, n: int, taken: list[int]) -> AsyncIterator[bytes]:
         """``n`` bytes in chunks; ``taken[0]`` counts what was handed out."""
         while taken[0] < n:
-            chunk = await self._guard(self._content.read(min(CHUNK, n - taken[0])))
-            if not chunk:
-                raise FramingError("the batch ended inside a partial segment's body: it "
-                                   "was cut", field="body")
-            taken[0] += len(chunk)
-            yield chunk
+            if not self._buf:
+                chunk = await self._more()
+                if not chunk:
+                    raise FramingError("the batch ended inside a partial segment's body: "
+                                       "it was cut", field="body")
+                self._buf += chunk
+            piece = bytes(self._buf[: min(CHUNK, n - taken[0])])
+            del self._buf[: len(piece)]
+            taken[0] += len(piece)
+            yield piece
 
     async def skip(self, n: int) -> None:
         async for _ in self.chunks(n, [0]):

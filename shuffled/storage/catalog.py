@@ -39,7 +39,10 @@ CREATE INDEX IF NOT EXISTS partials_by_pack ON partials (sup, pack, "offset");
 """
 _KEY = 'sup = ? AND start = ? AND "end" = ? AND pid = ?'
 _INSERT = f"INSERT OR REPLACE INTO partials ({_COLS}) VALUES ({', '.join('?' * len(COLUMNS))})"
+_INSERT_NEW = _INSERT.replace("INSERT OR REPLACE", "INSERT OR IGNORE")
+_COLS_P = ", ".join(f'p."{c}"' for c in COLUMNS)
 _IN_LIMIT = 500  # subtask ids named in one IN (...); more are filtered in Python
+_FIND_BATCH = 1000  # keys per batched lookup (5 parameters each, under SQLite's limit)
 
 Row = tuple[Any, ...]
 F = TypeVar("F", bound=Callable[..., Any])
@@ -122,19 +125,42 @@ class Catalog:
         """Insert or replace ``rows`` in one transaction; per row the size of the partial
         it replaced (None if new). Durable on return when fsync is on."""
         conn = self.writer
-        old: list[int | None] = []
+        old: list[int | None] = [None] * len(rows)
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for row in rows:  # one by one: a key twice in one group replaces itself
-                found = conn.execute(f"SELECT size FROM partials WHERE {_KEY} AND sub = ?",
-                                     row[:5]).fetchone()
-                old.append(found[0] if found else None)
-                conn.execute(_INSERT, row)
+            before = conn.total_changes
+            conn.executemany(_INSERT_NEW, rows)
+            if conn.total_changes - before != len(rows):
+                # Some keys were there already (a replace): those rows were ignored. Find
+                # them by their generation and replace, one by one (a key may come twice).
+                for i, row in enumerate(rows):
+                    held = conn.execute(f"SELECT generation, size FROM partials WHERE {_KEY} "
+                                        f"AND sub = ?", row[:5]).fetchone()
+                    if held is not None and held[0] != row[5]:
+                        old[i] = held[1]
+                        conn.execute(_INSERT, row)
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
             raise
         return old
+
+    def connect_reader(self) -> sqlite3.Connection:
+        """A read connection for the calling thread (another location's writer)."""
+        return _connect(self.path, self.fsync)
+
+    def find(self, conn: sqlite3.Connection, rows: Sequence[Row]) -> list[Row]:
+        """The rows held here under the keys of ``rows`` (batched lookups)."""
+        out: list[Row] = []
+        for at in range(0, len(rows), _FIND_BATCH):
+            chunk = rows[at: at + _FIND_BATCH]
+            values = ", ".join(["(?, ?, ?, ?, ?)"] * len(chunk))
+            args = [v for row in chunk for v in row[:5]]
+            out.extend(conn.execute(
+                f'WITH k(sup, start, "end", pid, sub) AS (VALUES {values}) '
+                f"SELECT {_COLS_P} FROM partials p JOIN k USING (sup, start, \"end\", pid, sub)",
+                args).fetchall())
+        return out
 
     @_disk_errors
     def delete_task(self, sup: str) -> None:

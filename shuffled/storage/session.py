@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 SMALL = 1 << 20  # partials up to this size are gathered in memory
 WRITE_BATCH = 1 << 20  # bytes gathered before one I/O-thread hop writes them
 RESERVE_STEP = 8 << 20  # reservation growth while streaming a body of unknown length
-INLINE_MAX = 1 << 20  # small appends to an open pack run on the event loop (see _place)
+INLINE_MAX = 256 << 10  # appends up to this size to an open pack run on the loop (_place)
+FLUSHES_IN_FLIGHT = 2  # gathered batches validated and written while the next is read
 
 
 @dataclass(slots=True)
@@ -38,7 +39,8 @@ class PutResult:
     replaced: bool
 
 
-_Outcome = ShuffleError | tuple[PartialMeta, "asyncio.Future[int | None]"]
+# Per partial: the refusal, or its meta, its group's commit future and its place in it.
+_Outcome = ShuffleError | tuple[PartialMeta, "asyncio.Future[list[int | None]]", int]
 
 
 class BulkSession:
@@ -52,6 +54,8 @@ class BulkSession:
         self._small: list[tuple[PartialKey, memoryview, int | None]] = []
         self._small_bytes = 0
         self._small_slots: list[int] = []  # where each gathered partial's outcome goes
+        self._writing: list[asyncio.Task[None]] = []  # gathered batches being written
+        self._extra: list[Pack] = []  # packs to release at the end besides _packs
         # Per partial: the refusal, or its meta and commit future; None while gathered.
         self._results: list[_Outcome | None] = []
 
@@ -64,16 +68,20 @@ class BulkSession:
             if exc_info[0] is None:
                 await self._flush_small()
         finally:
+            if self._writing:
+                await asyncio.shield(asyncio.gather(*self._writing, return_exceptions=True))
+                self._writing.clear()
             self._small.clear()
             self._small_slots.clear()
             # Commits under way complete whatever happened to the request: wait for them
             # (shielded) before the packs they sync go back to the pool.
-            futures = [r[1] for r in self._results if isinstance(r, tuple)]
+            futures = list({id(r[1]): r[1] for r in self._results if isinstance(r, tuple)}.values())
             if futures:
                 await asyncio.shield(asyncio.gather(*futures, return_exceptions=True))
-            for pack in self._packs.values():
+            for pack in [*self._packs.values(), *self._extra]:
                 await self.store._release(pack)
             self._packs.clear()
+            self._extra.clear()
             self.store._sessions(self.sup).discard(self)
             self.store._forget_writes(self.sup)
 
@@ -109,6 +117,7 @@ class BulkSession:
                 await self._flush_small()
             return
         await self._flush_small()  # keep the order of the partials
+        await self._drain_writes()  # a streamed body appends after _place: pack to itself
         if isinstance(body, (bytes, bytearray, memoryview)):
             data = memoryview(body).cast("B")
 
@@ -170,7 +179,7 @@ class BulkSession:
             raise
         finally:
             loc.reserved_bytes -= reserved
-        self._results.append(self._submit(key, loc, written))
+        self._results.extend(self._submit(loc, [(key, written)]))
 
     async def _cut(self, append: Append) -> None:
         try:
@@ -187,10 +196,23 @@ class BulkSession:
         return translate(exc, str(loc.path), doing)
 
     async def _flush_small(self) -> None:
+        """Hand the gathered partials to a background write (validation and append on an
+        I/O thread) and go on reading: up to :data:`FLUSHES_IN_FLIGHT` at once, so on two
+        cores the request is read while the previous batch is checked and written."""
         if not self._small:
             return
         items, slots = self._small, self._small_slots
         self._small, self._small_slots, self._small_bytes = [], [], 0
+        self._writing.append(asyncio.ensure_future(self._write_small(items, slots)))
+        while len(self._writing) >= FLUSHES_IN_FLIGHT:
+            await self._writing.pop(0)
+
+    async def _drain_writes(self) -> None:
+        while self._writing:
+            await self._writing.pop(0)
+
+    async def _write_small(self, items: list[tuple[PartialKey, memoryview, int | None]],
+                           slots: list[int]) -> None:
         total = sum(v.nbytes for _, v, _ in items)
         try:
             loc, _, outcomes = await self._place(total, append_small,
@@ -199,14 +221,30 @@ class BulkSession:
             for slot in slots:
                 self._results[slot] = exc
             return
-        for slot, (key, _, _), outcome in zip(slots, items, outcomes, strict=True):
-            self._results[slot] = (outcome if isinstance(outcome, ShuffleError)
-                                   else self._submit(key, loc, outcome))
+        good = [(slot, key, outcome) for slot, (key, _, _), outcome
+                in zip(slots, items, outcomes, strict=True) if not isinstance(outcome, ShuffleError)]
+        for slot, outcome in zip(slots, outcomes, strict=True):
+            if isinstance(outcome, ShuffleError):
+                self._results[slot] = outcome
+        if good:
+            submitted = self._submit(loc, [(key, w) for _, key, w in good])
+            for (slot, _, _), result in zip(good, submitted, strict=True):
+                self._results[slot] = result
 
-    def _submit(self, key: PartialKey, loc: Location, written: Written) -> _Outcome:
+    def _submit(self, loc: Location, written: list[tuple[PartialKey, Written]],
+                ) -> list[_Outcome]:
         if self.cancelled:
-            return self._conflict()
-        return self.store._commit(key, loc, written)
+            return [self._conflict() for _ in written]
+        metas, future = self.store._commit(loc, written)
+        return [(meta, future, i) for i, meta in enumerate(metas)]
+
+    def _keep(self, index: int, pack: Pack) -> None:
+        """Hold ``pack`` for this session's next write at location ``index``; a second pack
+        there (two batches were written at once) goes back to the pool."""
+        held = self._packs.get(index)
+        if held is not None and held is not pack:
+            self._extra.append(held)
+        self._packs[index] = pack
 
     async def _place(self, size: int, job: Callable[..., Any] | None, *args: Any,
                      ) -> tuple[Location, Pack, Any]:
@@ -237,20 +275,20 @@ class BulkSession:
                     pack, result = await store.run(packs.on_pack, *args_)
             except packs.Unusable as exc:
                 if pack is not None:
-                    self._packs[loc.index] = pack
+                    self._keep(loc.index, pack)
                 tried.add(loc.index)
                 cause = exc.cause
                 if isinstance(cause, OSError) and marks_unhealthy(cause):
                     store._take_out(loc, f"{cause.strerror} preparing a write")
                 continue
             except packs.WriteFailed as exc:
-                self._packs[loc.index] = exc.pack
+                self._keep(loc.index, exc.pack)
                 raise self._failed(loc, exc.cause, "writing partial segments") from exc.cause
             finally:
                 loc.reserved_bytes -= size
             if self.cancelled:
                 pack.dead = True  # its task was deleted meanwhile: the file is gone
-            self._packs[loc.index] = pack
+            self._keep(loc.index, pack)
             return loc, pack, result
 
     # -- the outcome ------------------------------------------------------------------------
@@ -259,15 +297,16 @@ class BulkSession:
         """Wait until every partial added is durable; one outcome per partial that
         :meth:`add` did not refuse, in order."""
         await self._flush_small()
+        await self._drain_writes()
         out: list[PutResult | ShuffleError] = []
         for result in self._results:
             assert result is not None, "gathered partials were flushed above"
             if isinstance(result, ShuffleError):
                 out.append(result)
                 continue
-            meta, future = result
+            meta, future, index = result
             try:
-                old = await asyncio.shield(future)
+                old = (await asyncio.shield(future))[index]
             except OSError as exc:
                 loc = self.store.locations[meta.location]
                 if marks_unhealthy(exc):

@@ -25,8 +25,8 @@ from shuffled.errors import InsufficientStorage, InvalidBody, ShuffleError
 from shuffled.protocol import PartialKey
 from shuffled.storage import packs, recovery
 from shuffled.storage.append import Written
-from shuffled.storage.catalog import Catalog
-from shuffled.storage.commit import GroupCommit
+from shuffled.storage.catalog import Catalog, Row
+from shuffled.storage.commit import GroupCommit, Landed
 from shuffled.storage.index import PartialMeta, TaskEntry
 from shuffled.storage.location import Location
 from shuffled.storage.oserrors import marks_unhealthy, translate
@@ -72,8 +72,10 @@ class Store(Queries):
         self.catalogs = [Catalog(loc.path, settings.fsync) for loc in self.locations]
         self._writers = [ThreadPoolExecutor(1, thread_name_prefix=f"shuffled-commit-{i}")
                          for i in range(len(self.locations))]
-        self.commits = [GroupCommit(c, w, settings.fsync)
-                        for c, w in zip(self.catalogs, self._writers, strict=True)]
+        self.commits = [
+            GroupCommit(i, c, w, settings.fsync,
+                        [(j, p) for j, p in enumerate(self.catalogs) if j != i])
+            for i, (c, w) in enumerate(zip(self.catalogs, self._writers, strict=True))]
         self._placement = RoundRobin(self.locations)
         self._pool = packs.PackPool(settings.pack_max_bytes)
         self._tasks: dict[str, TaskEntry] = {}
@@ -144,6 +146,7 @@ class Store(Queries):
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
         for loc, catalog in zip(self.locations, self.catalogs, strict=True):
+            await self.on_writer(loc.index, self.commits[loc.index].close)
             await self.on_writer(loc.index, catalog.close)
             loc.close()
         for writer in self._writers:
@@ -208,31 +211,38 @@ class Store(Queries):
         if extra is not None:
             self._close_later(extra)
 
-    def _commit(self, key: PartialKey, loc: Location, written: Written,
-                ) -> tuple[PartialMeta, asyncio.Future[int | None]]:
-        facts = written.facts
-        meta = PartialMeta(
-            key=key, generation=self._next_generation(), location=loc.index,
-            path=written.pack.path, offset=written.offset, size=written.size, rows=facts.rows,
-            crc=written.crc, schema_len=facts.schema_len, schema_crc=facts.schema_crc,
-            body_crc=facts.body_crc, has_dictionaries=facts.has_dictionaries,
-            created=time.time(), pack=written.pack.number,
-        )
-        sup = key.supervisor_task_id
+    def _commit(self, loc: Location, written: Sequence[tuple[PartialKey, Written]],
+                ) -> tuple[list[PartialMeta], asyncio.Future[list[int | None]]]:
+        """Submit partials written to one pack to the location's group commit; the future
+        gives, per partial, the size of the one it replaced (None if new) once durable."""
+        metas = []
+        for key, w in written:
+            facts = w.facts
+            metas.append(PartialMeta(
+                key=key, generation=self._next_generation(), location=loc.index,
+                path=w.pack.path, offset=w.offset, size=w.size, rows=facts.rows, crc=w.crc,
+                schema_len=facts.schema_len, schema_crc=facts.schema_crc,
+                body_crc=facts.body_crc, has_dictionaries=facts.has_dictionaries,
+                created=time.time(), pack=w.pack.number))
+        sup = metas[0].key.supervisor_task_id
         self._sessions(sup)
         writes = self._writes[sup]
         writes.committing += 1
         writes.idle.clear()
-        landed = self.commits[loc.index].submit(meta, written.pack)
-        outcome: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
-        landed.add_done_callback(lambda f: self._committed(meta, f, outcome))
-        return meta, outcome
+        # An older copy can only be elsewhere if this task already has the partition.
+        entry = self._tasks.get(sup)
+        several = len(self.locations) > 1 and entry is not None
+        look = [several and m.slot_key in entry.slots for m in metas]  # type: ignore[union-attr]
+        landed = self.commits[loc.index].submit(metas, written[0][1].pack, look)
+        outcome: asyncio.Future[list[int | None]] = asyncio.get_running_loop().create_future()
+        landed.add_done_callback(lambda f: self._committed(sup, metas, f, outcome))
+        return metas, outcome
 
-    def _committed(self, meta: PartialMeta, future: asyncio.Future[int | None],
-                   outcome: asyncio.Future[int | None]) -> None:
-        """A commit landed (or failed): update the task's figures, then resolve
-        ``outcome`` with the size of the partial replaced, wherever it was. On the loop."""
-        sup = meta.key.supervisor_task_id
+    def _committed(self, sup: str, metas: list[PartialMeta],
+                   future: asyncio.Future[list[Landed]],
+                   outcome: asyncio.Future[list[int | None]]) -> None:
+        """A group landed (or failed): update the task's figures, then resolve ``outcome``
+        with the size each partial replaced, wherever it was. Runs on the loop."""
         writes = self._writes[sup]
         writes.committing -= 1
         if not writes.committing:
@@ -244,46 +254,40 @@ class Store(Queries):
         if future.exception() is not None:
             outcome.set_exception(future.exception())  # type: ignore[arg-type]
             return
-        old = future.result()
         entry = self._tasks.get(sup)
         if entry is None:
             entry = self._tasks[sup] = TaskEntry(sup, last_access=self.clock())
-        index = meta.location
-        loc = self.locations[index]
-        entry.pack_bytes[index] = entry.pack_bytes.get(index, 0) + meta.size
-        loc.used_bytes += meta.size
-        if old is None:
-            if len(self.locations) > 1 and meta.slot_key in entry.slots:
-                old = self._forget_elsewhere(meta, entry)
-            entry.files_at[index] = entry.files_at.get(index, 0) + 1
-            loc.files += 1
-        entry.files += old is None
-        entry.bytes += meta.size - (old or 0)
-        entry.slots.add(meta.slot_key)
-        entry.received_bytes += meta.size
-        entry.received_partials += 1
+        olds: list[int | None] = []
+        for meta, landed in zip(metas, future.result(), strict=True):
+            index = meta.location
+            loc = self.locations[index]
+            old = landed.old
+            entry.pack_bytes[index] = entry.pack_bytes.get(index, 0) + meta.size
+            loc.used_bytes += meta.size
+            if old is None:
+                if landed.elsewhere is not None:
+                    old = self._forget(entry, *landed.elsewhere)
+                entry.files_at[index] = entry.files_at.get(index, 0) + 1
+                loc.files += 1
+            entry.files += old is None
+            entry.bytes += meta.size - (old or 0)
+            entry.slots.add(meta.slot_key)
+            entry.received_bytes += meta.size
+            entry.received_partials += 1
+            olds.append(old)
         entry.last_access = self.clock()
         entry.accesses += 1
-        outcome.set_result(old)
+        outcome.set_result(olds)
 
-    def _forget_elsewhere(self, meta: PartialMeta, entry: TaskEntry) -> int | None:
-        """A key replaced in another location than its older copy: forget the older one
-        there (readers already prefer the newest generation). Its size, or None."""
-        k = meta.key
-        for i, catalog in enumerate(self.catalogs):
-            if i == meta.location:
-                continue
-            row = catalog.lookup(k.supervisor_task_id, k.interval.start, k.interval.end,
-                                 k.partition_id, k.sub_task_id)
-            if row is None or row[5] >= meta.generation:
-                continue
-            future = asyncio.ensure_future(self.on_writer(i, catalog.forget, row))
-            self._background.add(future)
-            future.add_done_callback(self._background.discard)
-            entry.files_at[i] = entry.files_at.get(i, 1) - 1
-            self.locations[i].files -= 1
-            return int(row[8])
-        return None
+    def _forget(self, entry: TaskEntry, index: int, row: Row) -> int:
+        """An older copy of a key just replaced in another location: forget it there
+        (readers already prefer the newest generation); returns its size."""
+        future = asyncio.ensure_future(self.on_writer(index, self.catalogs[index].forget, row))
+        self._background.add(future)
+        future.add_done_callback(self._background.discard)
+        entry.files_at[index] = entry.files_at.get(index, 1) - 1
+        self.locations[index].files -= 1
+        return int(row[8])
 
     def touch(self, supervisor_task_id: str) -> None:
         """Refresh a task's last access (its expiry); a PUT or GET of its data does this."""
