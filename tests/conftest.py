@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,26 @@ def files_under(root: Path) -> list[Path]:
     catalog and format mark under ``.shuffled/`` (temp dir included: it must be empty)."""
     return sorted(p for p in root.rglob("*") if p.is_file() and p.name != ".lock"
                   and ".shuffled" not in p.relative_to(root).parts)
+
+
+def pack_files(root: Path, sup: str | None = None) -> list[Path]:
+    """The pack files of a location (of one supervisor task if named)."""
+    return sorted(p for p in root.glob(f"{sup or '*'}/*.pack") if p.is_file())
+
+
+def catalog_rows(root: Path, sup: str) -> list[tuple[Any, ...]]:
+    """A location's catalog rows of ``sup`` (read-only): (sub, start, end, pid, generation,
+    pack, offset, size, crc)."""
+    db = root / ".shuffled" / "catalog.sqlite"
+    if not db.exists():
+        return []
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return conn.execute(
+            'SELECT sub, start, "end", pid, generation, pack, "offset", size, crc '
+            "FROM partials WHERE sup = ? ORDER BY start, \"end\", pid, sub", (sup,)).fetchall()
+    finally:
+        conn.close()
 
 
 @pytest.fixture

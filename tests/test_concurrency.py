@@ -17,7 +17,9 @@ from shuffled.crc import crc32c
 from shuffled.errors import LocationLocked
 from shuffled.protocol import format_crc32c
 from shuffled.storage import Store
-from tests.conftest import DAY, PREFIX, arrow_bytes, files_under, sample_table
+from tests.conftest import (
+    DAY, PREFIX, arrow_bytes, catalog_rows, files_under, pack_files, sample_table,
+)
 
 
 def url(sup: str, sub: str) -> str:
@@ -47,8 +49,12 @@ async def test_fifty_concurrent_uploads_then_every_file_verifies(daemon: TestCli
         assert data in candidates  # one complete upload, never a mix
         assert resp.headers["Content-Digest"] == format_crc32c(crc32c(data))
     on_disk = [p for loc in settings.locations for p in files_under(loc.path)]
-    assert len([p for p in on_disk if p.suffix == ".arrow"]) == 34
-    assert not [p for p in on_disk if ".tmp" in p.parts]
+    assert on_disk and all(p.suffix == ".pack" for p in on_disk)  # nothing in .tmp either
+    rows = [r for loc in settings.locations for r in catalog_rows(loc.path, "sup")]
+    assert len({(r[0], r[3]) for r in rows}) == 34  # one row per key is served...
+    # ...and the packs hold every body that was acknowledged, nothing half-written.
+    assert sum(p.stat().st_size for p in on_disk) == sum(
+        len(b) for bs in bodies.values() for b in bs)
 
 
 async def test_reader_racing_replacing_writer_sees_old_or_new(daemon: TestClient) -> None:
@@ -80,25 +86,28 @@ async def test_restart_cleans_crash_leftovers(start_daemon, settings) -> None:
     client = await start_daemon(settings)
     body = arrow_bytes(sample_table(30))
     params = {**DAY, "partitionId": 0}
-    await client.put(url("sup", "s1"), params=params, data=body)
-    await client.put(url("sup", "s2"), params=params, data=body)
+    for sub in ("s1", "s2", "s3", "s4"):
+        await client.put(url("sup", sub), params=params, data=body)
     await client.close()
     loc0 = settings.locations[0].path
-    # A crash mid-upload, between the two renames, and before removing an old generation:
+    # What a crash can leave: a half-written upload past a pack's committed end, a pack
+    # created for an upload that never committed, a stray temp file.
+    (pack,) = pack_files(loc0, "sup")
+    committed = pack.stat().st_size
+    with open(pack, "ab") as fh:
+        fh.write(body[: len(body) // 2])
+    orphan = pack.with_name("999.pack")
+    orphan.write_bytes(body)
     (loc0 / ".tmp" / "dead.part").write_bytes(b"half an upload")
-    data_file = next(p for p in files_under(loc0) if p.suffix == ".arrow")
-    orphan = data_file.with_name("2.json")
-    orphan.write_text("{}")
-    stale = data_file.with_name("1.arrow")
-    stale.write_bytes(b"old generation")
-    stale.with_suffix(".json").write_text(
-        json.dumps({**json.loads(data_file.with_suffix(".json").read_text()), "generation": 1,
-                    "bytes": len(b"old generation")}))
     client = await start_daemon(settings)
     assert not (loc0 / ".tmp" / "dead.part").exists()
-    assert not orphan.exists() and not stale.exists()
-    resp = await client.get(url("sup", data_file.parent.name), params=params)
-    assert await resp.read() == body
+    assert not orphan.exists()
+    assert pack.stat().st_size == committed  # the torn tail is cut off
+    for sub in ("s1", "s2", "s3", "s4"):
+        resp = await client.get(url("sup", sub), params=params)
+        assert await resp.read() == body
+    detail = await (await client.get(f"{PREFIX}/tasks/sup")).json()
+    assert detail["files"] == 4
 
 
 async def test_second_daemon_on_a_locked_location_refuses(settings) -> None:

@@ -162,14 +162,14 @@ def test_read_only_location_is_taken_out_then_returns(start_ns_daemon: Any,
     assert daemon.stop() == 0
     for loc in (a, b):
         assert list((loc / ".tmp").iterdir()) == []
-        assert all(p.suffix in (".arrow", ".json") for p in files_under(loc))
+        assert all(p.suffix == ".pack" for p in files_under(loc))
 
 
 def test_full_location_is_taken_out_then_returns(start_ns_daemon: Any, tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir()
-    # A 16 MiB file system with a 4 MiB free-space reserve: once full, the upload's own temp
-    # file (3 MiB, removed after the failure) does not free enough to bring it back.
+    # A 16 MiB file system with a 4 MiB free-space reserve: once full, the upload's own
+    # bytes (3 MiB, cut off its pack after the failure) do not free enough to bring it back.
     daemon = start_ns_daemon(f"mount -t tmpfs -o size=16m shuffled-test {shlex.quote(str(a))}",
                              "--free-space-reserve", str(4 << 20))
     watch = Watch(daemon.url, a)
@@ -187,8 +187,9 @@ def test_full_location_is_taken_out_then_returns(start_ns_daemon: Any, tmp_path:
                 f"PUT {PREFIX}/tasks/sup/filling/partition?{QUERY} HTTP/1.1\r\nHost: x\r\n"
                 f"Content-Length: {len(big)}\r\nContent-Digest: {format_crc32c(crc32c(big))}"
                 f"\r\n\r\n".encode() + big[: 3 << 20])
-            wait_for(lambda: in_ns(daemon.pid, "find", f"{a}/.tmp", "-name", "*.part").stdout,
-                     "the upload's temp file on a")
+            wait_for(lambda: in_ns(daemon.pid, "find", f"{a}/sup", "-name", "*.pack",
+                                   "-size", "+1M").stdout,
+                     "the upload's bytes arriving in a pack on a")
             in_ns(daemon.pid, "sh", "-c", f"dd if=/dev/zero of={a}/filler bs=64k 2>/dev/null; "
                   "true")
             sock.sendall(big[3 << 20:])

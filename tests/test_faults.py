@@ -22,7 +22,9 @@ from shuffled.errors import CorruptData, DigestMismatch
 from shuffled.protocol import Interval, PartialKey, PartitionKey, format_crc32c
 from shuffled.server.embedded import EmbeddedDaemon
 from shuffled.spark.phase2 import Assignment, Phase2Config, _fetch
-from tests.conftest import DAY, PREFIX, arrow_bytes, files_under, sample_table
+from tests.conftest import (
+    DAY, PREFIX, arrow_bytes, catalog_rows, files_under, pack_files, sample_table,
+)
 from tests.procs import DaemonProcess, http_get, metric_value, wait_for
 
 INTERVAL = Interval.parse(DAY["start"], DAY["end"])
@@ -73,11 +75,11 @@ def test_sigkill_mid_upload_leaves_no_partial_no_temp_and_completed_intact(tmp_p
                 body = arrow_bytes(sample_table(500 + 100 * i, seed=i))
                 client.put_partial(key(f"done{i}"), body)
                 completed[key(f"done{i}")] = body
-        # Uploads stuck mid-body (half of each body sent, the rest never comes).
+        # Uploads stuck mid-body (most of each body sent, the rest never comes).
         big = arrow_bytes(sample_table(60_000, seed=9))
         for sub in stalled:
             sock = raw_put_head(host, port, "sup", sub, big)
-            sock.sendall(big[: len(big) // 2])
+            sock.sendall(big[: len(big) - 1000])  # past the first 1 MiB write
             socks.append(sock)
         wait_for(lambda: in_flight(url).get("uploads") == len(stalled), "stalled uploads")
         # Writers racing the kill: whatever got an answer must survive intact.
@@ -101,7 +103,7 @@ def test_sigkill_mid_upload_leaves_no_partial_no_temp_and_completed_intact(tmp_p
         for t in threads:
             t.start()
         wait_for(lambda: len(acked) >= 8, "racing writers to commit something")
-        temp_before = [p for loc in locs for p in (loc / ".tmp").iterdir()]
+        packed_before = sum(p.stat().st_size for loc in locs for p in pack_files(loc))
         daemon.kill()
         stop.set()
         for t in threads:
@@ -111,7 +113,9 @@ def test_sigkill_mid_upload_leaves_no_partial_no_temp_and_completed_intact(tmp_p
         for sock in socks:
             sock.close()
         daemon.kill()
-    assert len(temp_before) >= len(stalled)  # the stalled uploads had reached the disk
+    assert len(big) > 1 << 20  # streamed to a pack as it arrives, not gathered in memory
+    # The stalled uploads had reached the disk (their first 1 MiB, appended to packs).
+    assert packed_before >= len(stalled) * (1 << 20)
 
     restarted = DaemonProcess(locs, log_path=tmp_path / "d2.log")
     with restarted, ShuffleClient(restarted.url) as client:
@@ -137,7 +141,14 @@ def test_sigkill_mid_upload_leaves_no_partial_no_temp_and_completed_intact(tmp_p
     for loc in locs:
         assert list((loc / ".tmp").iterdir()) == []
         names = {p.suffix for p in files_under(loc)}
-        assert names <= {".arrow", ".json"}, files_under(loc)
+        assert names <= {".pack"}, files_under(loc)
+        # No pack holds bytes past its last committed partial: the stalled halves and any
+        # upload the kill cut are gone.
+        ends: dict[int, int] = {}
+        for row in catalog_rows(loc, "sup"):
+            ends[row[5]] = max(ends.get(row[5], 0), row[6] + row[7])
+        for pack in pack_files(loc, "sup"):
+            assert pack.stat().st_size == ends[int(pack.stem)], pack
 
 
 # --- a reader's connection drops mid-download ---------------------------------------------
@@ -260,14 +271,19 @@ def test_dropped_download_resumes_with_range_and_matches_the_digest(
 
 
 def flip_byte(path: Path, offset: int) -> None:
-    data = bytearray(path.read_bytes())
-    data[offset] ^= 0x5A
-    path.write_bytes(bytes(data))
+    with open(path, "r+b") as fh:  # in place: the daemon holds the pack open
+        fh.seek(offset)
+        byte = fh.read(1)[0]
+        fh.seek(offset)
+        fh.write(bytes([byte ^ 0x5A]))
 
 
-def stored_file(root: Path, k: PartialKey) -> Path:
-    (found,) = [p for p in root.rglob("*.arrow") if p.parent.name == k.sub_task_id]
-    return found
+def stored_at(root: Path, k: PartialKey) -> tuple[Path, int]:
+    """The pack holding ``k`` and the partial's offset in it, from the catalog."""
+    found = [(loc, r) for loc in root.iterdir() if loc.is_dir()
+             for r in catalog_rows(loc, k.supervisor_task_id) if r[0] == k.sub_task_id]
+    ((loc, row),) = found
+    return loc / k.supervisor_task_id / f"{row[5]}.pack", row[6]
 
 
 def test_corrupted_byte_is_detected_and_names_the_partial(tmp_path: Path) -> None:
@@ -280,8 +296,8 @@ def test_corrupted_byte_is_detected_and_names_the_partial(tmp_path: Path) -> Non
         for sub, body in bodies.items():
             client.put_partial(key(sub), body)
         whole = client.get_partition(partition, ["s1", "s2", "s3"])
-        victim = stored_file(tmp_path, key("s2"))
-        flip_byte(victim, len(bodies["s2"]) // 2)  # inside a value buffer: still parses
+        victim, offset = stored_at(tmp_path, key("s2"))
+        flip_byte(victim, offset + len(bodies["s2"]) // 2)  # a value buffer: still parses
 
         with pytest.raises(DigestMismatch) as info:
             client.get_partial(key("s2"))
@@ -386,9 +402,12 @@ def test_sigterm_lets_a_download_and_an_upload_finish_refuses_new_exits_0(tmp_pa
         for sock in (locals().get("down"), locals().get("upload")):
             if sock is not None:
                 sock.close()
-    (stored,) = [p for loc in daemon.locations for p in files_under(loc)
-                 if p.parent.name == "late" and p.suffix == ".arrow"]
-    assert stored.read_bytes() == up
+    rows = [(loc, r) for loc in daemon.locations for r in catalog_rows(loc, "sup")
+            if r[0] == "late"]
+    assert len(rows) == 1  # committed before the exit: in the catalog, bytes in its pack
+    loc, (_, _, _, _, _, pack, offset, size, _) = rows[0]
+    assert size == len(up)
+    assert (loc / "sup" / f"{pack}.pack").read_bytes()[offset: offset + size] == up
     assert not [p for loc in daemon.locations for p in (loc / ".tmp").iterdir()]
 
 

@@ -15,7 +15,9 @@ from pathlib import Path
 
 from shuffled.crc import crc32c
 from shuffled.protocol import format_crc32c
-from tests.conftest import DAY, PREFIX, arrow_bytes, files_under, sample_table
+from tests.conftest import (
+    DAY, PREFIX, arrow_bytes, catalog_rows, files_under, pack_files, sample_table,
+)
 
 ROOT = Path(__file__).parent.parent
 
@@ -79,8 +81,10 @@ def test_sigterm_finishes_in_flight_upload_refuses_new_and_exits_0(tmp_path: Pat
             proc.wait(timeout=10)
         proc.stdout.close()
         proc.stderr.close()
-    committed = [p for p in files_under(tmp_path / "loc") if p.suffix == ".arrow"]
-    assert len(committed) == 1 and committed[0].read_bytes() == body
+    # Committed before the exit: one partial in the catalog, its pack holding exactly it.
+    (row,) = catalog_rows(tmp_path / "loc", "sup")
+    packs = pack_files(tmp_path / "loc")
+    assert len(packs) == 1 and packs[0].read_bytes() == body and row[7] == len(body)
 
 
 async def test_uploads_beyond_the_limit_get_503_and_nothing_is_kept(start_daemon,
@@ -115,9 +119,11 @@ async def test_uploads_beyond_the_limit_get_503_and_nothing_is_kept(start_daemon
         assert (await asyncio.wait_for(task, 20)).status == 201
     accepted = await client.put(f"{PREFIX}/tasks/sup/extra/partition", params=params, data=body)
     assert accepted.status == 201
-    names = sorted(p.parent.name for loc in settings.locations
-                   for p in files_under(loc.path) if p.suffix == ".arrow")
+    names = sorted(r[0] for loc in settings.locations for r in catalog_rows(loc.path, "sup"))
     assert names == ["extra", "slow0", "slow1"]
+    # The refused upload left no bytes: the packs hold exactly the three stored bodies.
+    assert sum(p.stat().st_size for loc in settings.locations
+               for p in files_under(loc.path)) == 3 * len(body)
 
 
 async def test_a_stalled_upload_is_abandoned_with_408_and_frees_its_slot(
@@ -143,7 +149,8 @@ async def test_a_stalled_upload_is_abandoned_with_408_and_frees_its_slot(
     assert status["inFlight"]["uploads"] == 0  # the only slot is free again
     accepted = await client.put(f"{PREFIX}/tasks/sup/next/partition", params=params, data=body)
     assert accepted.status == 201
-    names = [p.parent.name for loc in settings.locations for p in files_under(loc.path)
-             if p.suffix == ".arrow"]
-    assert names == ["next"]  # nothing of the stalled upload, not even a temp file
+    names = [r[0] for loc in settings.locations for r in catalog_rows(loc.path, "sup")]
+    assert names == ["next"]  # nothing of the stalled upload...
+    assert sum(p.stat().st_size for loc in settings.locations  # ...not even its bytes
+               for p in files_under(loc.path)) == len(body)
     assert not [p for loc in settings.locations for p in (loc.path / ".tmp").iterdir()]

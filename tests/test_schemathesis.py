@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 from schemathesis.transport.serialization import serialize_binary
 
+from shuffled import framing
 from shuffled.client import ShuffleClient
 from shuffled.crc import crc32c
 from shuffled.protocol import Interval, PartialKey, format_crc32c
@@ -35,16 +36,34 @@ SEEN: Counter[tuple[str, int]] = Counter()  # (method, status) of every generate
 schema = schemathesis.openapi.from_path(SPEC_PATH)
 
 
-@schemathesis.serializer(ARROW)
+@schemathesis.serializer(ARROW, framing.MEDIA_TYPE)
 def arrow_body(ctx: schemathesis.SerializationContext, value: object) -> dict[str, bytes]:
-    """Arrow bodies go out as the bytes they are."""
+    """Arrow and bulk bodies go out as the bytes they are."""
     return {"data": serialize_binary(value)}
+
+
+_POSTS = itertools.count()
+
+
+def bulk_body(n: int) -> bytes:
+    """A valid bulk batch of ``n`` small partials (docs/bulk-upload.md)."""
+    out = []
+    for i in range(n):
+        body = arrow_bytes(sample_table(1 + i, seed=i))
+        key = PartialKey("gen", f"b{i}", Interval.parse(DAY["start"], DAY["end"]), i % 3)
+        out += [framing.encode(key, len(body), crc32c(body)), body]
+    return b"".join(out) + framing.encode_end(n)
 
 
 @schema.hook
 def map_case(context: schemathesis.HookContext, case: schemathesis.Case) -> schemathesis.Case:
     """Half of the generated uploads carry a real Arrow stream with its true digest (or none)
     and a valid interval, so the store's accepting path is exercised, not only refusals."""
+    if case.method.upper() == "POST":
+        if next(_POSTS) % 2:  # every other one a real batch: the accepting path too
+            case.path_parameters = {"supervisorTaskId": "gen"}
+            case.body = bulk_body(len(serialize_binary(case.body)) % 4)
+        return case
     if case.method.upper() != "PUT":
         return case
     raw = serialize_binary(case.body)
@@ -78,7 +97,7 @@ def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     # Whatever was generated, nothing is left half-written.
     for loc in locations:
         assert list((loc / ".tmp").iterdir()) == []
-        assert all(p.suffix in (".arrow", ".json") for p in files_under(loc))
+        assert all(p.suffix == ".pack" for p in files_under(loc))
 
 
 @schema.parametrize()

@@ -159,7 +159,7 @@ def run_soak(tmp_path: Path, seconds: float) -> dict[str, float]:
         assert daemon.stop() == 0
     for loc in daemon.locations:
         assert list((loc / ".tmp").iterdir()) == []
-        assert all(p.suffix in (".arrow", ".json") for p in files_under(loc))
+        assert all(p.suffix == ".pack" for p in files_under(loc))
 
     latencies = [x for t in tallies for x in t.latencies]
     errors = [e for t in tallies for e in t.errors]

@@ -22,7 +22,7 @@ from shuffled.client import RetryPolicy, ShuffleClient
 from shuffled.errors import NotFound
 from shuffled.protocol import Interval, PartialKey, PartitionKey
 from shuffled.server.embedded import EmbeddedDaemon
-from tests.conftest import DAY, arrow_bytes, files_under, sample_table
+from tests.conftest import DAY, arrow_bytes, catalog_rows, files_under, sample_table
 
 INTERVAL = Interval.parse(DAY["start"], DAY["end"])
 SUPS = st.sampled_from(["sup_a", "sup_b"])
@@ -117,12 +117,14 @@ class StoreMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         self._stop()
         try:
-            for loc in self.locations:  # nothing but committed files (and no temp files)
+            for loc in self.locations:  # nothing but packs (and no temp files)
                 assert list((loc / ".tmp").iterdir()) == []
-                data = [p for p in files_under(loc) if p.suffix == ".arrow"]
-                assert len(data) <= len(self.model)
-            assert sum(len([p for p in files_under(loc) if p.suffix == ".arrow"])
-                       for loc in self.locations) == len(self.model)
+                assert all(p.suffix == ".pack" for p in files_under(loc))
+            # The catalogs index exactly the model's keys, newest generation serving.
+            keys = {(sup, r[0], r[1], r[3]) for sup in {k.supervisor_task_id for k in self.model}
+                    for loc in self.locations for r in catalog_rows(loc, sup)}
+            assert keys == {(k.supervisor_task_id, k.sub_task_id, k.interval.start,
+                             k.partition_id) for k in self.model}
         finally:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
