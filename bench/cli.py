@@ -26,6 +26,7 @@ COMPARISONS = {
     "ingest": "bench.ingest",
     "memory": "bench.memory",
     "e2e": "bench.e2e",
+    "druid": "bench.druid",
     "scale": "bench.scale",
 }
 

@@ -1,9 +1,11 @@
-"""Comparison 5: end-to-end perfect rollup, ``shuffled.api.ingest`` vs Spark's own shuffle.
+"""Comparison 5: end-to-end perfect rollup, ``shuffled.api.ingest`` vs Spark's own shuffle
+and vs DuckDB on one node.
 
 The rows are generated once as Parquet (:mod:`bench.e2e_data`); a child process
-(:mod:`bench.e2e_worker`) runs both sides alternately on one local[2] SparkSession, after
-one untimed warm-up of each, and checks that both produced the same number of rolled-up
-rows. The task report's phase times say where shuffled's time goes.
+(:mod:`bench.e2e_worker`) runs the sides alternately on one local[2] SparkSession, after
+one untimed warm-up of each, and checks that every side produced the same rows (count and
+metric totals). The task report's phase times say where shuffled's time goes.
+:func:`run_shape` serves comparison 7 (the Druid shape) too.
 """
 
 from __future__ import annotations
@@ -18,59 +20,70 @@ from bench.context import Ctx
 from bench.e2e_data import generate
 from bench.stats import Result, compare, median
 
-TIMEOUT = 900.0  # the child is killed past this: a run ends by itself
+TIMEOUT = 1800.0  # the child is killed past this: a run ends by itself
 
 
 def _timed(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in runs if not r.get("warmup")]
 
 
-def run(ctx: Ctx) -> list[Result]:
-    """Time, rows/s and bytes shuffled of both sides; phase medians in the detail."""
-    s = ctx.sizes
-    base = ctx.scratch("e2e")
-    data = base / "data"
-    input_bytes = generate(data, s.e2e_rows)
+def run_shape(ctx: Ctx, shape: str, data: Path, rows: int, repeats: int) -> dict[str, Any]:
+    """Run the worker on ``data`` and check the sides agree; its JSON plus medians."""
+    base = data.parent
     out = base / "result.json"
-    cmd = [sys.executable, "-m", "bench.e2e_worker", "--data", str(data), "--workdir",
-           str(base), "--repeats", str(s.e2e_repeats), "--warmup", "0" if ctx.quick else "1",
-           "--out", str(out)]
+    cmd = [sys.executable, "-m", "bench.e2e_worker", "--shape", shape, "--data", str(data),
+           "--workdir", str(base), "--repeats", str(repeats),
+           "--warmup", "0" if ctx.quick else "1", "--out", str(out)]
     for item in ctx.spark_conf:
         cmd += ["--conf", item]
-    log = base.parent / "e2e-worker.log"
+    log = base.parent / f"{shape}-worker.log"
     with open(log, "wb") as fh:
         proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=TIMEOUT,
                               cwd=Path(__file__).resolve().parent.parent, check=False)
     if proc.returncode != 0 or not out.exists():
-        raise RuntimeError(f"e2e worker exited {proc.returncode}: "
+        raise RuntimeError(f"{shape} worker exited {proc.returncode}: "
                            + log.read_text(errors="replace")[-1500:])
     got = json.loads(out.read_text())
-    ours, theirs = _timed(got["runs"]["shuffled"]), _timed(got["runs"]["spark"])
-    rows_out = got["rowsOut"]
-    if rows_out["spark"] != rows_out["shuffled"]:
-        raise RuntimeError(f"the two sides disagree on the rolled-up rows: {rows_out}")
-    t_ours = median([r["seconds"] for r in ours])
-    t_base = median([r["seconds"] for r in theirs])
+    totals = got["rowsOut"]
+    if len({json.dumps(t) for t in totals.values()}) != 1:
+        raise RuntimeError(f"the sides disagree on the rolled-up rows (count, metric sums): "
+                           f"{totals}")
+    runs = {k: _timed(v) for k, v in got["runs"].items()}
+    seconds = {k: median([r["seconds"] for r in v]) for k, v in runs.items()}
+    ours = runs["shuffled"]
     phases = {k: median([r["phases"].get(k, 0.0) for r in ours]) for k in ours[0]["phases"]}
-    shuffled_bytes = median([r["bytesShuffled"] for r in ours])
-    spark_bytes = median([r["sparkShuffleWriteBytes"] for r in theirs])
-    rows = s.e2e_rows
-    common = {"spark_conf": list(ctx.spark_conf), "rows_in": rows, "rows_out": rows_out["spark"], "input_parquet_bytes": input_bytes,
-              "seconds": {"shuffled": [r["seconds"] for r in ours],
-                          "spark": [r["seconds"] for r in theirs]},
-              "phases_median_s": phases, "runs": got["runs"]}
+    return {"runs": runs, "seconds": seconds, "phases": phases, "rows_out": totals["spark"][0],
+            "bytes_shuffled": median([r["bytesShuffled"] for r in ours]),
+            "spark_bytes": median([r["sparkShuffleWriteBytes"] for r in runs["spark"]]),
+            "partials": median([r.get("partials") or 0 for r in ours]), "rows_in": rows}
+
+
+def run(ctx: Ctx) -> list[Result]:
+    """Time, rows/s and bytes shuffled of every side; phase medians in the detail."""
+    s = ctx.sizes
+    base = ctx.scratch("e2e")
+    data = base / "data"
+    input_bytes = generate(data, s.e2e_rows)
+    r = run_shape(ctx, "e2e", data, s.e2e_rows, s.e2e_repeats)
+    t, phases, rows = r["seconds"], r["phases"], s.e2e_rows
+    common = {"spark_conf": list(ctx.spark_conf), "rows_in": rows, "rows_out": r["rows_out"],
+              "input_parquet_bytes": input_bytes, "phases_median_s": phases,
+              "seconds": {k: [x["seconds"] for x in v] for k, v in r["runs"].items()}}
     ctx.notes.append(
-        f"5. shuffled ingest of {rows:,} rows: median {t_ours:.1f} s = "
+        f"5. shuffled ingest of {rows:,} rows: median {t['shuffled']:.1f} s = "
         + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items())
-        + f" (rest: Spark/daemon start-up and cleanup {t_ours - sum(phases.values()):.1f} s); "
-        f"Spark groupBy+Parquet {t_base:.1f} s; {rows_out['spark']:,} rows out on both sides.")
+        + f" (rest: Spark/daemon start-up and cleanup {t['shuffled'] - sum(phases.values()):.1f}"
+        f" s); Spark groupBy+Parquet {t['spark']:.1f} s; DuckDB {t['duckdb']:.1f} s; "
+        f"{r['rows_out']:,} rows out on every side.")
     label = f"{rows / 1e6:g}M" if rows >= 1_000_000 else f"{rows // 1000}k"
     return [
         compare("e2e_time", f"5. perfect rollup of {label} rows: shuffled ingest vs Spark groupBy",
-                t_ours, t_base, "s", "<=", 1.5, **common),
+                t["shuffled"], t["spark"], "s", "<=", 0.5, **common),
+        compare("e2e_vs_duckdb", f"5. perfect rollup of {label} rows: shuffled vs DuckDB "
+                f"(2 threads)", t["shuffled"], t["duckdb"], "s", "<=", 2.5),
         compare("e2e_rows_per_s", f"5. perfect rollup of {label} rows: throughput",
-                rows / t_ours, rows / t_base, "rows/s", None, None),
+                rows / t["shuffled"], rows / t["spark"], "rows/s", None, None),
         compare("e2e_bytes_shuffled", f"5. perfect rollup of {label} rows: bytes shuffled",
-                shuffled_bytes, spark_bytes, "bytes", None, None,
-                note="shuffled: bytes PUT to the daemon; Spark: shuffle write bytes (lz4)"),
+                r["bytes_shuffled"], r["spark_bytes"], "bytes", "<=", 1.0,
+                note="shuffled: bytes sent to the daemon; Spark: shuffle write bytes (lz4)"),
     ]

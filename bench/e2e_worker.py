@@ -1,6 +1,10 @@
-"""Child process of comparison 5: one SparkSession, both sides alternately, JSON out.
+"""Child process of comparisons 5 and 7: one SparkSession, every side alternately, JSON out.
 
-    python -m bench.e2e_worker --data DIR --workdir DIR --repeats N --out FILE
+    python -m bench.e2e_worker --shape e2e|druid --data DIR --workdir DIR --repeats N --out FILE
+
+Sides: ``shuffled.api.ingest``, Spark's own groupBy + Parquet write, and DuckDB's GROUP BY +
+COPY TO Parquet (2 threads: the best single-node engine on this machine). After the runs,
+every side's output is checked to hold the same rows (count and metric totals, by DuckDB).
 
 The session is local[2] on loopback (driver host/bind 127.0.0.1, SPARK_LOCAL_IP), session
 time zone UTC, UI on loopback (its REST API gives the shuffle bytes). ``shuffled.api.ingest``
@@ -22,7 +26,9 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from bench.e2e_data import spec as make_spec
+from bench import druid_data, e2e_data
+
+SHAPES = {"e2e": e2e_data, "druid": druid_data}
 
 
 def session(extra: dict[str, str] | None = None) -> SparkSession:
@@ -51,35 +57,64 @@ def shuffle_write_bytes(spark: SparkSession) -> int:
         return sum(int(s.get("shuffleWriteBytes", 0)) for s in json.load(resp))
 
 
-def spark_rollup(spark: SparkSession, data: Path, out: Path) -> dict[str, Any]:
-    """The baseline: the same perfect rollup by Spark's own shuffle, written as Parquet."""
+def _metrics(shape: Any) -> dict[str, str]:
+    names = [m["name"] for m in shape.spec(Path("."))["spec"]["dataSchema"]["metricsSpec"]]
+    return {n: "count(*)" if n == "count" else f"sum({n})" for n in names}
+
+
+def spark_rollup(spark: SparkSession, shape: Any, data: Path, out: Path) -> dict[str, Any]:
+    """A baseline: the same perfect rollup by Spark's own shuffle, written as Parquet."""
     df = spark.read.parquet(str(data))
+    dims = shape.spec(data)["spec"]["dataSchema"]["dimensionsSpec"]["dimensions"]
+    aggs = [F.count(F.lit(1)).alias(n) if n == "count" else F.sum(n).alias(n)
+            for n in _metrics(shape)]
     rolled = (df.withColumn("__time", F.date_trunc("hour", F.col("ts")))
-              .groupBy("__time", "country", "city", "device")
-              .agg(F.count(F.lit(1)).alias("count"), F.sum("clicks").alias("clicks"),
-                   F.sum("revenue").alias("revenue")))
+              .groupBy("__time", *dims).agg(*aggs))
     rolled.write.mode("overwrite").parquet(str(out))
     return {}
 
 
-def shuffled_rollup(spark: SparkSession, data: Path, out: Path) -> dict[str, Any]:
+def duckdb_rollup(spark: SparkSession, shape: Any, data: Path, out: Path) -> dict[str, Any]:
+    """A baseline: the same rollup by DuckDB on one node (2 threads), to Parquet."""
+    import duckdb
+
+    dims = shape.spec(data)["spec"]["dataSchema"]["dimensionsSpec"]["dimensions"]
+    aggs = ", ".join(f"{e} AS {n}" for n, e in _metrics(shape).items())
+    out.mkdir(parents=True, exist_ok=True)
+    with duckdb.connect() as con:
+        con.execute("SET threads = 2")
+        con.execute(f"COPY (SELECT date_trunc('hour', ts) AS __time, {', '.join(dims)}, {aggs} "
+                    f"FROM read_parquet('{data}/*.parquet') GROUP BY ALL) "
+                    f"TO '{out}/rollup.parquet' (FORMAT PARQUET)")
+    return {}
+
+
+def shuffled_rollup(spark: SparkSession, shape: Any, data: Path, out: Path) -> dict[str, Any]:
     """``shuffled.api.ingest`` with its embedded daemon; the task report's figures."""
     from shuffled.api import ingest
 
-    result = ingest(make_spec(data), output_dir=str(out))
+    result = ingest(shape.spec(data), output_dir=str(out))
     report = result.report
     return {"bytesShuffled": report.get("bytesShuffled"), "bytesFetched": report.get("bytesFetched"),
             "rowsOut": report.get("rowsOut"),
             "phases": {k: v.get("ingest/task/time", 0) / 1000 for k, v in report["phases"].items()},
+            "partials": report["phases"].get("partialSegmentGeneration", {}).get("partials"),
             "rowsIn": report["ingestionStatsAndErrors"]["rowStats"]["buildSegments"]["processed"]}
 
 
-def _count_rows(spark: SparkSession, out: Path) -> int:
-    return spark.read.parquet(str(out)).count()
+def totals(out: Path, shape: Any) -> list[Any]:
+    """Rows and metric totals of a side's Parquet output (DuckDB reads every file)."""
+    import duckdb
+
+    sums = ", ".join(f"round(sum({n}), 2)" for n in _metrics(shape))
+    with duckdb.connect() as con:
+        return list(con.execute(f"SELECT count(*), {sums} FROM "
+                                f"read_parquet('{out}/**/*.parquet')").fetchone())
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.e2e_worker")
+    p.add_argument("--shape", choices=list(SHAPES), default="e2e")
     p.add_argument("--data", type=Path, required=True)
     p.add_argument("--workdir", type=Path, required=True)
     p.add_argument("--repeats", type=int, default=3)
@@ -88,16 +123,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
     args = p.parse_args(argv)
     spark = session(dict(c.split("=", 1) for c in args.conf))
-    sides = {"shuffled": shuffled_rollup, "spark": spark_rollup}
+    shape = SHAPES[args.shape]
+    sides = {"shuffled": shuffled_rollup, "spark": spark_rollup, "duckdb": duckdb_rollup}
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in sides}
     try:
         for i in range(args.warmup + args.repeats):
-            for name in (list(sides) if i % 2 == 0 else list(sides)[::-1]):
+            for name in (list(sides) if i % 2 == 0 else list(sides)[::-1]):  # alternate
                 out = args.workdir / f"out-{name}"
                 shutil.rmtree(out, ignore_errors=True)
                 shuffled_before = shuffle_write_bytes(spark)
                 began = time.perf_counter()
-                facts = sides[name](spark, args.data, out)
+                facts = sides[name](spark, shape, args.data, out)
                 facts["seconds"] = time.perf_counter() - began
                 facts["sparkShuffleWriteBytes"] = shuffle_write_bytes(spark) - shuffled_before
                 facts["warmup"] = i < args.warmup
@@ -105,9 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{facts['seconds']:.1f} s {json.dumps({k: v for k, v in facts.items() if k != 'seconds'})}",
                       flush=True)
                 runs[name].append(facts)
-        # Untimed check that both sides computed the same rollup.
-        rows = {"spark": _count_rows(spark, args.workdir / "out-spark"),
-                "shuffled": runs["shuffled"][-1]["rowsOut"]}
+        # Untimed check that every side computed the same rollup.
+        rows = {name: totals(args.workdir / f"out-{name}", shape) for name in sides}
     finally:
         spark.stop()
     args.out.write_text(json.dumps({"runs": runs, "rowsOut": rows}, indent=1))
