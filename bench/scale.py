@@ -28,7 +28,8 @@ from shuffled.storage.catalog import Catalog
 SUP = "bench-scale"
 SUBTASKS = 100
 GETS = 5  # latency samples per count
-DISTINCT = 1000  # distinct bodies in the pack; partial i points at body i % DISTINCT
+DISTINCT = 1000  # distinct bodies written to the pack; partial i points at one of them
+# (a restart in between cuts the pack after the last body referenced: count what is left)
 INTERVAL = Interval.parse("2018-01-01T00:00:00.000Z", "2018-01-02T00:00:00.000Z")
 
 
@@ -49,7 +50,7 @@ def populate(root: Path, first: int, count: int) -> None:
         catalog.insert_many(
             (SUP, INTERVAL.start + (i // SUBTASKS) * 86_400_000,
              INTERVAL.end + (i // SUBTASKS) * 86_400_000, 0, f"sub{i % SUBTASKS:06d}", i + 1, 1,
-             *spans[i % DISTINCT], 0, 1.0)
+             *spans[i % len(spans)], 0, 1.0)
             for i in range(first, count))
     finally:
         catalog.close()

@@ -55,7 +55,7 @@ def run(ctx: Ctx) -> list[Result]:
     return [
         compare("serve_small_aggregate",
                 f"2. GET partition of {what}: shuffled aggregate GET vs nginx {par} conns",
-                median(o["mbps"]), median(b["mbps"]), "MB/s", ">=", 1.0, **common),
+                median(o["mbps"]), median(b["mbps"]), "MB/s", ">=", 1.5, **common),
         compare("serve_small_per_partial",
                 f"2. GET partition of {what}: shuffled per-partial GETs vs nginx, {par} conns",
                 median(p["mbps"]), median(b["mbps"]), "MB/s", None, None, **common),

@@ -130,7 +130,7 @@ class BulkSession:
     def cancel(self) -> None:
         """The task is being deleted: refuse what comes next, never reuse its packs."""
         self.cancelled = True
-        for pack in self._packs.values():
+        for pack in [*self._packs.values(), *self._extra]:
             pack.dead = True
 
     def _conflict(self) -> Conflict:
