@@ -20,6 +20,7 @@ frames before it. Pure functions, no I/O: the server and the client share them.
 from __future__ import annotations
 
 import json
+import re
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,7 @@ FLAG_END = 0x01
 FIXED = struct.Struct("<4sB3sIQ")  # the 20 bytes the header CRC covers with the header
 FIXED_LEN = FIXED.size + 4
 MAX_HEADER = 1 << 16
+_HEX8 = re.compile(r"[0-9a-fA-F]{8}")  # int(x, 16) alone would take "0x1234ab", "+1234567"
 
 
 class FramingError(BadRequest):
@@ -54,6 +56,7 @@ class Frame:
 
 
 def _header(fixed: bytes, header: bytes) -> bytes:
+    """The whole frame head: fixed part, its CRC32C (over fixed part + header), header."""
     return fixed + crc32c(header, crc32c(fixed)).to_bytes(4, "little") + header
 
 
@@ -101,7 +104,8 @@ def parse_header(frame: Frame, header: bytes) -> dict[str, Any]:
         raise FramingError("frame header fails its CRC32C: the body is corrupt or not "
                            "framed as docs/bulk-upload.md says", field="body")
     try:
-        value = json.loads(header)
+        # Decoded first: json.loads would also take UTF-16/32 bytes, the format says UTF-8.
+        value = json.loads(header.decode("utf-8"))
     except ValueError as exc:
         raise FramingError(f"frame header is not JSON: {exc}", field="body") from exc
     if not isinstance(value, dict):
@@ -114,22 +118,24 @@ def data_key(supervisor_task_id: str, header: dict[str, Any]) -> tuple[PartialKe
     try:
         sub = validate_id(header.get("subTaskId"), "subTaskId")  # type: ignore[arg-type]
         interval = Interval.parse(header.get("start"), header.get("end"))
-        pid = parse_partition_id(header.get("partitionId"))
+        pid = header.get("partitionId")
+        if not isinstance(pid, int) or isinstance(pid, bool):  # a JSON integer, not "3"
+            raise BadRequest(f"partitionId {str(pid)[:32]!r} is not a JSON integer >= 0",
+                             field="partitionId")
+        pid = parse_partition_id(pid)
     except BadRequest as exc:
         raise FramingError(f"frame header: {exc.message}", **exc.details) from exc
     crc = header.get("crc32c")
     if crc is None:
         return PartialKey(supervisor_task_id, sub, interval, pid), None
-    if not isinstance(crc, str) or len(crc) != 8:
+    if not isinstance(crc, str) or not _HEX8.fullmatch(crc):
         raise FramingError(f"frame header crc32c {str(crc)[:16]!r} is not 8 hex digits",
                            field="crc32c")
-    try:
-        return PartialKey(supervisor_task_id, sub, interval, pid), int(crc, 16)
-    except ValueError as exc:
-        raise FramingError(f"frame header crc32c {crc!r} is not hex", field="crc32c") from exc
+    return PartialKey(supervisor_task_id, sub, interval, pid), int(crc, 16)
 
 
 def end_count(header: dict[str, Any]) -> int:
+    """The number of data frames an END frame's header declares."""
     count = header.get("count")
     if not isinstance(count, int) or isinstance(count, bool) or count < 0:
         raise FramingError("END frame header has no count", field="body")

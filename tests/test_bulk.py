@@ -9,26 +9,24 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import struct
-import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
-from prometheus_client import CollectorRegistry
+from aiohttp.test_utils import TestClient
 
 from shuffled import framing
 from shuffled.client import ShuffleClient
 from shuffled.crc import crc32c
-from shuffled.errors import DigestMismatch, InvalidBody
-from shuffled.protocol import Interval, PartialKey, PartitionKey
-from shuffled.server import make_app
+from shuffled.protocol import Interval, PartialKey
 from shuffled.server.embedded import EmbeddedDaemon
+from shuffled.server.state import STATE
+from shuffled.storage.session import SMALL
 from tests.conftest import DAY, PREFIX, arrow_bytes, files_under, pack_files, sample_table
 
 INTERVAL = Interval.parse(DAY["start"], DAY["end"])
@@ -221,98 +219,196 @@ async def test_bulk_replaces_a_key_stored_by_put(daemon: TestClient) -> None:
     assert await get(daemon, k) == (200, second)
 
 
-def test_client_round_trip_streams_while_the_caller_produces(tmp_path: Path) -> None:
-    bodies = [arrow_bytes(sample_table(30_000, seed=i)) for i in range(12)]  # ~0.5 MiB each
-    seen_stored_while_producing: list[int] = []
-    with EmbeddedDaemon([tmp_path / "a", tmp_path / "b"], free_space_reserve=0) as url:
-        with ShuffleClient(url) as client, ShuffleClient(url) as watcher:
-            def produce() -> Iterator[tuple[PartialKey, bytes]]:
-                for i, body in enumerate(bodies):
-                    if i == 8:
-                        # Earlier partials are on the daemon while this one is not even made.
-                        deadline = time.monotonic() + 20
-                        while time.monotonic() < deadline:
-                            held = watcher.task("lazy")
-                            if held and held["files"]:
-                                seen_stored_while_producing.append(held["files"])
-                                break
-                            time.sleep(0.01)  # poll interval of a bounded wait
-                    yield key(f"s{i}", "lazy"), body
+# --- large bodies, refusals that skip a body, stalls, slots ----------------------------------
 
-            answers = client.put_partials("lazy", produce())
-            assert [a["status"] for a in answers] == ["created"] * 12
-            assert seen_stored_while_producing, "nothing stored before the batch ended"
-            for i, body in enumerate(bodies):
-                assert client.get_partial(key(f"s{i}", "lazy")) == body
-            with pytest.raises(ValueError):
-                client.put_partials("lazy", [(key("s", "other"), bodies[0])])
-            assert client.put_partials("lazy", []) == []
-            bad = bytearray(bodies[0])
-            bad[-1] ^= 1  # breaks the end-of-stream marker: not an Arrow stream
-            with pytest.raises(InvalidBody):
-                client.put_partials("lazy", [(key("bad", "lazy"), bytes(bad))])
+def big(seed: int) -> bytes:
+    body = arrow_bytes(sample_table(90_000, seed=seed))
+    assert len(body) > SMALL  # streamed to the store in chunks, not read whole
+    return body
 
 
-def test_client_resends_a_batch_whose_answer_was_cut(tmp_path: Path) -> None:
-    from tests.test_faults import CuttingProxy
-
-    items = partials("resend", 5)
-    with EmbeddedDaemon([tmp_path / "a"], free_space_reserve=0) as url:
-        host, port = url.removeprefix("http://").rsplit(":", 1)
-        proxy = CuttingProxy((host, int(port)), cut=400)  # inside the JSON answer
-        try:
-            with ShuffleClient(f"http://127.0.0.1:{proxy.port}") as client:
-                answers = client.put_partials("resend", items)
-                assert [a["status"] for a in answers] == ["replaced"] * 5  # the second try
-                assert proxy.status_lines[0].startswith(b"HTTP/1.1 200")  # answered, then cut
-                for k, body in items:
-                    assert client.get_partial(k) == body
-        finally:
-            proxy.close()
-        assert sum(p.stat().st_size for p in pack_files(tmp_path / "a", "resend")) == 2 * sum(
-            len(b) for _, b in items)  # the first try's bytes stay until the task goes
-
-
-async def test_client_falls_back_to_puts_on_an_older_daemon(settings) -> None:
-    @web.middleware
-    async def no_bulk_route(request: web.Request, handler: Any) -> web.StreamResponse:
-        if request.method == "POST":  # what a daemon before bulk upload answers
-            raise web.HTTPNotFound(text=json.dumps({"error": "no route", "code": "not_found"}),
-                                   content_type="application/json")
-        return await handler(request)
-
-    app = make_app(settings, registry=CollectorRegistry())
-    app.middlewares.insert(0, no_bulk_route)
-    daemon = TestClient(TestServer(app, host="127.0.0.1"))
-    await daemon.start_server()
-    url = str(daemon.make_url("")).rstrip("/")
-    items = partials("old", 3)
-
-    def run() -> list[dict[str, Any]]:
-        with ShuffleClient(url) as client:
-            return client.put_partials("old", items)
-
-    answers: list[list[dict[str, Any]]] = []
-    thread = threading.Thread(target=lambda: answers.append(run()))
-    thread.start()
-    deadline = time.monotonic() + 60
-    while thread.is_alive() and time.monotonic() < deadline:
-        await asyncio.sleep(0.01)  # let the daemon on this loop serve the client thread
-    thread.join(timeout=30)
-    assert answers and [a["bytes"] for a in answers[0]] == [len(b) for _, b in items]
-    for k, body in items:
-        assert await get(daemon, k) == (200, body)
-    await daemon.close()
+async def test_large_bodies_stream_and_a_refused_one_is_skipped(daemon: TestClient,
+                                                                settings) -> None:
+    small = arrow_bytes(sample_table(10))
+    good, damaged, after = key("a", "big"), key("b", "big"), key("c", "big")
+    ok_body, bad_body = big(1), big(2)
+    body = (framing.encode(good, len(ok_body), crc32c(ok_body)) + ok_body
+            + framing.encode(damaged, len(bad_body), crc32c(bad_body) ^ 1) + bad_body
+            + framing.encode(after, len(small), crc32c(small)) + small + framing.encode_end(3))
+    status, answer = await post(daemon, "big", body)
+    assert status == 200 and [p["status"] for p in answer["partials"]] == [
+        "created", "rejected", "created"], answer
+    assert answer["partials"][1]["error"]["code"] == "digest_mismatch"
+    assert await get(daemon, good) == (200, ok_body)
+    assert (await get(daemon, damaged))[0] == 404
+    assert await get(daemon, after) == (200, small)
+    packs = [p for loc in settings.locations for p in pack_files(loc.path, "big")]
+    assert sum(p.stat().st_size for p in packs) == len(ok_body) + len(small)
 
 
-def test_digest_reported_back_is_checked() -> None:
-    from shuffled.client.bulk import check_stored
+async def test_a_batch_cut_inside_a_large_body_keeps_nothing_of_it(daemon: TestClient,
+                                                                   settings) -> None:
+    small, large = arrow_bytes(sample_table(10)), big(3)
+    body = (framing.encode(key("a", "bigcut"), len(small), crc32c(small)) + small
+            + framing.encode(key("b", "bigcut"), len(large), crc32c(large)) + large
+            + framing.encode_end(2))
+    status, answer = await post(daemon, "bigcut", body[: len(body) - len(large) // 2])
+    assert status == 400 and answer["complete"] is False and answer["code"] == "bad_framing"
+    assert (await get(daemon, key("b", "bigcut")))[0] == 404
+    assert await get(daemon, key("a", "bigcut")) == (200, small)
+    packs = [p for loc in settings.locations for p in pack_files(loc.path, "bigcut")]
+    assert sum(p.stat().st_size for p in packs) == len(small)
 
-    body = memoryview(b"abc")
-    with pytest.raises(DigestMismatch):
-        check_stored((key("s"), body, crc32c(body)), {"crc32c": "00000000", "bytes": 3})
-    with pytest.raises(DigestMismatch):
-        check_stored((key("s"), body, crc32c(body)), {"crc32c": f"{crc32c(body):08x}",
-                                                      "bytes": 4})
-    check_stored((key("s"), body, crc32c(body)), {"crc32c": f"{crc32c(body):08x}", "bytes": 3})
-    assert PartitionKey  # re-exported names used above stay importable
+
+async def test_too_large_partials_are_rejected_and_the_batch_goes_on(start_daemon,
+                                                                     make_settings) -> None:
+    daemon = await start_daemon(make_settings(max_partial_bytes=SMALL + 10))
+    fits, over_small, over_big = arrow_bytes(sample_table(10)), big(4), big(5)
+    items = [(key("a", "lim"), fits), (key("b", "lim"), over_small), (key("c", "lim"), fits),
+             (key("d", "lim"), over_big), (key("e", "lim"), fits)]
+    status, answer = await post(daemon, "lim", batch(items)[0])
+    assert status == 200 and answer["stored"] == 3 and answer["rejected"] == 2, answer
+    assert [p.get("error", {}).get("code") for p in answer["partials"]] == [
+        None, "too_large", None, "too_large", None]
+
+
+async def test_frames_split_into_tiny_chunks_are_read_whole(daemon: TestClient) -> None:
+    items = partials("tiny", 3)
+    body = batch(items)[0]
+
+    async def pieces() -> AsyncIterator[bytes]:  # chunked, 7 bytes at a time
+        for at in range(0, len(body), 7):
+            yield body[at: at + 7]
+
+    status, answer = await post(daemon, "tiny", pieces())  # type: ignore[arg-type]
+    assert status == 200 and answer["stored"] == 3, answer
+    for k, b in items:
+        assert await get(daemon, k) == (200, b)
+
+
+class RawPost:
+    """A bulk POST written by hand on a socket, to hold a batch open between frames."""
+
+    def __init__(self, daemon: TestClient, sup: str, length: int) -> None:
+        self.daemon, self.sup, self.length = daemon, sup, length
+
+    async def __aenter__(self) -> RawPost:
+        port = self.daemon.server.port
+        self.reader, self.writer = await asyncio.open_connection("127.0.0.1", port)
+        self.writer.write(f"POST {PREFIX}/tasks/{self.sup}/partials HTTP/1.1\r\nHost: x\r\n"
+                          f"Content-Type: {framing.MEDIA_TYPE}\r\n"
+                          f"Content-Length: {self.length}\r\n\r\n".encode())
+        return self
+
+    async def send(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
+
+    async def answer(self) -> tuple[int, dict[str, Any]]:
+        async with asyncio.timeout(20):
+            head = await self.reader.readuntil(b"\r\n\r\n")
+            length = int(re.search(rb"(?i)content-length: *(\d+)", head)[1])  # type: ignore[index]
+            return int(head.split()[1]), json.loads(await self.reader.readexactly(length))
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.writer.close()
+
+
+async def until(check: Any, what: str) -> None:
+    """Wait (bounded) until ``await check()`` is true."""
+    async with asyncio.timeout(20):
+        while not await check():
+            await asyncio.sleep(0.01)  # poll interval of a bounded wait, not a synchronisation
+
+
+async def test_partials_commit_while_the_batch_is_still_open(daemon: TestClient) -> None:
+    items = partials("open", 4)
+    body, starts = batch(items)
+    async with RawPost(daemon, "open", len(body)) as raw:
+        await raw.send(body[: starts[2]])  # two small frames, then the client goes quiet
+
+        async def both_stored() -> bool:
+            return [(await get(daemon, k))[0] for k, _ in items[:2]] == [200, 200]
+
+        await until(both_stored, "the first two partials stored before the batch ends")
+        assert (await get(daemon, items[2][0]))[0] == 404
+        await raw.send(body[starts[2]:])
+        status, answer = await raw.answer()
+    assert status == 200 and answer["stored"] == 4
+
+
+async def test_a_stalled_batch_is_abandoned_with_408(start_daemon, make_settings) -> None:
+    daemon = await start_daemon(make_settings(upload_idle_timeout=0.3))
+    items = partials("stall", 3)
+    body, starts = batch(items)
+    async with RawPost(daemon, "stall", len(body)) as raw:
+        await raw.send(body[: starts[1] + 30])
+        status, answer = await raw.answer()
+    assert status == 408 and answer["code"] == "request_timeout" and not answer["complete"]
+    assert [p["status"] for p in answer["partials"]] == ["created"]
+    assert await get(daemon, items[0][0]) == (200, items[0][1])
+    assert daemon.app[STATE].uploads.active == 0  # the slot is free again
+
+
+async def test_one_upload_slot_per_batch(start_daemon, make_settings) -> None:
+    daemon = await start_daemon(make_settings(max_concurrent_uploads=1))
+    body, starts = batch(partials("slot", 2))
+    async with RawPost(daemon, "slot", len(body)) as raw:
+        await raw.send(body[: starts[1]])
+
+        async def taken() -> bool:
+            return daemon.app[STATE].uploads.active == 1
+
+        await until(taken, "the open batch holds the upload slot")
+        resp = await daemon.post(f"{PREFIX}/tasks/slot2/partials", data=body, headers=MEDIA)
+        assert resp.status == 503 and resp.headers["Retry-After"]
+        await raw.send(body[starts[1]:])
+        status, answer = await raw.answer()
+    assert status == 200 and answer["stored"] == 2
+
+
+# --- the answer as openapi.yaml documents it; metrics -----------------------------------------
+
+BULK = f"{PREFIX}/tasks/{{supervisorTaskId}}/partials"
+
+
+async def test_answers_match_openapi(start_daemon, make_settings) -> None:
+    from tests.test_openapi import Checker
+
+    daemon = await start_daemon(make_settings(upload_idle_timeout=0.3))
+    check = Checker(daemon)
+    items = partials("doc", 3)
+    body, starts = batch(items)
+    bad = framing.encode(items[0][0], len(items[0][1]), 1) + items[0][1] + framing.encode_end(1)
+    await check("POST", BULK, sup="doc", data=body, headers=MEDIA, expect=200)
+    await check("POST", BULK, sup="doc", data=bad, headers=MEDIA, expect=200)
+    _, cut = await check("POST", BULK, sup="doc", data=body[:-5], headers=MEDIA, expect=400)
+    assert cut["count"] == 3 and cut["stored"] == 3
+    _, ct = await check("POST", BULK, sup="doc", data=body, expect=400,
+                        headers={"Content-Type": "application/vnd.apache.arrow.stream"})
+    assert ct["field"] == "Content-Type" and ct["partials"] == []
+    _, bad_id = await check("POST", BULK, sup=".hidden", data=body, headers=MEDIA, expect=400)
+    assert bad_id["code"] == "invalid_id" and bad_id["complete"] is False
+
+    async def stalled() -> AsyncIterator[bytes]:
+        yield body[: starts[1]]
+        await asyncio.sleep(30)  # never reached in full: the daemon gives up after 0.3 s
+
+    await check("POST", BULK, sup="doc", data=stalled(), headers=MEDIA, expect=408)
+
+
+async def test_metrics_count_each_stored_partial(daemon: TestClient) -> None:
+    async def received() -> tuple[float, float]:
+        text = await (await daemon.get("/metrics")).text()
+        values = [float(re.search(rf"^{name} (\S+)$", text, re.M)[1])  # type: ignore[index]
+                  for name in ("shuffled_received_partials_total", "shuffled_received_bytes_total")]
+        return values[0], values[1]
+
+    before = await received()
+    items = partials("met", 4)
+    broken = [(k, b if i != 2 else b"junk") for i, (k, b) in enumerate(items)]
+    status, answer = await post(daemon, "met", batch(broken)[0])
+    assert status == 200 and answer["stored"] == 3
+    after = await received()
+    assert after[0] - before[0] == 3
+    assert after[1] - before[1] == sum(len(b) for i, (_, b) in enumerate(items) if i != 2)

@@ -8,14 +8,12 @@ Used by Spark executors (upload/download) and the driver (task admin, cleanup). 
 from __future__ import annotations
 
 import http.client
-import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, BinaryIO
 
-from shuffled import framing
-from shuffled.client.bulk import Batch, check_stored
-from shuffled.client.bulk import matches as bulk_matches
+from shuffled.client.bulk import Batch
+from shuffled.client.bulk import upload as bulk_upload
 from shuffled.client.digest import check_crc, crc32c_of, crc_from_json
 from shuffled.client.download import (
     BytesSink,
@@ -33,9 +31,7 @@ from shuffled.client.http import (
     Transport,
     read_json,
 )
-from shuffled.errors import (
-    BadRequest, DigestMismatch, NotFound, ShuffleError, error_from_json,
-)
+from shuffled.errors import BadRequest, DigestMismatch, NotFound, ShuffleError
 from shuffled.protocol import (
     API_PREFIX,
     ARROW_STREAM,
@@ -46,16 +42,6 @@ from shuffled.protocol import (
     task_path,
     validate_id,
 )
-
-
-log = logging.getLogger("shuffled.client")
-
-
-def _bulk_answer(resp: http.client.HTTPResponse) -> dict[str, Any] | None:
-    if resp.status in (404, 405):
-        resp.read()
-        return None
-    return _json_dict(resp)
 
 
 def _json_dict(resp: http.client.HTTPResponse) -> dict[str, Any]:
@@ -133,57 +119,22 @@ class ShuffleClient:
         per partial, in input order (``status`` created/replaced, ``crc32c``, ``bytes``...).
 
         ``partials`` is consumed lazily: each frame goes on the wire as soon as it is
-        produced. Every body carries its CRC32C and each stored one is checked against what
-        the server reports (DigestMismatch otherwise). A cut connection or a retryable
-        answer resends the whole batch (replacing a key is idempotent); partials the server
-        rejected for a retryable reason (a location failing, overload) are sent again in a
-        new batch, per the retry policy; any other rejection raises its domain error. An
-        older daemon without the route (404/405) gets one PUT per partial instead.
+        produced, while the caller makes the next one (a list or tuple is sent in ~1 MiB
+        chunks instead). An empty iterable sends nothing. Every key must belong to
+        ``supervisor_task_id`` (ValueError when one is reached; the frames before it are
+        stored, the batch is not complete). Every body carries its CRC32C and each stored
+        one is checked against what the server reports (DigestMismatch otherwise). A cut
+        connection or a retryable answer resends the whole batch (the bodies are kept;
+        replacing a key is idempotent); partials the server rejected for a passing reason
+        (``location_failed``, ``overloaded``, 5xx) are sent again in a new batch, per the
+        retry policy; any other rejection raises its domain error. An older daemon
+        without the route (404/405) gets one PUT per partial instead.
         """
         sup = validate_id(supervisor_task_id, "supervisorTaskId")
         batch = Batch(sup, partials)
-        answers: dict[int, dict[str, Any]] = {}
-        todo: list[int] | None = None  # indexes into batch.sent still to store; None: all
-        for attempt in range(self.retry.attempts):
-            source = batch if todo is None else Batch(sup, ((batch.sent[i][0], batch.sent[i][1])
-                                                            for i in todo))
-            result = self._http.request(
-                "POST", f"{task_path(sup)}/partials",
-                headers={"Content-Type": framing.MEDIA_TYPE}, stream=source,
-                handle=_bulk_answer, what=f"bulk upload to {sup}", accept=(404, 405))
-            if result is None:  # an older daemon: no bulk route
-                log.debug("%s has no bulk upload route; one PUT per partial", self.base_url)
-                for i, (key, view, _) in enumerate(batch.all()):
-                    if i not in answers:
-                        answers[i] = self.put_partial(key, view)
-                return [answers[i] for i in range(len(batch.sent))]
-            indexes = list(range(len(batch.sent))) if todo is None else todo
-            items = result.get("partials", [])
-            if len(items) != len(indexes):
-                raise BadResponse(f"bulk upload to {sup}: {len(indexes)} partials sent, "
-                                  f"{len(items)} answered")
-            retry: list[int] = []
-            for i, item in zip(indexes, items):
-                key = batch.sent[i][0]
-                if not bulk_matches(key, item):
-                    raise BadResponse(f"bulk upload to {sup}: answer {item} is not for {key}")
-                if item.get("status") in ("created", "replaced"):
-                    check_stored(batch.sent[i], item)
-                    answers[i] = item
-                    continue
-                error = dict(item.get("error") or {})
-                exc = error_from_json(int(error.pop("status", 500)), error)
-                if exc.code in ("location_failed", "overloaded", "internal"):
-                    retry.append(i)
-                    continue
-                raise exc
-            if not retry:
-                return [answers[i] for i in range(len(batch.sent))]
-            todo = retry
-            log.warning("bulk upload to %s: %d partials rejected for a passing reason; "
-                        "sending them again (try %d)", sup, len(retry), attempt + 2)
-            self._http._sleep(self.retry.delay(attempt + 1))
-        raise exc
+        if batch.empty():
+            return []
+        return bulk_upload(self._http, f"{task_path(sup)}/partials", batch, self.put_partial)
 
     def get_partial(self, key: PartialKey) -> bytes:
         """The partial segment stored under ``key``, byte for byte, CRC32C-verified.

@@ -48,6 +48,9 @@ Query = Sequence[tuple[str, str]] | Mapping[str, str] | None
 Headers = Mapping[str, str] | Callable[[], Mapping[str, str]] | None
 #: A streamed body: called once per try, it yields the body's pieces (sent chunked).
 Stream = Callable[[], Iterator[bytes | memoryview]]
+#: A piece of a streamed body meaning "send what is gathered now" (pieces are otherwise
+#: gathered into chunks of about 1 MiB): yielded before a wait for the next piece.
+FLUSH = b""
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,8 @@ def parse_retry_after(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
-def _is_retryable(status: int, error: ShuffleError) -> bool:
+def is_retryable(status: int, error: ShuffleError) -> bool:
+    """Whether an answer with this status and error is worth another try."""
     if isinstance(error, CorruptData):
         return False  # the stored bytes are damaged: asking again returns the same damage
     if status in _RETRY_STATUSES:
@@ -152,7 +156,8 @@ def _read_error(resp: http.client.HTTPResponse) -> tuple[dict[str, Any], bool]:
     return body, complete
 
 
-def _domain_error(status: int, body: dict[str, Any], what: str) -> ShuffleError:
+def domain_error(status: int, body: dict[str, Any], what: str) -> ShuffleError:
+    """The domain error a JSON error body stands for (odd fields dropped, never raises)."""
     clean = {k: v for k, v in body.items() if isinstance(k, str) and k.isidentifier() and k != "message"}
     clean.setdefault("request", what)
     try:
@@ -309,8 +314,8 @@ class Transport:
             if not complete:
                 resp.close()
                 self.close()
-            error = _domain_error(status, err_body, what)
-            if _is_retryable(status, error):
+            error = domain_error(status, err_body, what)
+            if is_retryable(status, error):
                 retry_after = parse_retry_after(resp.getheader("Retry-After"))
                 if retry_after is None and isinstance(error, Overloaded):
                     retry_after = float(error.retry_after)
@@ -413,12 +418,15 @@ class Transport:
 def _send_chunked(conn: http.client.HTTPConnection, pieces: Iterator[bytes | memoryview]) -> None:
     """Send ``pieces`` with HTTP/1.1 chunked coding (RFC 9112 section 7.1): pieces are
     joined into chunks of about :data:`_CHUNK` (one send each; the receiver parses chunk
-    framing per chunk), larger ones go as they are."""
+    framing per chunk), larger ones go as they are; :data:`FLUSH` sends what is gathered."""
     pending: list[bytes | memoryview] = []
     size = 0
     for piece in pieces:
         n = len(piece)
         if not n:
+            if pending:  # FLUSH
+                conn.send(b"%X\r\n%s\r\n" % (size, b"".join(pending)))
+                pending, size = [], 0
             continue
         if n > _CHUNK:
             if pending:
@@ -451,11 +459,14 @@ def read_json(resp: http.client.HTTPResponse) -> Any:
 
 
 __all__ = [
+    "FLUSH",
     "NO_RETRY",
     "BadResponse",
     "RetryPolicy",
     "ShuffleUnavailable",
     "Transport",
+    "domain_error",
+    "is_retryable",
     "parse_retry_after",
     "read_json",
 ]

@@ -11,34 +11,48 @@ answer comes once every stored partial is durable (the store's group commit).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from aiohttp import ClientPayloadError, web
 
-from shuffled.errors import RequestTimeout, ShuffleError
+from shuffled.errors import BadRequest, RequestTimeout, ShuffleError
 from shuffled.framing import (
     FIXED_LEN, MEDIA_TYPE, FramingError, data_key, end_count, parse_fixed, parse_header,
 )
 from shuffled.protocol import PartialKey, crc_hex, validate_id
+from shuffled.server.errors import REJECT_REASON
 from shuffled.server.state import state_of
-from shuffled.storage.session import SMALL, PutResult
+from shuffled.storage.session import SMALL, BulkSession, PutResult
 
 CHUNK = 1 << 20
+# The store gathers small partials (up to 1 MiB) before writing them. When the client has
+# sent nothing for this long it is producing the next partial: write what was gathered now
+# rather than when the batch ends (each partial commits as it arrives, not with the batch).
+GATHER_WAIT = 0.005
 
 
 class _Reader:
     """Exact reads from the request body through one buffer: most frame headers and small
     bodies are sliced from what already arrived, without another await. Every wait for
-    more bytes is bounded by the idle timeout."""
+    more bytes is bounded by the idle timeout; ``on_wait`` (if set) runs once the body has
+    been silent for :data:`GATHER_WAIT`."""
 
     def __init__(self, request: web.Request, idle: float) -> None:
         self._content = request.content
         self._idle = idle
         self._buf = bytearray()
+        self.on_wait: Callable[[], Awaitable[None]] | None = None
 
     async def _more(self) -> bytes:
         try:
+            if self.on_wait is not None:
+                hook, self.on_wait = self.on_wait, None
+                try:
+                    async with asyncio.timeout(GATHER_WAIT):
+                        return await self._content.readany()  # cancellable: no bytes lost
+                except TimeoutError:
+                    await hook()
             async with asyncio.timeout(self._idle):
                 return await self._content.readany()
         except TimeoutError:
@@ -98,64 +112,98 @@ def _rejected(key: PartialKey, error: ShuffleError) -> dict[str, Any]:
             "error": {**error.to_json(), "status": error.status}}
 
 
+class _Batch:
+    """One request's frames: what was added to the store and what was refused at once."""
+
+    def __init__(self, sup: str, session: BulkSession, reader: _Reader) -> None:
+        self.sup = sup
+        self.session = session
+        self.reader = reader
+        self.items: list[dict[str, Any] | None] = []  # None: outcome from finish()
+        self.pending: list[tuple[int, PartialKey]] = []
+        self.count = 0
+
+    async def read(self) -> None:
+        """Read frames up to and including the END frame; FramingError/RequestTimeout stop."""
+        reader = self.reader
+        while True:
+            frame = parse_fixed(await reader.exactly(FIXED_LEN))
+            header = parse_header(frame, await reader.exactly(frame.header_len))
+            if frame.end:
+                declared = end_count(header)
+                if declared != self.count:
+                    raise FramingError(f"END frame says {declared} partial segments, "
+                                       f"{self.count} were sent", field="body")
+                if not await reader.at_eof():
+                    raise FramingError("bytes follow the END frame", field="body")
+                return
+            key, crc = data_key(self.sup, header)
+            self.count += 1
+            await self._add(key, crc, frame.body_len)
+
+    async def _add(self, key: PartialKey, crc: int | None, length: int) -> None:
+        self.items.append(None)
+        taken = [0]
+        try:
+            if length <= SMALL:
+                body: Any = await self.reader.exactly(length)
+                taken[0] = length
+            else:
+                body = self.reader.chunks(length, taken)
+            await self.session.add(key, body, length, crc)
+            self.pending.append((len(self.items) - 1, key))
+            if length <= SMALL:
+                # Gathered by the store: have it written if the client goes quiet.
+                # TODO(storage): a public BulkSession.flush(); this is the same thing.
+                self.reader.on_wait = self.session._flush_small
+        except (FramingError, RequestTimeout):
+            raise  # the request itself failed: the batch stops
+        except ShuffleError as exc:  # this partial alone is refused; its bytes are skipped
+            self.items[-1] = _rejected(key, exc)
+            await self.reader.skip(length - taken[0])
+
+
 async def post_partials(request: web.Request) -> web.Response:
+    """Store the frames of one bulk batch; answer per partial once they are durable."""
     state = state_of(request)
-    sup = validate_id(request.match_info["sup"], "supervisorTaskId")
-    media = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
-    if media != MEDIA_TYPE:
-        raise FramingError(f"Content-Type {media!r} is not {MEDIA_TYPE}", field="Content-Type")
-    reader = _Reader(request, state.settings.upload_idle_timeout)
-    items: list[dict[str, Any] | None] = []
-    pending: list[tuple[int, PartialKey]] = []  # added to the store: outcome from finish()
+    sup = request.match_info["sup"]
     failure: ShuffleError | None = None
-    count = 0
+    try:
+        sup = validate_id(sup, "supervisorTaskId")
+        media = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
+        if media != MEDIA_TYPE:
+            raise BadRequest(f"Content-Type {media!r} is not {MEDIA_TYPE}", field="Content-Type")
+    except BadRequest as exc:  # every 400 of this route has the batch fields (none done)
+        return _answer(request, sup, 0, [], exc)
+    reader = _Reader(request, state.settings.upload_idle_timeout)
     with state.uploads.slot():
         async with state.store.bulk(sup) as session:
+            batch = _Batch(sup, session, reader)
             try:
-                while True:
-                    frame = parse_fixed(await reader.exactly(FIXED_LEN))
-                    header = parse_header(frame, await reader.exactly(frame.header_len))
-                    if frame.end:
-                        if end_count(header) != count:
-                            raise FramingError(f"END frame says {end_count(header)} partial "
-                                               f"segments, {count} were sent", field="body")
-                        if not await reader.at_eof():
-                            raise FramingError("bytes follow the END frame", field="body")
-                        break
-                    key, crc = data_key(sup, header)
-                    count += 1
-                    items.append(None)
-                    taken = [0]
-                    try:
-                        if frame.body_len <= SMALL:
-                            body: Any = await reader.exactly(frame.body_len)
-                            taken[0] = frame.body_len
-                        else:
-                            body = reader.chunks(frame.body_len, taken)
-                        await session.add(key, body, frame.body_len, crc)
-                        pending.append((len(items) - 1, key))
-                    except FramingError:
-                        raise
-                    except RequestTimeout:
-                        raise
-                    except ShuffleError as exc:
-                        items[-1] = _rejected(key, exc)
-                        await reader.skip(frame.body_len - taken[0])
-            except ShuffleError as exc:
+                await batch.read()
+            except ShuffleError as exc:  # framing, a cut, a stall: the batch stops here
                 failure = exc
             outcomes = await session.finish()
-    stored = 0
-    for (index, key), outcome in zip(pending, outcomes, strict=True):
+    for (index, key), outcome in zip(batch.pending, outcomes, strict=True):
         if isinstance(outcome, PutResult):
-            items[index] = _stored(key, outcome)
-            stored += 1
+            batch.items[index] = _stored(key, outcome)
             state.metrics.received_bytes.inc(outcome.meta.size)
             state.metrics.received_partials.inc()
         else:
-            items[index] = _rejected(key, outcome)
-    done = [i for i in items if i is not None]
+            batch.items[index] = _rejected(key, outcome)
+    # A frame cut inside its body has no item: count what was received whole.
+    done = [i for i in batch.items if i is not None]
+    return _answer(request, sup, len(done), done, failure)
+
+
+def _answer(request: web.Request, sup: str, count: int, items: list[dict[str, Any]],
+            failure: ShuffleError | None) -> web.Response:
+    """The batch's answer: 200 when complete, else the failure's status and error fields
+    with ``complete: false`` and what was decided before it."""
+    stored = sum(1 for i in items if i["status"] != "rejected")
     body = {"supervisorTaskId": sup, "complete": failure is None, "count": count,
-            "stored": stored, "rejected": len(done) - stored, "partials": done}
-    if failure is not None:
-        return web.json_response({**failure.to_json(), **body}, status=failure.status)
-    return web.json_response(body)
+            "stored": stored, "rejected": len(items) - stored, "partials": items}
+    if failure is None:
+        return web.json_response(body)
+    request[REJECT_REASON] = failure.code  # as the error middleware does for raised errors
+    return web.json_response({**failure.to_json(), **body}, status=failure.status)
