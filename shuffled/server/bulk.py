@@ -154,8 +154,7 @@ class _Batch:
             self.pending.append((len(self.items) - 1, key))
             if length <= SMALL:
                 # Gathered by the store: have it written if the client goes quiet.
-                # TODO(storage): a public BulkSession.flush(); this is the same thing.
-                self.reader.on_wait = self.session._flush_small
+                self.reader.on_wait = self.session.flush
         except (FramingError, RequestTimeout):
             raise  # the request itself failed: the batch stops
         except ShuffleError as exc:  # this partial alone is refused; its bytes are skipped

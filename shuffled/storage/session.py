@@ -195,6 +195,11 @@ class BulkSession:
             dead.dead = True  # released (closed) when the session ends
         return translate(exc, str(loc.path), doing)
 
+    async def flush(self) -> None:
+        """Start writing the gathered small partials now (a bulk request whose sender
+        paused: what arrived is committed without waiting for more)."""
+        await self._flush_small()
+
     async def _flush_small(self) -> None:
         """Hand the gathered partials to a background write (validation and append on an
         I/O thread) and go on reading: up to :data:`FLUSHES_IN_FLIGHT` at once, so on two
