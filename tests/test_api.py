@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import base64
-from pathlib import Path
+import asyncio
+import time
 
 import pyarrow as pa
 from aiohttp.test_utils import TestClient
 
 from shuffled.crc import crc32c
 from shuffled.protocol import format_crc32c
-from tests.conftest import DAY, PREFIX, arrow_bytes, files_under, sample_table
+from tests.conftest import DAY, PREFIX, arrow_bytes, catalog_rows, files_under, sample_table
 
 
 def part_url(sup: str = "sup", sub: str | None = "s1") -> str:
@@ -79,6 +79,16 @@ async def test_replace_is_atomic_and_keeps_one_file(daemon: TestClient, settings
     assert sum(p.stat().st_size for p in files) == len(first) + len(second)
     listing = await (await daemon.get(f"{PREFIX}/tasks/sup")).json()
     assert listing["files"] == 1 and listing["bytes"] == len(second)
+    # One partial's worth of committed data: the catalogs hold one row for the key, the new
+    # bytes (an older copy in the other location is forgotten right after the commit).
+    deadline = time.monotonic() + 10
+    while True:
+        rows = [r for loc in settings.locations for r in catalog_rows(loc.path, "sup")]
+        if len(rows) == 1 or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.01)  # poll interval of a bounded wait
+    assert len(rows) == 1 and rows[0][0] == "s1" and rows[0][7] == len(second)
+    assert rows[0][8] == crc32c(second)
 
 
 async def test_aggregate_streams_every_partial_as_one_arrow_stream(daemon: TestClient) -> None:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -50,8 +50,16 @@ async def test_fifty_concurrent_uploads_then_every_file_verifies(daemon: TestCli
         assert resp.headers["Content-Digest"] == format_crc32c(crc32c(data))
     on_disk = [p for loc in settings.locations for p in files_under(loc.path)]
     assert on_disk and all(p.suffix == ".pack" for p in on_disk)  # nothing in .tmp either
-    rows = [r for loc in settings.locations for r in catalog_rows(loc.path, "sup")]
-    assert len({(r[0], r[3]) for r in rows}) == 34  # one row per key is served...
+    # One row per key (a copy replaced in the other location is forgotten right after the
+    # commit), each pointing at one of the bodies sent for it...
+    deadline = time.monotonic() + 10
+    while True:
+        rows = [r for loc in settings.locations for r in catalog_rows(loc.path, "sup")]
+        if len(rows) == 34 or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.01)  # poll interval of a bounded wait
+    assert len(rows) == 34 and len({(r[0], r[3]) for r in rows}) == 34
+    assert all(r[8] in {crc32c(b) for b in bodies[(r[0], r[3])]} for r in rows)
     # ...and the packs hold every body that was acknowledged, nothing half-written.
     assert sum(p.stat().st_size for p in on_disk) == sum(
         len(b) for bs in bodies.values() for b in bs)
@@ -98,11 +106,22 @@ async def test_restart_cleans_crash_leftovers(start_daemon, settings) -> None:
         fh.write(body[: len(body) // 2])
     orphan = pack.with_name("999.pack")
     orphan.write_bytes(body)
+    # The first upload of a task that never committed: its directory and pack, nothing more.
+    ghost = loc0 / "ghost" / "1000.pack"
+    ghost.parent.mkdir()
+    ghost.write_bytes(body[:100])
     (loc0 / ".tmp" / "dead.part").write_bytes(b"half an upload")
+    rows = {i: catalog_rows(loc.path, "sup") for i, loc in enumerate(settings.locations)}
     client = await start_daemon(settings)
     assert not (loc0 / ".tmp" / "dead.part").exists()
-    assert not orphan.exists()
+    assert not orphan.exists() and not ghost.parent.exists()
     assert pack.stat().st_size == committed  # the torn tail is cut off
+    assert {i: catalog_rows(loc.path, "sup")  # what was committed is kept as it was
+            for i, loc in enumerate(settings.locations)} == rows
+    assert sum(len(r) for r in rows.values()) == 4
+    for loc in settings.locations:
+        assert [p for p in files_under(loc.path) if p.suffix != ".pack"] == []
+    assert (await client.get(f"{PREFIX}/tasks/ghost")).status == 404
     for sub in ("s1", "s2", "s3", "s4"):
         resp = await client.get(url("sup", sub), params=params)
         assert await resp.read() == body

@@ -28,7 +28,9 @@ from shuffled.client.http import NO_RETRY
 from shuffled.crc import crc32c
 from shuffled.errors import ShuffleError
 from shuffled.protocol import Interval, PartialKey, PartitionKey, format_crc32c
-from tests.conftest import DAY, PREFIX, arrow_bytes, files_under, sample_table
+from tests.conftest import (
+    DAY, PREFIX, arrow_bytes, catalog_rows, files_under, pack_files, sample_table,
+)
 from tests.procs import DaemonProcess, http_get, metric_value, wait_for
 
 INTERVAL = Interval.parse(DAY["start"], DAY["end"])
@@ -163,6 +165,11 @@ def test_read_only_location_is_taken_out_then_returns(start_ns_daemon: Any,
     for loc in (a, b):
         assert list((loc / ".tmp").iterdir()) == []
         assert all(p.suffix == ".pack" for p in files_under(loc))
+    # The packs hold exactly the partials stored (each key once), nothing of a failed write.
+    stored = {**before, **during, **after}
+    assert sum(p.stat().st_size for loc in (a, b) for p in pack_files(loc, "sup")) == sum(
+        len(body) for body, _ in stored.values())
+    assert sorted(r[0] for loc in (a, b) for r in catalog_rows(loc, "sup")) == sorted(stored)
 
 
 def test_full_location_is_taken_out_then_returns(start_ns_daemon: Any, tmp_path: Path) -> None:
@@ -214,4 +221,12 @@ def test_full_location_is_taken_out_then_returns(start_ns_daemon: Any, tmp_path:
         assert str(a) in {loc for _, loc in after.values()}
         check_reads(client, {**before, **during, **after})
         assert in_ns(daemon.pid, "find", f"{a}/.tmp", "-type", "f").stdout == ""
+        # Nothing of the upload the full disk refused is left in a's packs: they hold the
+        # partials stored on a, byte for byte their sizes.
+        packed = in_ns(daemon.pid, "find", str(a), "-name", "*.pack", "-printf", "%s\n").stdout
+        stored = {**before, **during, **after}
+        assert sum(int(n) for n in packed.split()) == sum(
+            len(body) for body, where in stored.values() if where == str(a))
     assert daemon.stop() == 0
+    assert sum(p.stat().st_size for p in pack_files(b, "sup")) == sum(
+        len(body) for body, where in stored.values() if where == str(b))

@@ -55,6 +55,14 @@ def host_port(url: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def pack_ends(loc: Path, sup: str = "sup") -> dict[int, int]:
+    """Per pack of ``sup`` at ``loc``: the end of its last committed partial (catalog)."""
+    ends: dict[int, int] = {}
+    for row in catalog_rows(loc, sup):
+        ends[row[5]] = max(ends.get(row[5], 0), row[6] + row[7])
+    return ends
+
+
 # --- SIGKILL during uploads --------------------------------------------------------------
 
 
@@ -103,7 +111,11 @@ def test_sigkill_mid_upload_leaves_no_partial_no_temp_and_completed_intact(tmp_p
         for t in threads:
             t.start()
         wait_for(lambda: len(acked) >= 8, "racing writers to commit something")
-        packed_before = sum(p.stat().st_size for loc in locs for p in pack_files(loc))
+        # Bytes past each pack's last committed partial (sizes first: a commit landing in
+        # between only makes a tail look shorter).
+        sizes = [(loc, p, p.stat().st_size) for loc in locs for p in pack_files(loc, "sup")]
+        ends = {loc: pack_ends(loc) for loc in locs}
+        tails_before = [size - ends[loc].get(int(p.stem), 0) for loc, p, size in sizes]
         daemon.kill()
         stop.set()
         for t in threads:
@@ -114,8 +126,9 @@ def test_sigkill_mid_upload_leaves_no_partial_no_temp_and_completed_intact(tmp_p
             sock.close()
         daemon.kill()
     assert len(big) > 1 << 20  # streamed to a pack as it arrives, not gathered in memory
-    # The stalled uploads had reached the disk (their first 1 MiB, appended to packs).
-    assert packed_before >= len(stalled) * (1 << 20)
+    # The stalled uploads had reached the disk: each its own pack, with (at least) its first
+    # 1 MiB past that pack's committed end.
+    assert len([t for t in tails_before if t >= 1 << 20]) >= len(stalled), tails_before
 
     restarted = DaemonProcess(locs, log_path=tmp_path / "d2.log")
     with restarted, ShuffleClient(restarted.url) as client:
@@ -142,13 +155,9 @@ def test_sigkill_mid_upload_leaves_no_partial_no_temp_and_completed_intact(tmp_p
         assert list((loc / ".tmp").iterdir()) == []
         names = {p.suffix for p in files_under(loc)}
         assert names <= {".pack"}, files_under(loc)
-        # No pack holds bytes past its last committed partial: the stalled halves and any
-        # upload the kill cut are gone.
-        ends: dict[int, int] = {}
-        for row in catalog_rows(loc, "sup"):
-            ends[row[5]] = max(ends.get(row[5], 0), row[6] + row[7])
-        for pack in pack_files(loc, "sup"):
-            assert pack.stat().st_size == ends[int(pack.stem)], pack
+        # No pack holds bytes past its last committed partial, and none holds nothing: the
+        # stalled bodies and any upload the kill cut are gone.
+        assert {int(p.stem): p.stat().st_size for p in pack_files(loc, "sup")} == pack_ends(loc)
 
 
 # --- a reader's connection drops mid-download ---------------------------------------------

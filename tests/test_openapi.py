@@ -21,6 +21,7 @@ from aiohttp.test_utils import TestClient
 
 from shuffled.crc import crc32c
 from shuffled.protocol import format_crc32c
+from shuffled.server import handlers
 from shuffled.server.state import STATE
 from tests.conftest import DAY, PREFIX, arrow_bytes, sample_table
 
@@ -273,9 +274,17 @@ async def test_round_trip_statuses_headers_and_bodies(daemon: TestClient, monkey
     assert missing["missing"] == ["zz"]
     await check("GET", PARTITION, params=q(9), expect=404)
     await check("HEAD", PARTITION, params=q(9), expect=404)
-    # listings
+    # listings; the task's paged: a page and its cursor, then the last page (cursor null)
     await check("GET", TASKS, expect=200)
-    await check("GET", TASK, expect=200)
+    _, whole = await check("GET", TASK, expect=200)
+    assert whole["nextCursor"] is None and whole["files"] == 6
+    _, page = await check("GET", TASK, params={"limit": "4"}, expect=200)
+    assert isinstance(page["nextCursor"], str)
+    assert sum(len(p["subTasks"]) for p in page["partitions"]) == 4
+    _, last = await check("GET", TASK, params={"limit": "10000", "cursor": page["nextCursor"]},
+                          expect=200)
+    assert last["nextCursor"] is None
+    assert sum(len(p["subTasks"]) for p in last["partitions"]) == 2
     await check("GET", TASK, sup="nope", expect=404)
     # 400s, each with its code
     bad: list[tuple[str, str, dict[str, Any], str]] = [
@@ -292,11 +301,20 @@ async def test_round_trip_statuses_headers_and_bodies(daemon: TestClient, monkey
         ("GET", PARTIAL, {"params": {"partitionId": "0"}}, "invalid_interval"),
         ("GET", PARTITION, {"params": [*q().items(), ("subTaskId", ".x")]}, "invalid_id"),
         ("GET", TASK, {"sup": ".x"}, "invalid_id"),
+        ("GET", TASK, {"params": {"limit": "0"}}, "bad_request"),
+        ("GET", TASK, {"params": {"limit": "10001"}}, "bad_request"),
+        ("GET", TASK, {"params": {"limit": "5", "cursor": "not-a-cursor"}}, "bad_request"),
+        ("GET", TASK, {"params": {"cursor": "x"}}, "bad_request"),
         ("DELETE", TASK, {"sup": "x" * 256}, "invalid_id"),
     ]
     for method, template, kwargs, code in bad:
         _, err = await check(method, template, expect=400, **kwargs)
         assert err["code"] == code, err
+    # A task too large for one unpaged answer: 400 naming limit (threshold made small).
+    monkeypatch.setattr(handlers, "UNPAGED_MAX", 5)
+    _, err = await check("GET", TASK, expect=400)
+    assert err["field"] == "limit" and "limit" in err["error"], err
+    monkeypatch.undo()
     await check("GET", PARTIAL, sub="never", params=q(), expect=404)
     # delete, twice (idempotent), status endpoints
     _, deleted = await check("DELETE", TASK, expect=200)

@@ -8,8 +8,12 @@ NotFound exactly when the model holds nothing).
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pyarrow as pa
@@ -19,13 +23,17 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from shuffled.client import RetryPolicy, ShuffleClient
+from shuffled.crc import crc32c
 from shuffled.errors import NotFound
 from shuffled.protocol import Interval, PartialKey, PartitionKey
 from shuffled.server.embedded import EmbeddedDaemon
-from tests.conftest import DAY, arrow_bytes, catalog_rows, files_under, sample_table
+from tests.conftest import (
+    DAY, PREFIX, arrow_bytes, catalog_rows, files_under, pack_files, sample_table,
+)
 
 INTERVAL = Interval.parse(DAY["start"], DAY["end"])
-SUPS = st.sampled_from(["sup_a", "sup_b"])
+SUP_NAMES = ["sup_a", "sup_b"]
+SUPS = st.sampled_from(SUP_NAMES)
 SUBS = ["s1", "s2", "s3"]
 PIDS = st.sampled_from([0, 7])
 
@@ -38,14 +46,17 @@ class StoreMachine(RuleBasedStateMachine):
         self.tmp = Path(tempfile.mkdtemp(prefix="shuffled-stateful-"))
         self.locations = [self.tmp / "a", self.tmp / "b"]
         self.model: dict[PartialKey, bytes] = {}
+        # Bytes of every acknowledged upload per task since its last delete: its packs hold
+        # at most these (replaced partials' bytes stay until the task is deleted).
+        self.written: dict[str, int] = {}
         self.daemon: EmbeddedDaemon | None = None
         self.client: ShuffleClient | None = None
         self._start()
 
     def _start(self) -> None:
         self.daemon = EmbeddedDaemon(self.locations, free_space_reserve=0)
-        url = self.daemon.start()
-        self.client = ShuffleClient(url, retry=RetryPolicy(attempts=2, backoff=0.01))
+        self.url = self.daemon.start()
+        self.client = ShuffleClient(self.url, retry=RetryPolicy(attempts=2, backoff=0.01))
 
     def _stop(self) -> None:
         if self.client is not None:
@@ -68,6 +79,7 @@ class StoreMachine(RuleBasedStateMachine):
         assert result["replaced"] == (key in self.model)
         assert result["rows"] == rows and result["bytes"] == len(body)
         self.model[key] = body
+        self.written[sup] = self.written.get(sup, 0) + len(body)
 
     @rule(sup=SUPS, sub=st.sampled_from(SUBS), pid=PIDS)
     def get(self, sup: str, sub: str, pid: int) -> None:
@@ -100,6 +112,7 @@ class StoreMachine(RuleBasedStateMachine):
     def delete(self, sup: str) -> None:
         self.c.delete_task(sup)
         self.model = {k: v for k, v in self.model.items() if k.supervisor_task_id != sup}
+        self.written.pop(sup, None)
 
     @rule()
     def restart(self) -> None:
@@ -113,6 +126,40 @@ class StoreMachine(RuleBasedStateMachine):
             k.supervisor_task_id for k in self.model}
         assert listing["files"] == len(self.model)
         assert listing["bytes"] == sum(len(v) for v in self.model.values())
+        # Each task's own listing, paged two partials at a time: every key of the model once,
+        # in (start, end, partitionId, subTaskId) order, with its size; figures on each page.
+        for sup in SUP_NAMES:
+            held = sorted((k.partition_id, k.sub_task_id, len(v)) for k, v in self.model.items()
+                          if k.supervisor_task_id == sup)
+            pages = self._task_pages(sup, limit=2)
+            if not held:
+                assert pages is None
+                continue
+            assert pages is not None
+            got = [(p["partitionId"], s["subTaskId"], s["bytes"])
+                   for page in pages for p in page["partitions"] for s in p["subTasks"]]
+            assert got == held
+            assert all(page["files"] == len(held) for page in pages)
+            assert all(page["bytes"] == sum(n for _, _, n in held) for page in pages)
+
+    def _task_pages(self, sup: str, limit: int) -> list[dict] | None:
+        """GET /tasks/{sup} page by page (plain HTTP, not the client's paging)."""
+        pages, cursor = [], None
+        while True:
+            query = {"limit": str(limit), **({"cursor": cursor} if cursor else {})}
+            request = f"{self.url}{PREFIX}/tasks/{sup}?{urllib.parse.urlencode(query)}"
+            try:
+                with urllib.request.urlopen(request, timeout=30) as resp:
+                    page = json.load(resp)
+            except urllib.error.HTTPError as err:
+                assert err.code == 404 and not pages, err
+                return None
+            assert sum(len(p["subTasks"]) for p in page["partitions"]) <= limit
+            pages.append(page)
+            cursor = page["nextCursor"]
+            if cursor is None:
+                return pages
+            assert len(pages) <= len(self.model) + 1, "the listing does not end"
 
     def teardown(self) -> None:
         self._stop()
@@ -120,11 +167,26 @@ class StoreMachine(RuleBasedStateMachine):
             for loc in self.locations:  # nothing but packs (and no temp files)
                 assert list((loc / ".tmp").iterdir()) == []
                 assert all(p.suffix == ".pack" for p in files_under(loc))
-            # The catalogs index exactly the model's keys, newest generation serving.
-            keys = {(sup, r[0], r[1], r[3]) for sup in {k.supervisor_task_id for k in self.model}
-                    for loc in self.locations for r in catalog_rows(loc, sup)}
-            assert keys == {(k.supervisor_task_id, k.sub_task_id, k.interval.start,
-                             k.partition_id) for k in self.model}
+            # The catalogs index exactly the model's keys, one row each, for every task
+            # (a deleted one has none), each row the model's bytes.
+            rows = [(sup, r) for sup in SUP_NAMES for loc in self.locations
+                    for r in catalog_rows(loc, sup)]
+            keys = [(sup, r[0], r[1], r[3]) for sup, r in rows]
+            assert sorted(keys) == sorted((k.supervisor_task_id, k.sub_task_id, k.interval.start,
+                                           k.partition_id) for k in self.model)
+            for sup, r in rows:
+                body = self.model[PartialKey(sup, r[0], INTERVAL, r[3])]
+                assert (r[7], r[8]) == (len(body), crc32c(body))
+            # Packs hold every partial of the model, and no more than was ever acknowledged
+            # since the task's last delete (no bytes of refused or cut uploads); a deleted
+            # task has no directory left.
+            for sup in SUP_NAMES:
+                packed = sum(p.stat().st_size for loc in self.locations
+                             for p in pack_files(loc, sup))
+                live = sum(len(v) for k, v in self.model.items() if k.supervisor_task_id == sup)
+                assert live <= packed <= self.written.get(sup, 0)
+                if sup not in self.written:
+                    assert not any((loc / sup).exists() for loc in self.locations)
         finally:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
