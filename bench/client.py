@@ -8,7 +8,6 @@ checked: a side that answers an error or short body fails the run instead of "wi
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import tempfile
@@ -83,23 +82,3 @@ def put(pairs: Sequence[tuple[str, Path]], *, parallel: int = 1,
                for u, p in pairs]
     return _run(entries, parallel, ["-H", f"Content-Type: {ARROW}"], expect_bytes,
                 len(pairs), True, timeout)
-
-
-def post_batch(url: str, body: Path, count: int, *, timeout: float = 300.0) -> Transfer:
-    """POST a bulk batch (docs/bulk-upload.md) from a file and check that the daemon stored
-    every one of its ``count`` partials (a 200 with rejections would otherwise "win")."""
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as answer:
-        pass
-    try:
-        entry = (f"url = {_quote(url)}\ndata-binary = {_quote('@' + str(body))}\n"
-                 f"output = {_quote(answer.name)}")
-        done = _run([entry], 1, ["-X", "POST", "-H",
-                                 "Content-Type: application/vnd.shuffled.partials"],
-                    body.stat().st_size, 1, True, timeout)
-        got = json.loads(Path(answer.name).read_text())
-    finally:
-        Path(answer.name).unlink()
-    if not got.get("complete") or got.get("stored") != count:
-        raise RuntimeError(f"bulk upload stored {got.get('stored')} of {count}: "
-                           f"{str(got)[:300]}")
-    return done

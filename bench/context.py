@@ -31,17 +31,22 @@ class Sizes:
     memory_sizes: tuple[int, ...] = (64 * MiB, 1024 * MiB)
     e2e_rows: int = 10_000_000  # comparison 5
     e2e_repeats: int = 3
-    druid_rows: int = 3_000_000  # comparison 7: rows over 3,652 day chunks
-    scale_counts: tuple[int, ...] = (100_000, 1_000_000)  # comparison 6
-    scale_samples: int = 3  # daemon starts per count
+    druid_rows: int = 3_000_000  # comparison 7: rows over ``druid_days`` day chunks
+    druid_days: int = 3652
+    scale_partials: int = 1_000_000  # comparison 6: partials held by one daemon
+    scale_batch: int = 10_000  # partials per bulk upload while filling it
+    scale_threads: int = 3  # client threads filling it
+    scale_fill_seconds: float = 900.0  # the fill stops here (the count reached is reported)
+    scale_samples: int = 3  # restarts measured
 
 
 FULL = Sizes()
 QUICK = Sizes(repeats=2, large=16 * MiB, large_rounds=1, small_count=100, small_size=16 * KiB,
               small_parallel=8, put_parallel=4, memory_partials=4,
               memory_sizes=(4 * MiB, 16 * MiB), e2e_rows=200_000, e2e_repeats=1,
-              druid_rows=20_000,
-              scale_counts=(300, 3_000), scale_samples=2)
+              druid_rows=20_000, druid_days=60,
+              scale_partials=20_000, scale_batch=2_000, scale_fill_seconds=60.0,
+              scale_samples=2)
 
 
 @dataclass

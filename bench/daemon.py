@@ -20,7 +20,7 @@ class Daemon:
     """``with Daemon(location, fsync=True) as d:`` runs ``shuffled serve`` until the block ends.
 
     ``started_seconds`` is the time from spawn to the ready line (imports, store open and
-    index rebuild included).
+    index rebuild included); ``spawned`` the ``time.monotonic()`` of the spawn.
     """
 
     def __init__(self, location: Path, *, fsync: bool = True, log: Path | None = None) -> None:
@@ -30,6 +30,7 @@ class Daemon:
         self.url = ""
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_seconds = 0.0
+        self.spawned = 0.0  # time.monotonic() at spawn
 
     @property
     def tree(self) -> Tree:
@@ -44,7 +45,7 @@ class Daemon:
                "--free-space-reserve", "0", "--access-log", "false", "--log-level", "WARNING",
                "--expiry-timeout", "PT2H"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("SHUFFLED_")}
-        began = time.monotonic()
+        began = self.spawned = time.monotonic()
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=open(self.log, "wb"), env=env)
         assert self.proc.stdout is not None

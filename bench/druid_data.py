@@ -25,8 +25,10 @@ FILES = 4
 INTERVAL = "2015-01-01/2025-01-01"
 
 
-def generate(directory: Path, rows: int, seed: int = 11) -> int:
-    """Write ``rows`` rows in ``FILES`` Parquet files under ``directory``; bytes written."""
+def generate(directory: Path, rows: int, days: int = DAYS, seed: int = 11) -> int:
+    """Write ``rows`` rows over the first ``days`` days (at most ``DAYS``) in ``FILES``
+    Parquet files under ``directory``; bytes written."""
+    days = min(days, DAYS)
     directory.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     names = {n: pa.array([f"{n}-{i:06d}" for i in range(k)])
@@ -43,7 +45,7 @@ def generate(directory: Path, rows: int, seed: int = 11) -> int:
         # Users follow a skewed distribution (a few heavy users): some rollup to do.
         user = np.minimum(rng.zipf(1.3, n) - 1, USERS - 1)
         table = pa.table({
-            "ts": pa.array(np.sort(T0 + rng.integers(0, DAYS * DAY_MS, n)), pa.int64()).cast(
+            "ts": pa.array(np.sort(T0 + rng.integers(0, days * DAY_MS, n)), pa.int64()).cast(
                 pa.timestamp("ms", tz="UTC")),
             "country": _strings(names["country"], city_country[city]),
             "city": _strings(names["city"], city),

@@ -3,8 +3,9 @@ and vs DuckDB on one node.
 
 The rows are generated once as Parquet (:mod:`bench.e2e_data`); a child process
 (:mod:`bench.e2e_worker`) runs the sides alternately on one local[2] SparkSession, after
-one untimed warm-up of each, and checks that every side produced the same rows (count and
-metric totals). The task report's phase times say where shuffled's time goes.
+one untimed warm-up of each, and checks that every side produced the same rows (count,
+metric totals and an MD5 over all rows sorted). The task report's phase times say where
+shuffled's time goes.
 :func:`run_shape` serves comparison 7 (the Druid shape) too.
 """
 
@@ -45,15 +46,17 @@ def run_shape(ctx: Ctx, shape: str, data: Path, rows: int, repeats: int) -> dict
                            + log.read_text(errors="replace")[-1500:])
     got = json.loads(out.read_text())
     totals = got["rowsOut"]
-    # DuckDB sums an integer column to a HUGEINT that arrives as a float: compare as floats.
-    if len({json.dumps([float(x) for x in t]) for t in totals.values()}) != 1:
-        raise RuntimeError(f"the sides disagree on the rolled-up rows (count, metric sums): "
-                           f"{totals}")
+    # [count, metric sums..., md5 of the sorted rows]. DuckDB sums an integer column to a
+    # HUGEINT that arrives as a float: the sums compare as floats, the rest exactly.
+    if len({json.dumps([t[0], *map(float, t[1:-1]), t[-1]]) for t in totals.values()}) != 1:
+        raise RuntimeError(f"the sides disagree on the rolled-up rows (count, metric sums, "
+                           f"md5 of the sorted rows): {totals}")
     runs = {k: _timed(v) for k, v in got["runs"].items()}
     seconds = {k: median([r["seconds"] for r in v]) for k, v in runs.items()}
     ours = runs["shuffled"]
     phases = {k: median([r["phases"].get(k, 0.0) for r in ours]) for k in ours[0]["phases"]}
     return {"runs": runs, "seconds": seconds, "phases": phases, "rows_out": totals["spark"][0],
+            "rows_md5": totals["spark"][-1],
             "bytes_shuffled": median([r["bytesShuffled"] for r in ours]),
             "spark_bytes": median([r["sparkShuffleWriteBytes"] for r in runs["spark"]]),
             "partials": median([r.get("partials") or 0 for r in ours]), "rows_in": rows}

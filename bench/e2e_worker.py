@@ -4,7 +4,8 @@
 
 Sides: ``shuffled.api.ingest``, Spark's own groupBy + Parquet write, and DuckDB's GROUP BY +
 COPY TO Parquet (2 threads: the best single-node engine on this machine). After the runs,
-every side's output is checked to hold the same rows (count and metric totals, by DuckDB).
+every side's output is checked to hold the same rows (by DuckDB: the row count, metric
+totals, and an MD5 over every row printed canonically and sorted).
 
 The session is local[2] on loopback (driver host/bind 127.0.0.1, SPARK_LOCAL_IP), session
 time zone UTC, UI on loopback (its REST API gives the shuffle bytes). ``shuffled.api.ingest``
@@ -83,6 +84,7 @@ def duckdb_rollup(spark: SparkSession, shape: Any, data: Path, out: Path) -> dic
     out.mkdir(parents=True, exist_ok=True)
     with duckdb.connect() as con:
         con.execute("SET threads = 2")
+        con.execute("SET TimeZone = 'UTC'")  # hour buckets in UTC, like the other sides
         con.execute(f"COPY (SELECT date_trunc('hour', ts) AS __time, {', '.join(dims)}, {aggs} "
                     f"FROM read_parquet('{data}/*.parquet') GROUP BY ALL) "
                     f"TO '{out}/rollup.parquet' (FORMAT PARQUET)")
@@ -95,21 +97,37 @@ def shuffled_rollup(spark: SparkSession, shape: Any, data: Path, out: Path) -> d
 
     result = ingest(shape.spec(data), output_dir=str(out))
     report = result.report
-    return {"bytesShuffled": report.get("bytesShuffled"), "bytesFetched": report.get("bytesFetched"),
+    return {"bytesShuffled": report.get("bytesShuffled"),
+            "bytesFetched": report.get("bytesFetched"),
             "rowsOut": report.get("rowsOut"),
             "phases": {k: v.get("ingest/task/time", 0) / 1000 for k, v in report["phases"].items()},
             "partials": report["phases"].get("partialSegmentGeneration", {}).get("partials"),
             "rowsIn": report["ingestionStatsAndErrors"]["rowStats"]["buildSegments"]["processed"]}
 
 
+def _row_text(shape: Any) -> str:
+    """A DuckDB expression printing one output row canonically: ``__time`` as epoch
+    milliseconds, the dimensions, integer metrics as integers, double ones to 4 places."""
+    spec = shape.spec(Path("."))["spec"]["dataSchema"]
+    dims = spec["dimensionsSpec"]["dimensions"]
+    mets = [f"printf('%.4f', {m['name']})" if m["type"].startswith("double")
+            else f"CAST({m['name']} AS BIGINT)" for m in spec["metricsSpec"]]
+    cols = ["epoch_ms(CAST(__time AS TIMESTAMP))", *(f"coalesce({d}, '')" for d in dims), *mets]
+    return "concat_ws('|', " + ", ".join(cols) + ")"
+
+
 def totals(out: Path, shape: Any) -> list[Any]:
-    """Rows and metric totals of a side's Parquet output (DuckDB reads every file)."""
+    """Rows, metric totals and the MD5 of all rows sorted (one canonical line each) of a
+    side's Parquet output; DuckDB reads every file, in UTC."""
     import duckdb
 
     sums = ", ".join(f"round(sum({n}), 2)" for n in _metrics(shape))
     with duckdb.connect() as con:
-        return list(con.execute(f"SELECT count(*), {sums} FROM "
-                                f"read_parquet('{out}/**/*.parquet')").fetchone())
+        con.execute("SET TimeZone = 'UTC'")
+        return list(con.execute(
+            f"SELECT count(*), {sums}, md5(string_agg(line, chr(10) ORDER BY line)) FROM "
+            f"(SELECT *, {_row_text(shape)} AS line FROM read_parquet('{out}/**/*.parquet'))"
+        ).fetchone())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,9 +155,9 @@ def main(argv: list[str] | None = None) -> int:
                 facts["seconds"] = time.perf_counter() - began
                 facts["sparkShuffleWriteBytes"] = shuffle_write_bytes(spark) - shuffled_before
                 facts["warmup"] = i < args.warmup
+                rest = {k: v for k, v in facts.items() if k != "seconds"}
                 print(f"e2e: {name} {'warm-up ' if facts['warmup'] else ''}"
-                      f"{facts['seconds']:.1f} s {json.dumps({k: v for k, v in facts.items() if k != 'seconds'})}",
-                      flush=True)
+                      f"{facts['seconds']:.1f} s {json.dumps(rest)}", flush=True)
                 runs[name].append(facts)
         # Untimed check that every side computed the same rollup.
         rows = {name: totals(args.workdir / f"out-{name}", shape) for name in sides}

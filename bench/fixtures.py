@@ -5,9 +5,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from bench import client
+from bench import client, pyclient
 from bench.daemon import Daemon
 from bench.data import END, START, PartialFile, total
+from shuffled.protocol import Interval
 
 
 def upload(daemon: Daemon, sup: str, files: list[PartialFile], partition: int = 0,
@@ -15,6 +16,16 @@ def upload(daemon: Daemon, sup: str, files: list[PartialFile], partition: int = 
     """PUT ``files`` into ``daemon`` as partial segments of one partition of task ``sup``."""
     pairs = [(daemon.partial_url(sup, f.sub, START, END, partition), f.path) for f in files]
     return client.put(pairs, parallel=parallel, expect_bytes=total(files))
+
+
+def upload_bulk(daemon: Daemon, sup: str, files: list[PartialFile], partition: int = 0,
+                ) -> float:
+    """Store ``files`` as partials of one partition of task ``sup`` with ONE bulk upload
+    (``ShuffleClient.put_partials``: they land in the task's pack); wall seconds."""
+    subs = [f.sub for f in files]
+    items = list(zip(pyclient.keys(sup, subs, Interval.parse(START, END), partition),
+                     (f.path.read_bytes() for f in files)))
+    return pyclient.put_bulk(daemon.url, sup, items)
 
 
 def partial_urls(daemon: Daemon, sup: str, files: list[PartialFile], partition: int = 0,

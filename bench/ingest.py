@@ -1,17 +1,22 @@
 """Comparison 3: ingest, streamed PUT of one large and of many small partial segments, and
 the many small ones in ONE bulk upload.
 
-Durable: the daemon with fsync on (fsync before rename, the default) vs ``dd
-conv=fdatasync`` of the same bytes to the same disk (large), and vs a Python loop that
-writes and fdatasyncs each small file in turn (small: 1,000 dd processes would measure
-process start-up, not the disk). Not durable: the daemon with ``--fsync false`` vs nginx
-WebDAV PUT (nginx never fsyncs). Uploads go through the same curl, ``put_parallel`` in
-flight for the small files. Each sample starts with ``sync`` (untimed) so dirty pages left
-by the previous sample are not charged to the next, and its output is deleted afterwards.
-There is no warm-up sample: every sample writes new files, and the alternation spreads
-whatever the first ones pay over all sides. The bulk row sends the small partials as one
-``POST .../partials`` batch (prebuilt frames, streamed by curl) against ``dd
-conv=fdatasync`` of the same bytes as one file.
+Large (256 MiB, curl): the daemon with fsync on (the default: durable before the answer)
+vs ``dd conv=fdatasync`` of the same bytes to the same disk; with ``--fsync false`` vs
+nginx WebDAV PUT (nginx never fsyncs).
+
+Small (1,000 x 64 KiB), durable: single PUTs by shuffled's Python client, ``put_parallel``
+threads each with its own ``ShuffleClient`` (as phase-1 tasks would), vs a write+fdatasync
+loop (one process: ``os.open``/``os.write``/``os.fdatasync``/``os.close`` per file, one
+after the other, in a fresh directory; 1,000 dd processes would measure process start-up,
+not the disk); and ALL of them in ONE bulk upload (``ShuffleClient.put_partials``, fsync
+on) vs ``dd conv=fdatasync`` of the same 64 MiB as one file. Not durable: curl PUTs,
+``put_parallel`` in flight, to the daemon with fsync off vs nginx WebDAV PUT.
+
+Both Python sides start from bodies already in memory. Each sample starts with ``sync``
+(untimed) so dirty pages left by the previous sample are not charged to the next, and its
+output is deleted afterwards. There is no warm-up sample: every sample writes new files,
+and the alternation spreads whatever the first ones pay over all sides.
 """
 
 from __future__ import annotations
@@ -20,23 +25,24 @@ import os
 import shutil
 import subprocess
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import client
+from bench import client, pyclient
 from bench.context import Ctx
 from bench.daemon import Daemon
 from bench.data import END, START, PartialFile, total, write_partials
+from bench.peers import Nginx
 from bench.stats import Result, alternate, compare, median
-from shuffled import framing
-from shuffled.crc import crc32c
-from shuffled.protocol import Interval, PartialKey
+from shuffled.protocol import Interval
+
+INTERVAL = Interval.parse(START, END)
 
 Sample = Callable[[], dict[str, float]]
 
 
 def _timed(run: Callable[[], None], nbytes: int, after: Callable[[], None]) -> Sample:
+    """A sample: ``sync``, time ``run`` (MB/s of ``nbytes``), then ``after`` untimed."""
     def sample() -> dict[str, float]:
         os.sync()
         began = time.perf_counter()
@@ -48,14 +54,15 @@ def _timed(run: Callable[[], None], nbytes: int, after: Callable[[], None]) -> S
 
 
 def _dd(files: list[PartialFile], out: Path) -> None:
+    """The baseline for the large PUT: ``dd conv=fdatasync`` of each file."""
     for i, f in enumerate(files):
         subprocess.run(["dd", f"if={f.path}", f"of={out / f'x{i}'}", "bs=1M",
                         "conv=fdatasync", "status=none"], check=True, timeout=300)
 
 
-def _fdatasync_loop(files: list[PartialFile], out: Path) -> None:
-    for i, f in enumerate(files):
-        data = f.path.read_bytes()
+def _fdatasync_loop(bodies: list[bytes], out: Path) -> None:
+    """The baseline for durable small PUTs: one file after the other, each fdatasynced."""
+    for i, data in enumerate(bodies):
         fd = os.open(out / f"x{i}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.write(fd, data)
@@ -64,24 +71,14 @@ def _fdatasync_loop(files: list[PartialFile], out: Path) -> None:
             os.close(fd)
 
 
-def _dd_one(files: list[PartialFile], out: Path, joined: Path) -> None:
+def _dd_one(joined: Path, out: Path) -> None:
+    """The baseline for the bulk upload: the same bytes as one file, ``dd conv=fdatasync``."""
     subprocess.run(["dd", f"if={joined}", f"of={out / 'all'}", "bs=1M", "conv=fdatasync",
                     "status=none"], check=True, timeout=300)
 
 
-def _batch_file(files: list[PartialFile], path: Path, joined: Path) -> None:
-    """The bulk body for ``files`` (frames + END) and their bytes back to back."""
-    with open(path, "wb") as out, open(joined, "wb") as raw:
-        for f in files:
-            body = f.path.read_bytes()
-            key = PartialKey("x", f.sub, Interval.parse(START, END), 0)
-            out.write(framing.encode(key, len(body), crc32c(body)))
-            out.write(body)
-            raw.write(body)
-        out.write(framing.encode_end(len(files)))
-
-
 def _clear(path: Path) -> Callable[[], None]:
+    """A clean-up emptying ``path`` (kept as a fresh empty directory)."""
     def clear() -> None:
         shutil.rmtree(path, ignore_errors=True)
         path.mkdir(parents=True, exist_ok=True)
@@ -93,80 +90,113 @@ class _Shuffled:
 
     def __init__(self, daemon: Daemon, files: list[PartialFile], parallel: int) -> None:
         self.daemon, self.files, self.parallel = daemon, files, parallel
+        self.bodies = [f.path.read_bytes() for f in files]
         self.n = 0
 
-    def run(self) -> None:
+    def _sup(self) -> str:
+        """A new supervisor task id for the next sample."""
         self.n += 1
-        sup = f"bench-ingest-{self.n}"
+        return f"bench-ingest-{self.n}"
+
+    def _items(self, sup: str) -> list[pyclient.Item]:
+        """(key, body) of every file under task ``sup``."""
+        subs = [f.sub for f in self.files]
+        return list(zip(pyclient.keys(sup, subs, INTERVAL), self.bodies))
+
+    def curl(self) -> None:
+        """curl PUTs, ``parallel`` in flight (streamed from the files)."""
+        sup = self._sup()
         pairs = [(self.daemon.partial_url(sup, f.sub, START, END, 0), f.path) for f in self.files]
         client.put(pairs, parallel=self.parallel, expect_bytes=total(self.files))
 
-    def bulk(self, body: Path) -> None:
-        self.n += 1
-        url = self.daemon.task_url(f"bench-ingest-{self.n}") + "/partials"
-        client.post_batch(url, body, len(self.files))
+    def threads(self) -> None:
+        """Single PUTs by ``parallel`` threads, each with its own ShuffleClient."""
+        pyclient.put_threads(self.daemon.url, self._items(self._sup()), self.parallel)
+
+    def bulk(self) -> None:
+        """Every partial in ONE ``put_partials`` request."""
+        sup = self._sup()
+        pyclient.put_bulk(self.daemon.url, sup, self._items(sup))
 
     def after(self) -> None:
-        req = urllib.request.Request(self.daemon.task_url(f"bench-ingest-{self.n}"),
-                                     method="DELETE")
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            resp.read()
+        """Delete the last sample's task (untimed)."""
+        pyclient.delete(self.daemon.url, f"bench-ingest-{self.n}")
 
 
 def _nginx_put(url: str, files: list[PartialFile], parallel: int) -> Callable[[], None]:
+    """A side: curl PUTs of ``files`` to nginx WebDAV, ``parallel`` in flight."""
     def run() -> None:
         client.put([(f"{url}/put/{f.name}", f.path) for f in files], parallel=parallel,
                    expect_bytes=total(files))
     return run
 
 
+def _large(ctx: Ctx, files: list[PartialFile], durable: Daemon, fast: Daemon, n: Nginx,
+           base: Path) -> list[Result]:
+    """One large partial, curl: fsync on vs dd, fsync off vs nginx WebDAV."""
+    s, nbytes, dd_dir = ctx.sizes, total(files), base / "dd"
+    ours_d, ours_f = _Shuffled(durable, files, 1), _Shuffled(fast, files, 1)
+    _clear(dd_dir)()
+    got = alternate({
+        "durable": _timed(ours_d.curl, nbytes, ours_d.after),
+        "dd": _timed(lambda: _dd(files, dd_dir), nbytes, _clear(dd_dir)),
+        "nofsync": _timed(ours_f.curl, nbytes, ours_f.after),
+        "webdav": _timed(_nginx_put(n.url, files, 1), nbytes, _clear(n.root / "put")),
+    }, s.repeats)
+    what = f"{nbytes >> 20} MiB"
+    common = {"bytes": nbytes, "files": 1, "repeats": s.repeats, "samples": got}
+    return [
+        compare("ingest_large_durable", f"3. PUT {what}, fsync on vs dd conv=fdatasync",
+                median(got["durable"]["mbps"]), median(got["dd"]["mbps"]), "MB/s", ">=", 0.8,
+                **common),
+        compare("ingest_large_nofsync", f"3. PUT {what}, fsync off vs nginx WebDAV PUT",
+                median(got["nofsync"]["mbps"]), median(got["webdav"]["mbps"]), "MB/s", ">=",
+                0.8, **common),
+    ]
+
+
+def _small(ctx: Ctx, files: list[PartialFile], durable: Daemon, fast: Daemon, n: Nginx,
+           base: Path) -> list[Result]:
+    """Many small partials: Python-client PUTs and one bulk upload (fsync on) vs the
+    fdatasync loop and dd; curl PUTs with fsync off vs nginx WebDAV."""
+    s, nbytes, dd_dir, par = ctx.sizes, total(files), base / "dd", ctx.sizes.put_parallel
+    ours_d, ours_f = _Shuffled(durable, files, par), _Shuffled(fast, files, par)
+    joined = base / "joined.bin"
+    joined.write_bytes(b"".join(ours_d.bodies))
+    _clear(dd_dir)()
+    got = alternate({
+        "durable": _timed(ours_d.threads, nbytes, ours_d.after),
+        "loop": _timed(lambda: _fdatasync_loop(ours_d.bodies, dd_dir), nbytes, _clear(dd_dir)),
+        "bulk": _timed(ours_d.bulk, nbytes, ours_d.after),
+        "dd_one": _timed(lambda: _dd_one(joined, dd_dir), nbytes, _clear(dd_dir)),
+        "nofsync": _timed(ours_f.curl, nbytes, ours_f.after),
+        "webdav": _timed(_nginx_put(n.url, files, par), nbytes, _clear(n.root / "put")),
+    }, s.repeats)
+    what = f"{len(files):,} x {s.small_size >> 10} KiB"
+    common = {"bytes": nbytes, "files": len(files), "parallel": par, "repeats": s.repeats,
+              "seconds_median": {k: median(v["seconds"]) for k, v in got.items()},
+              "samples": got}
+    return [
+        compare("ingest_small_durable", f"3. PUT {what}, {par} threads x ShuffleClient, "
+                f"fsync on vs write+fdatasync loop", median(got["durable"]["mbps"]),
+                median(got["loop"]["mbps"]), "MB/s", ">=", 1.0, **common),
+        compare("ingest_small_bulk", f"3. {what} in ONE bulk upload (put_partials), fsync on "
+                f"vs dd conv=fdatasync of the same bytes", median(got["bulk"]["mbps"]),
+                median(got["dd_one"]["mbps"]), "MB/s", ">=", 0.8, **common),
+        compare("ingest_small_nofsync", f"3. PUT {what}, curl {par} in flight, fsync off vs "
+                f"nginx WebDAV PUT", median(got["nofsync"]["mbps"]),
+                median(got["webdav"]["mbps"]), "MB/s", ">=", 0.8, **common),
+    ]
+
+
 def run(ctx: Ctx) -> list[Result]:
-    """Four rows: {large, small} x {durable vs dd, fsync off vs nginx WebDAV}."""
+    """Two rows for the large partial, three for the small ones (see the module doc)."""
     s = ctx.sizes
     base = ctx.scratch("ingest")
-    sets = {"large": write_partials(base / "data-large", 1, s.large, seed=3),
-            "small": write_partials(base / "data-small", s.small_count, s.small_size, seed=4)}
-    out: list[Result] = []
+    large = write_partials(base / "data-large", 1, s.large, seed=3)
+    small = write_partials(base / "data-small", s.small_count, s.small_size, seed=4)
     with ctx.daemon("ingest_fsync", base / "loc-fsync", fsync=True) as durable, \
             ctx.daemon("ingest_nofsync", base / "loc-nofsync", fsync=False) as fast, \
             ctx.nginx(base / "nginx") as n:
-        for kind, files in sets.items():
-            nbytes = total(files)
-            par = 1 if kind == "large" else s.put_parallel
-            dd_dir = base / "dd"
-            ours_d, ours_f = _Shuffled(durable, files, par), _Shuffled(fast, files, par)
-            local = _dd if kind == "large" else _fdatasync_loop
-            sides = {
-                "durable": _timed(ours_d.run, nbytes, ours_d.after),
-                "dd": _timed(lambda: local(files, dd_dir), nbytes, _clear(dd_dir)),
-                "nofsync": _timed(ours_f.run, nbytes, ours_f.after),
-                "webdav": _timed(_nginx_put(n.url, files, par), nbytes, _clear(n.root / "put")),
-            }
-            _clear(dd_dir)()
-            if kind == "small":
-                batch, joined = base / "batch.bin", base / "joined.bin"
-                _batch_file(files, batch, joined)
-                sides["bulk"] = _timed(lambda: ours_d.bulk(batch), nbytes, ours_d.after)
-                sides["dd_one"] = _timed(lambda: _dd_one(files, dd_dir, joined), nbytes,
-                                         _clear(dd_dir))
-            got = alternate(sides, s.repeats)
-            what = (f"{nbytes >> 20} MiB" if kind == "large"
-                    else f"{len(files)} x {s.small_size >> 10} KiB, {par} in flight")
-            baseline = "dd conv=fdatasync" if kind == "large" else "write+fdatasync loop"
-            common = {"bytes": nbytes, "files": len(files), "parallel": par,
-                      "repeats": s.repeats, "samples": got}
-            out.append(compare(
-                f"ingest_{kind}_durable", f"3. PUT {what}, fsync on vs {baseline}",
-                median(got["durable"]["mbps"]), median(got["dd"]["mbps"]), "MB/s", ">=",
-                0.8 if kind == "large" else 1.0, **common))
-            out.append(compare(
-                f"ingest_{kind}_nofsync", f"3. PUT {what}, fsync off vs nginx WebDAV PUT",
-                median(got["nofsync"]["mbps"]), median(got["webdav"]["mbps"]), "MB/s", ">=",
-                0.8, **common))
-            if kind == "small":
-                out.append(compare(
-                    "ingest_small_bulk", f"3. {len(files)} x {s.small_size >> 10} KiB in one "
-                    f"bulk upload, fsync on vs dd conv=fdatasync of the same bytes",
-                    median(got["bulk"]["mbps"]), median(got["dd_one"]["mbps"]), "MB/s", ">=",
-                    0.8, **common))
-    return out
+        return (_large(ctx, large, durable, fast, n, base)
+                + _small(ctx, small, durable, fast, n, base))

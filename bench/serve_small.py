@@ -1,5 +1,7 @@
 """Comparison 2: a partition of many small partial segments (1,000 x 64 KiB).
 
+The partials are stored the way phase 1 stores them: ONE bulk upload
+(``ShuffleClient.put_partials``), so they sit back to back in the task's pack file.
 nginx serves the files one request each over ``small_parallel`` keep-alive connections;
 shuffled serves the same partition as ONE aggregate GET (the seed's API), and also one
 request per partial over the same connections. Time to all bytes is curl's wall time for
@@ -13,7 +15,7 @@ from collections.abc import Callable
 from bench import client
 from bench.context import Ctx
 from bench.data import END, START, total, write_partials
-from bench.fixtures import mirror, partial_urls, upload
+from bench.fixtures import mirror, partial_urls, upload_bulk
 from bench.stats import Result, alternate, compare, median
 
 
@@ -33,7 +35,7 @@ def run(ctx: Ctx) -> list[Result]:
     files = write_partials(base / "data", s.small_count, s.small_size, seed=2)
     payload = total(files)
     with ctx.daemon("serve_small", base / "loc") as d, ctx.nginx(base / "nginx") as n:
-        upload(d, "bench-small", files, parallel=s.put_parallel)
+        upload_bulk(d, "bench-small", files)
         nginx_urls = [n.url + p for p in mirror(n.root, "small", files)]
         per_partial = partial_urls(d, "bench-small", files)
         aggregate = [d.partition_url("bench-small", START, END, 0)]

@@ -84,6 +84,11 @@ def absolute(name: str, title: str, ours: float, unit: str, op: str, threshold: 
                   _OPS[op](ours, threshold), detail)
 
 
+def info(name: str, title: str, ours: float, unit: str, **detail: Any) -> Result:
+    """A row with no peer and no target: shown for information."""
+    return Result(name, title, ours, None, unit, None, None, None, detail)
+
+
 def failed(name: str, title: str, error: str) -> Result:
     """A comparison that could not run: reported, never counted as met."""
     return Result(name, title, float("nan"), None, "", None, None, False, {"error": error})

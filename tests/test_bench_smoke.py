@@ -41,8 +41,11 @@ def test_quick_bench_writes_results(tmp_path: Path) -> None:
     assert isinstance(results, list)
     names = {r["name"] for r in results}
     assert {"serve_large_throughput", "serve_large_cpu", "serve_small_aggregate",
-            "ingest_large_durable", "ingest_small_nofsync", "ingest_small_bulk", "memory_flat",
-            "memory_peak_rss", "scale_rss", "scale_restart", "scale_first_page"} <= names
+            "ingest_large_durable", "ingest_small_durable", "ingest_small_nofsync",
+            "ingest_small_bulk", "memory_flat", "memory_peak_rss", "scale_rss",
+            "scale_fill_rss", "scale_restart", "scale_first_page", "scale_fill_rate"} <= names
+    scale = next(r for r in results if r["name"] == "scale_rss")["detail"]
+    assert scale["partials"] > 0 and scale["fill"]["stored"] == scale["partials"]
     for r in results:
         assert FIELDS <= set(r), r
         assert isinstance(r["ours"], (int, float)) and math.isfinite(r["ours"]) and r["ours"] > 0
