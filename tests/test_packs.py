@@ -9,9 +9,9 @@
 - concurrent uploads share group commits and are durable;
 - the paged task listing (limit/cursor) over ~2,500 partials in both locations;
 - format-1 locations are refused, migrated, and an interrupted migration is redone.
-
-The tests marked ``xfail(strict=True)`` at the end reproduce storage bugs (see each reason);
-they turn into failures (XPASS) once the bug is fixed, so the marker can be dropped then.
+- regressions of four storage bugs (end of the file): a bulk upload rolling over to a new
+  pack, a key left in two locations by a crash, a DELETE racing uploads of its task, and a
+  migration interrupted after its commit point.
 """
 
 from __future__ import annotations
@@ -627,15 +627,9 @@ async def test_a_format_1_location_is_refused_then_migrated_without_loss(
     assert (await asyncio.to_thread(migrate_location, loc)).already
 
 
-# --- storage bugs, reproduced ---------------------------------------------------------------
+# --- regressions: storage bugs ---------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "storage bug: BulkSession._place releases the session's pack when the next write would "
-    "overflow pack_max_bytes (session.py, `await store._release(pack)`) even while the "
-    "commit of partials just written to it is pending; a pack not yet committed is 'fresh', "
-    "so _release closes and unlinks it; the commit then lands (its fdatasync skipped on the "
-    "closed fd) with rows pointing at a removed file: acknowledged partials answer 404"))
 async def test_bulk_rollover_keeps_what_was_written_to_the_pack_it_leaves(
         start_daemon: Any, make_settings: Any) -> None:
     daemon = await start_daemon(make_settings(locations=1, pack_max_bytes=1 << 20))
@@ -654,11 +648,6 @@ async def test_bulk_rollover_keeps_what_was_written_to_the_pack_it_leaves(
         assert got.status == 200 and await got.read() == body, (k, got.status)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "storage bug: a replace that lands in another location than the copy it replaces "
-    "forgets the older row in the background (Store._forget); a crash before that leaves "
-    "both rows, and Store.open counts every row (catalog.task_figures per location, summed): "
-    "the task's files/bytes (and the location's files) count the stale copy for ever"))
 async def test_a_key_left_in_two_locations_by_a_crash_counts_once(start_daemon: Any,
                                                                   settings: Any) -> None:
     params = {**DAY, "partitionId": "0"}
@@ -693,12 +682,6 @@ async def test_a_key_left_in_two_locations_by_a_crash_counts_once(start_daemon: 
     assert detail["files"] == 3 and detail["bytes"] == 2 * len(old) + len(new), detail
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "storage bug: Store.delete_task cancels the task's sessions and waits for their commits "
-    "(writes.idle) but not for file work they have under way (BulkSession._place -> "
-    "packs.create on an I/O thread); _remove_tree then races packs.create: rmdir fails with "
-    "ENOTEMPTY, which marks_unhealthy() takes as a disk fault: the DELETE answers 507 and "
-    "the location is taken out of service"))
 async def test_a_delete_racing_uploads_of_its_task_answers_200_and_keeps_the_location(
         start_daemon: Any, make_settings: Any) -> None:
     settings = make_settings(locations=1, fsync=False)
@@ -723,11 +706,6 @@ async def test_a_delete_racing_uploads_of_its_task_answers_200_and_keeps_the_loc
     assert not (settings.locations[0].path / "t").exists()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "migration bug: migrate_location returns 'already' as soon as the format mark exists "
-    "(migrate.py, the read_format check), so a run interrupted after the mark (its commit "
-    "point) but before removing the format-1 files leaves them for ever, though the "
-    "docstring says the old files are removed after the mark and a rerun is safe"))
 def test_a_migration_interrupted_after_its_commit_point_is_finished_by_the_next_run(
         tmp_path: Path, monkeypatch: Any) -> None:
     loc = tmp_path / "old"

@@ -206,6 +206,34 @@ class Catalog:
             'SELECT "offset", size, crc FROM partials WHERE sup = ? AND pack = ? '
             'ORDER BY "offset" DESC LIMIT 1', (sup, pack)).fetchone()
 
+    @_disk_errors
+    def shared_keys(self, other: Path) -> list[tuple[Row, int]]:
+        """Keys this catalog and ``other`` (another location's) both hold, as (key and
+        generation here, generation there). A crash between a replace landing in one
+        location and the older copy being forgotten in the other leaves both."""
+        conn = self.writer
+        conn.execute("ATTACH DATABASE ? AS other", (str(other),))
+        try:
+            return [((*r[:6],), r[6]) for r in conn.execute(
+                'SELECT p.sup, p.start, p."end", p.pid, p.sub, p.generation, o.generation '
+                'FROM main.partials p JOIN other.partials o USING (sup, start, "end", pid, sub)')]
+        finally:
+            conn.execute("DETACH DATABASE other")
+
+    @_disk_errors
+    def forget_many(self, rows: Sequence[Row]) -> None:
+        """:meth:`forget` each of ``rows`` in one transaction."""
+        conn = self.writer
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.executemany(
+                f"DELETE FROM partials WHERE {_KEY} AND sub = ? AND generation = ?",
+                [(*r[:5], r[5]) for r in rows])
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
     def packs(self) -> set[tuple[str, int]]:
         return set(self.writer.execute("SELECT DISTINCT sup, pack FROM partials").fetchall())
 

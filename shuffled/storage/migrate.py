@@ -77,12 +77,16 @@ def _discard_attempt(root: Path) -> None:
 
 def migrate_location(root: Path, fsync: bool = True,
                      progress: Callable[[str], None] = lambda _m: None) -> Migrated:
-    """Convert ``root`` in place (blocking). Idempotent: a format-2 location is left alone."""
+    """Convert ``root`` in place (blocking). Idempotent: a format-2 location keeps its packs (only format-1 files a run
+    interrupted after its commit point left are removed)."""
     done = Migrated(root)
     location = Location(0, root, None, 0)
     location.open()  # the exclusive lock: refuses while a daemon uses the location
     try:
         if layout.read_format(root) == layout.FORMAT_VERSION:
+            # Past the commit point; a run interrupted there may have left old files.
+            if _remove_legacy(root):
+                progress(f"{root}: removed the format-1 files an interrupted run left")
             done.already = True
             return done
         _discard_attempt(root)
@@ -119,15 +123,23 @@ def migrate_location(root: Path, fsync: bool = True,
         finally:
             catalog.close()
         layout.write_format(root, fsync)  # the commit point
-        for top in layout.user_entries(root):
-            directory = root / top
-            for item in list(directory.iterdir()) if directory.is_dir() else []:
-                if layout.pack_number(item.name) is None:
-                    shutil.rmtree(item) if item.is_dir() else item.unlink()
+        _remove_legacy(root)
         progress(f"{root}: migrated {done.partials} partial segments ({done.bytes} bytes)")
         return done
     finally:
         location.close()
+
+
+def _remove_legacy(root: Path) -> int:
+    """Remove what format 1 kept in task directories (anything but packs); the count."""
+    removed = 0
+    for top in layout.user_entries(root):
+        directory = root / top
+        for item in list(directory.iterdir()) if directory.is_dir() else []:
+            if layout.pack_number(item.name) is None:
+                shutil.rmtree(item) if item.is_dir() else item.unlink()
+                removed += 1
+    return removed
 
 
 def _seal(pack: packs.Pack, fsync: bool) -> None:

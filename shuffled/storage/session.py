@@ -56,6 +56,9 @@ class BulkSession:
         self._small_slots: list[int] = []  # where each gathered partial's outcome goes
         self._writing: list[asyncio.Task[None]] = []  # gathered batches being written
         self._extra: list[Pack] = []  # packs to release at the end besides _packs
+        self._placing = 0  # _place calls with file work on an I/O thread (may create a pack)
+        self._placed = asyncio.Event()  # set while _placing is 0
+        self._placed.set()
         # Per partial: the refusal, or its meta and commit future; None while gathered.
         self._results: list[_Outcome | None] = []
 
@@ -132,6 +135,16 @@ class BulkSession:
         self.cancelled = True
         for pack in [*self._packs.values(), *self._extra]:
             pack.dead = True
+
+    async def settled(self) -> None:
+        """Wait until no file work of :meth:`_place` is under way (a DELETE removes the
+        task's directories only then: a pack being created would recreate them)."""
+        await self._placed.wait()
+
+    def _placing_done(self, _work: asyncio.Future[Any]) -> None:
+        self._placing -= 1
+        if not self._placing:
+            self._placed.set()
 
     def _conflict(self) -> Conflict:
         return Conflict(f"supervisor task {self.sup} was deleted while this upload was in "
@@ -261,10 +274,14 @@ class BulkSession:
         store = self.store
         tried: set[int] = set()
         while True:
+            if self.cancelled:
+                raise self._conflict()
             loc = store._placement.choose(size, frozenset(tried))
             pack = self._packs.pop(loc.index, None)
             if pack is not None and (pack.dead or pack.size + size > store.settings.pack_max_bytes):
-                await store._release(pack)
+                # Not released now: partials of it may still be waiting for their group
+                # commit, and releasing a pack nothing was committed to yet removes it.
+                self._extra.append(pack)
                 pack = None
             if pack is None:
                 pack = store._pool.take(loc.index, self.sup)
@@ -277,7 +294,11 @@ class BulkSession:
                     # more than checking and appending a small batch to the page cache.
                     pack, result = packs.on_pack(*args_)
                 else:
-                    pack, result = await store.run(packs.on_pack, *args_)
+                    work = asyncio.ensure_future(store.run(packs.on_pack, *args_))
+                    self._placing += 1
+                    self._placed.clear()
+                    work.add_done_callback(self._placing_done)  # when the thread is done
+                    pack, result = await asyncio.shield(work)
             except packs.Unusable as exc:
                 if pack is not None:
                     self._keep(loc.index, pack)

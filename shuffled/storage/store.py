@@ -115,8 +115,10 @@ class Store(Queries):
                 await self.on_writer(loc.index, self.catalogs[loc.index].close)
             raise
         now = self.clock()
-        for loc, catalog in zip(self.locations, self.catalogs, strict=True):
-            found = await self.on_writer(loc.index, recovery.reconcile, loc.path, catalog)
+        found_at = [await self.on_writer(loc.index, recovery.reconcile, loc.path, catalog)
+                    for loc, catalog in zip(self.locations, self.catalogs, strict=True)]
+        await self._forget_shadowed()
+        for loc, catalog, found in zip(self.locations, self.catalogs, found_at, strict=True):
             self.dropped_on_recovery += found.dropped
             self._last_pack = max(self._last_pack, found.max_pack)
             for sup, count, size, newest in await self.on_writer(loc.index, catalog.task_figures):
@@ -137,6 +139,25 @@ class Store(Queries):
         if self.recovered_partials or self.dropped_on_recovery:
             log.info("recovered %d partial segments of %d tasks (%d dropped)",
                      self.recovered_partials, len(self._tasks), self.dropped_on_recovery)
+
+    async def _forget_shadowed(self) -> None:
+        """Forget older copies of keys another location holds newer (left by a crash
+        between a cross-location replace and its background forget), so that figures
+        count every key once. One join per pair of locations, on the writer threads."""
+        stale: dict[int, list[tuple[Any, ...]]] = {}
+        for i, catalog in enumerate(self.catalogs):
+            for j in range(i + 1, len(self.catalogs)):
+                other = self.catalogs[j].path
+                for row, there in await self.on_writer(i, catalog.shared_keys, other):
+                    if there > row[5]:
+                        stale.setdefault(i, []).append(row)
+                    else:
+                        stale.setdefault(j, []).append((*row[:5], there))
+        for index, rows in stale.items():
+            await self.on_writer(index, self.catalogs[index].forget_many, rows)
+            self.dropped_on_recovery += len(rows)
+            log.warning("forgot %d older copies in %s of partials another location holds",
+                        len(rows), self.locations[index].path)
 
     async def close(self) -> None:
         for commit in self.commits:
@@ -347,8 +368,10 @@ class Store(Queries):
                 return None
             writes = self._writes.get(sup)
             if writes is not None:
-                for session in writes.sessions:
+                sessions = list(writes.sessions)
+                for session in sessions:
                     session.cancel()
+                await asyncio.gather(*(session.settled() for session in sessions))
                 await writes.idle.wait()
             entry = self._tasks.pop(sup, None)
             if entry is not None:
