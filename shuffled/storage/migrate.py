@@ -77,8 +77,8 @@ def _discard_attempt(root: Path) -> None:
 
 def migrate_location(root: Path, fsync: bool = True,
                      progress: Callable[[str], None] = lambda _m: None) -> Migrated:
-    """Convert ``root`` in place (blocking). Idempotent: a format-2 location keeps its packs (only format-1 files a run
-    interrupted after its commit point left are removed)."""
+    """Convert ``root`` in place (blocking). Idempotent: a format-2 location keeps its
+    packs (only format-1 files left by a run interrupted after its commit point go)."""
     done = Migrated(root)
     location = Location(0, root, None, 0)
     location.open()  # the exclusive lock: refuses while a daemon uses the location
