@@ -27,7 +27,9 @@ from typing import Any
 
 from shuffled.crc import crc32c
 from shuffled.errors import BadRequest
-from shuffled.protocol import Interval, PartialKey, crc_hex, parse_partition_id, validate_id
+from shuffled.protocol import (
+    Interval, PartialKey, PartitionKey, crc_hex, parse_partition_id, validate_id,
+)
 
 MEDIA_TYPE = "application/vnd.shuffled.partials"
 MAGIC = b"SHB1"
@@ -140,3 +142,37 @@ def end_count(header: dict[str, Any]) -> int:
     if not isinstance(count, int) or isinstance(count, bool) or count < 0:
         raise FramingError("END frame header has no count", field="body")
     return count
+
+
+# -- the bulk partition read's answer (docs/bulk-upload.md, "Reading many partitions") ------
+
+PARTITIONS_MEDIA_TYPE = "application/vnd.shuffled.partitions"
+
+
+def encode_partition(key: PartitionKey, body_len: int, body_crc: int, partials: int,
+                     rows: int, fallback: str | None = None) -> bytes:
+    """The fixed part and header of one partition's frame in a bulk read's answer; its
+    body (``body_len`` bytes) is the partition's aggregate Arrow IPC stream. ``fallback``
+    says why the body is empty and the partition must be read with the single GET."""
+    fields: dict[str, Any] = {
+        "start": key.interval.start_iso, "end": key.interval.end_iso,
+        "partitionId": key.partition_id, "partials": partials, "rows": rows,
+        "crc32c": crc_hex(body_crc),
+    }
+    if fallback is not None:
+        fields["fallback"] = fallback
+    header = json.dumps(fields, separators=(",", ":")).encode()
+    return _header(FIXED.pack(MAGIC, 0, b"\0\0\0", len(header), body_len), header)
+
+
+def partition_of(supervisor_task_id: str, header: dict[str, Any]) -> tuple[PartitionKey, int]:
+    """The partition and body CRC32C a bulk read's frame header names."""
+    try:
+        interval = Interval.parse(header.get("start"), header.get("end"))
+        pid = parse_partition_id(header.get("partitionId"))  # type: ignore[arg-type]
+        crc = header.get("crc32c")
+        if not isinstance(crc, str) or not _HEX8.fullmatch(crc):
+            raise FramingError(f"frame header crc32c {str(crc)[:16]!r} is not 8 hex digits")
+    except BadRequest as exc:
+        raise FramingError(f"frame header: {exc.message}", **exc.details) from exc
+    return PartitionKey(supervisor_task_id, interval, pid), int(crc, 16)

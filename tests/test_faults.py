@@ -337,7 +337,7 @@ def test_corrupted_byte_is_detected_and_names_the_partial(tmp_path: Path) -> Non
         assignment = Assignment(INTERVAL.start, INTERVAL.end, 0,
                                 ((url, ("s1", "s2", "s3"), 9000),))
         with pytest.raises(DigestMismatch, match="sup/s2"):
-            _fetch({url: client}, cfg, assignment)
+            _fetch({url: client}, cfg, [assignment])
 
         # Re-running the subtask (a replace) heals it.
         client.put_partial(key("s2"), bodies["s2"])

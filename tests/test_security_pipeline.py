@@ -34,7 +34,7 @@ def test_phase2_reads_over_tls_with_ca_bundle_and_token(tmp_path: Path,
                            token=token, ca_file=str(cert))
         clients: dict[str, ShuffleClient] = {}
         try:
-            tables = _fetch(clients, cfg, assignment)
+            (tables,) = _fetch(clients, cfg, [assignment])  # a batch of one partition
         finally:
             for c in clients.values():
                 c.close()
@@ -43,6 +43,6 @@ def test_phase2_reads_over_tls_with_ca_bundle_and_token(tmp_path: Path,
                              token="wrong", ca_file=str(cert))
         clients = {}
         with pytest.raises(Unauthorized):
-            _fetch(clients, wrong, assignment)
+            _fetch(clients, wrong, [assignment])
         for c in clients.values():
             c.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import random
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,10 @@ from shuffled.errors import BadRequest
 from shuffled.spark import SpecError, parse_spec
 from shuffled.spark.determine import boundaries
 from shuffled.spark.granularity import GRANULARITIES, bucket_end, buckets, truncate
-from shuffled.spark.phase2 import Assignment, assign, balance, merge_partition
+from shuffled.spark import durable
+from shuffled.spark.phase2 import (
+    Assignment, assign, balance, batches, merge_partition, merge_partitions,
+)
 from shuffled.spark.publish import publish, read_manifest
 from shuffled.spark.rollup import Layout, combine, from_ipc, rollup_input, split_by, to_ipc
 
@@ -149,6 +153,52 @@ def test_rollup_then_merge_equals_one_rollup() -> None:
     assert merged.num_rows == 3
     assert merged.column("__time").to_pylist() == [1, 1, 2]
     assert merged.column("d").to_pylist() == [None, "a", None]  # nulls first
+
+
+def test_merging_a_batch_equals_merging_each_partition() -> None:
+    layout = _layout()
+    rng = random.Random(5)
+    parts = []
+    for n in range(40):  # partitions of 0..60 rows in 1..3 partials, some keys repeated
+        partials = []
+        for _ in range(1 + n % 3):
+            rows = rng.randrange(0, 20)
+            raw = pa.table({"__time": [rng.randrange(3) for _ in range(rows)],
+                            "d": [rng.choice(["a", "b", None]) for _ in range(rows)],
+                            "__m1": [rng.choice([1, 2, None]) for _ in range(rows)],
+                            "__m2": [rng.random() for _ in range(rows)]})
+            partials.append(rollup_input(raw, layout, []))
+        parts.append(partials)
+    merged = merge_partitions(parts, layout)
+    assert len(merged) == len(parts)
+    for got, tables in zip(merged, parts, strict=True):
+        assert got.equals(merge_partition(tables, layout))
+    plain = Layout(layout.dims, layout.metrics, rollup=False)
+    assert [t.num_rows for t in merge_partitions(parts, plain)] == [
+        sum(t.num_rows for t in tables) for tables in parts]
+    a = [Assignment(i, i + 1, 0, (("s", ("x",), rows),)) for i, rows in
+         enumerate([10, 10, 400, 10, 10, 10])]
+    assert [len(b) for b in batches(a, partitions=3, rows=400)] == [2, 1, 3]
+    assert [len(b) for b in batches(a, partitions=2, rows=10**6)] == [2, 2, 2]
+
+
+def test_files_are_made_durable_with_or_without_syncfs(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    paths = []
+    for i in range(3):
+        path = tmp_path / f"{i}.parquet"
+        path.write_bytes(b"x" * 10)
+        paths.append(str(path))
+    assert durable.syncfs(str(tmp_path))  # this kernel has it
+    durable.sync_files(paths, [str(tmp_path)])
+    synced: list[int] = []
+    real_fsync = durable.os.fsync
+    monkeypatch.setattr(durable, "_libc", None)
+    monkeypatch.setattr(durable.os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+    durable.sync_files(paths, [str(tmp_path)])
+    assert len(synced) == len(paths) + 1  # every file and the directory
+    with pytest.raises(FileNotFoundError):
+        durable.sync_files([str(tmp_path / "gone")], [str(tmp_path)])
 
 
 def test_range_boundaries_split_evenly_and_skip_repeats() -> None:

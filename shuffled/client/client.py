@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, BinaryIO
 
+from shuffled.client import partitions
 from shuffled.client.bulk import Batch
 from shuffled.client.bulk import upload as bulk_upload
 from shuffled.client.digest import check_crc, crc32c_of, crc_from_json
@@ -175,6 +176,37 @@ class ShuffleClient:
         query = self._partition_query(partition, sub_task_ids)
         self._download_partition(partition, sub_task_ids, query, sink)
         return sink.value()
+
+    def get_partitions(
+        self, supervisor_task_id: str,
+        wanted: Sequence[tuple[PartitionKey, Sequence[str] | None]],
+    ) -> list[bytes]:
+        """Many partitions of one supervisor task, each as what :meth:`get_partition`
+        returns, in order, read with few requests (``POST /tasks/{sup}/partitions``, up to
+        :data:`~shuffled.client.partitions.MAX_PER_REQUEST` partitions each).
+
+        ``wanted`` pairs each partition with its subtask ids (None for all). Every frame is
+        checked against its CRC32C; a cut answer is asked for again. A partition the daemon
+        serves only re-encoded (schemas differ), a batch failing a CRC32C check, and every
+        partition of an older daemon without the route are read with :meth:`get_partition`
+        (which names a corrupt partial). Raises NotFound as :meth:`get_partition` would.
+        """
+        sup = validate_id(supervisor_task_id, "supervisorTaskId")
+        for key, subs in wanted:
+            if key.supervisor_task_id != sup:
+                raise ValueError(f"{key} does not belong to supervisor task {sup}")
+            self._partition_query(key, subs)  # the same refusals as get_partition
+        out: list[bytes] = []
+        for at in range(0, len(wanted), partitions.MAX_PER_REQUEST):
+            chunk = wanted[at: at + partitions.MAX_PER_REQUEST]
+            try:
+                answers = partitions.read(self._http, f"{task_path(sup)}/partitions", sup, chunk)
+            except DigestMismatch:
+                answers = None  # read each alone: get_partition finds the corrupt partial
+            for i, (key, subs) in enumerate(chunk):
+                body = answers[i][1] if answers is not None else None
+                out.append(body if body is not None else self.get_partition(key, subs))
+        return out
 
     def get_partition_to(
         self, partition: PartitionKey, out: BinaryIO, sub_task_ids: Sequence[str] | None = None

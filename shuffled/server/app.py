@@ -13,7 +13,7 @@ from shuffled.cleanup.scheduler import sweeper_ctx
 from shuffled.config import Settings
 from shuffled.metrics import Metrics, StoreCollector
 from shuffled.protocol import API_PREFIX
-from shuffled.server import bulk, handlers
+from shuffled.server import bulk, handlers, partitions
 from shuffled.server.errors import error_middleware
 from shuffled.server.limits import Limiter
 from shuffled.server.middleware import (
@@ -53,6 +53,7 @@ def make_app(settings: Settings, *, registry: CollectorRegistry | None = None,
     task = f"{API_PREFIX}/tasks/{sup}"
     app.router.add_put(f"{task}/{{sub}}/partition", handlers.put_partial)
     app.router.add_post(f"{task}/partials", bulk.post_partials)
+    app.router.add_post(f"{task}/partitions", partitions.read_partitions)
     app.router.add_get(f"{task}/{{sub}}/partition", handlers.get_partial)
     app.router.add_get(f"{task}/partition", handlers.get_partition)
     app.router.add_get(f"{API_PREFIX}/tasks", handlers.list_tasks)

@@ -51,36 +51,48 @@ def _pread(fobj: IO[bytes], offset: int, size: int) -> bytes:
     return os.pread(fobj.fileno(), size, offset)
 
 
+Piece = tuple[IO[bytes], int, int] | bytes  # a file range, or bytes to send as they are
+
+
 async def send_ranges(request: web.Request, response: web.StreamResponse,
-                      ranges: Sequence[tuple[IO[bytes], int, int]],
+                      ranges: Sequence[Piece],
                       run: Callable[..., Awaitable[bytearray]]) -> None:
-    """Write each ``(file, offset, count)`` in order: runs of small ranges gathered into
-    buffers of up to :data:`GATHER` bytes, large ranges with :func:`send_range`.
+    """Write each ``(file, offset, count)`` (or bytes) in order: runs of small pieces
+    gathered into buffers of up to :data:`GATHER` bytes, large ranges with
+    :func:`send_range`.
 
     (Reading the next buffer while writing this one was measured slower here: the reader
     thread competes with the event loop for the same cores.)
     """
-    batch: list[tuple[IO[bytes], int, int]] = []
+    batch: list[Piece] = []
     size = 0
-    for fobj, offset, count in ranges:
-        if batch and (count > SMALL or size + count > GATHER):
+    for piece in ranges:
+        count = len(piece) if isinstance(piece, bytes) else piece[2]
+        large = count > SMALL and not isinstance(piece, bytes)
+        if batch and (large or size + count > GATHER):
             await response.write(await run(_gather, batch, size))
             batch, size = [], 0
-        if count > SMALL:
-            await send_range(request, response, fobj, offset, count, run)
+        if large:
+            assert not isinstance(piece, bytes)
+            await send_range(request, response, *piece, run)
             continue
-        batch.append((fobj, offset, count))
+        batch.append(piece)
         size += count
     if batch:
         await response.write(await run(_gather, batch, size))
 
 
-def _gather(ranges: Sequence[tuple[IO[bytes], int, int]], size: int) -> bytearray:
+def _gather(ranges: Sequence[Piece], size: int) -> bytearray:
     """Read every range into one buffer (one executor call for the lot)."""
     buf = bytearray(size)
     view = memoryview(buf)
     at = 0
-    for fobj, offset, count in ranges:
+    for piece in ranges:
+        if isinstance(piece, bytes):
+            view[at: at + len(piece)] = piece
+            at += len(piece)
+            continue
+        fobj, offset, count = piece
         got = os.preadv(fobj.fileno(), [view[at: at + count]], offset)
         if got != count:
             raise ConnectionResetError(f"file ended {count - got} bytes early")

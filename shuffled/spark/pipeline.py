@@ -299,7 +299,9 @@ class _Job:
             raise IngestionFailed("phase 2 results do not match the phase-1 partitions")
         self.report.rows_out = sum(r["rows"] for r in results)
         self.report.bytes_fetched = sum(r["bytesFetched"] for r in results)
+        spent = {f"{k}Seconds": round(sum(r.get(f"{k}Ms", 0.0) for r in results) / 1000, 3)
+                 for k in ("fetch", "merge", "write")}  # summed over the merge tasks
         self.report.phase("partialSegmentMerge", started, tasks=len(groups),
-                          partitions=len(results), rowsOut=self.report.rows_out)
+                          partitions=len(results), rowsOut=self.report.rows_out, **spent)
         self.say(f"phase 2 done: {len(results)} segments, {self.report.rows_out} rows")
         return results

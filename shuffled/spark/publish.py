@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from shuffled.protocol import Interval
+from shuffled.spark.durable import fsync_dir, sync_files
 
 MANIFEST = "manifest.json"
 
@@ -35,15 +36,7 @@ def write_json_atomic(path: str, value: Any) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(path) or ".")
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(os.path.dirname(path) or ".")
 
 
 @contextmanager
@@ -104,8 +97,10 @@ def publish(ds_dir: str, data_source: str, version: str, staged: list[dict[str, 
                 "partitionNum": num, "shardSpec": shard_spec(s, offset), "rows": s["rows"],
                 "bytes": s["bytes"], "path": rel,
             })
-        for d in {os.path.dirname(os.path.join(ds_dir, p["path"])) for p in published}:
-            _fsync_dir(d)
+        # The moves are durable before the manifest names them: one syncfs for them all
+        # (a fsync per segment directory where there is none).
+        moved = [os.path.join(ds_dir, p["path"]) for p in published]
+        sync_files([], [ds_dir, *{os.path.dirname(m) for m in moved}])
         segments = sorted(keep + published,
                           key=lambda x: (_interval(x), x["version"], x["partitionNum"]))
         write_json_atomic(os.path.join(ds_dir, MANIFEST),

@@ -1,0 +1,120 @@
+"""``POST /tasks/{sup}/partitions``: many partitions of one task read with one request.
+
+Phase 2 of a Druid-shaped job reads thousands of small partitions; one aggregate GET each
+costs a round trip and a handler run that outweigh the bytes. This route answers a list
+of partitions (each optionally restricted to some subtasks) with one framed stream
+(:mod:`shuffled.framing`, media type ``application/vnd.shuffled.partitions``): per
+partition, in the order asked, a frame whose body is exactly what the aggregate GET of that
+partition would send on its zero-copy path, then an END frame with the count. A partition
+the zero-copy path cannot serve (schemas differ, dictionaries) gets an empty frame with
+``fallback``: the client reads that one with the aggregate GET, which re-encodes. A cut
+connection never ends with END, so a client never takes a partial answer for a whole one.
+docs/bulk-upload.md ("Reading many partitions") has the contract.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import IO, Any
+
+from aiohttp import web
+
+from shuffled.errors import BadRequest
+from shuffled.framing import PARTITIONS_MEDIA_TYPE, encode_end, encode_partition
+from shuffled.protocol import Interval, PartitionKey, parse_partition_id, validate_id
+from shuffled.server import aggregate
+from shuffled.server.errors import RESPONSE_STARTED
+from shuffled.server.middleware import SENT_BYTES
+from shuffled.server.sendfile import Piece, send_ranges
+from shuffled.server.state import state_of
+from shuffled.storage.arrowfile import EOS
+from shuffled.storage.index import PartialMeta
+
+MAX_PARTITIONS = 1000  # per request (the body is read whole, under client_max_size)
+OPEN_GROUP = 64  # partitions whose packs are open at once while answering
+
+
+def parse_request(supervisor_task_id: str, body: Any) -> list[tuple[PartitionKey, list[str] | None]]:
+    """The partitions a request body asks for; BadRequest naming the first fault."""
+    items = body.get("partitions") if isinstance(body, dict) else None
+    if not isinstance(items, list) or not items:
+        raise BadRequest('the body must be {"partitions": [...]} with at least one partition',
+                         field="partitions")
+    if len(items) > MAX_PARTITIONS:
+        raise BadRequest(f"{len(items)} partitions asked for; at most {MAX_PARTITIONS} per "
+                         f"request", field="partitions")
+    wanted = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise BadRequest(f"partitions[{i}] is not an object", field="partitions")
+        try:
+            interval = Interval.parse(item.get("start"), item.get("end"))
+            pid = parse_partition_id(item.get("partitionId"))
+            subs = item.get("subTaskIds")
+            if subs is not None:
+                if not isinstance(subs, list) or not subs:
+                    raise BadRequest("subTaskIds must be a non-empty list (omit it for all)",
+                                     field="subTaskIds")
+                subs = [validate_id(s, "subTaskId") for s in subs]
+        except BadRequest as exc:
+            raise BadRequest(f"partitions[{i}]: {exc.message}", **exc.details) from exc
+        wanted.append((PartitionKey(supervisor_task_id, interval, pid), subs))
+    return wanted
+
+
+def _frame(key: PartitionKey, metas: list[PartialMeta], files: list[IO[bytes]],
+           ) -> tuple[list[Piece], int]:
+    """One partition's frame as pieces to send, and its body length."""
+    if not metas:
+        return [encode_partition(key, 0, 0, 0, 0)], 0
+    plan = aggregate.fast_plan(metas)
+    if plan is None:
+        reason = "schemas differ or dictionaries: read this partition with the aggregate GET"
+        return [encode_partition(key, 0, 0, len(metas), sum(m.rows for m in metas), reason)], 0
+    pieces: list[Piece] = [encode_partition(key, plan.length, plan.crc, len(metas), plan.rows)]
+    pieces += [(files[p.file], p.offset, p.length) for p in plan.pieces]
+    pieces.append(EOS)
+    return pieces, plan.length
+
+
+async def read_partitions(request: web.Request) -> web.StreamResponse:
+    state = state_of(request)
+    sup = validate_id(request.match_info["sup"], "supervisorTaskId")
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"the body is not JSON: {exc}", field="partitions") from exc
+    wanted = parse_request(sup, body)
+    sent = 0
+    with state.downloads.slot():
+        # Every partition is looked up before the answer starts: one missing (or a subtask
+        # missing from it) is a 404 for the request, as the aggregate GET answers.
+        looked = [(key, state.store.partition(key, subs)) for key, subs in wanted]
+        state.store.touch(sup)
+        response = web.StreamResponse(headers={"Content-Type": PARTITIONS_MEDIA_TYPE})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        request[RESPONSE_STARTED] = True
+        for at in range(0, len(looked), OPEN_GROUP):
+            group = looked[at: at + OPEN_GROUP]
+            # One executor call opens every pack the group reads (mostly the same few).
+            files = await state.store.open_many([m for _, metas in group for m in metas])
+            try:
+                pieces: list[Piece] = []
+                first = 0
+                for key, metas in group:
+                    frame, length = _frame(key, metas, files[first: first + len(metas)])
+                    first += len(metas)
+                    pieces += frame
+                    sent += length
+                await send_ranges(request, response, pieces, state.store.run)
+            finally:
+                for fh in {id(f): f for f in files}.values():
+                    fh.close()
+        await response.write(encode_end(len(wanted)))
+    await response.write_eof()
+    request[SENT_BYTES] = sent
+    state.metrics.served_bytes.labels("partition").inc(sent)
+    state.metrics.served_requests.labels("partition").inc(len(wanted))
+    state.store.record_served(sup, sent)
+    return response
