@@ -18,7 +18,7 @@ from shuffled.spark.determine import boundaries
 from shuffled.spark.granularity import GRANULARITIES, bucket_end, buckets, truncate
 from shuffled.spark import durable
 from shuffled.spark.phase2 import (
-    Assignment, assign, balance, batches, merge_partition, merge_partitions,
+    Assignment, assign, balance, batches, merge_partition, merge_partitions, merge_tasks,
 )
 from shuffled.spark.publish import publish, read_manifest
 from shuffled.spark.rollup import Layout, combine, from_ipc, rollup_input, split_by, to_ipc
@@ -180,6 +180,17 @@ def test_merging_a_batch_equals_merging_each_partition() -> None:
          enumerate([10, 10, 400, 10, 10, 10])]
     assert [len(b) for b in batches(a, partitions=3, rows=400)] == [2, 1, 3]
     assert [len(b) for b in batches(a, partitions=2, rows=10**6)] == [2, 2, 2]
+
+
+def test_merge_tasks_are_sized_from_phase_one_figures() -> None:
+    def parts(n: int, rows: int) -> list[Assignment]:
+        return [Assignment(i, i + 1, 0, (("s", ("x",), rows),)) for i in range(n)]
+
+    assert merge_tasks(parts(7304, 137), 100 << 20, cores=2) == 2  # small: one per core
+    assert merge_tasks(parts(48, 200_000), 500 << 20, cores=2) == 5  # 9.6M rows
+    assert merge_tasks(parts(48, 200_000), 3 << 30, cores=2) == 8  # bytes ask for 12: 4/core
+    assert merge_tasks(parts(3, 10**7), 0, cores=16) == 3  # never more than partitions
+    assert merge_tasks(parts(1000, 10), 0, cores=0) == 1
 
 
 def test_files_are_made_durable_with_or_without_syncfs(tmp_path: Path,

@@ -131,7 +131,7 @@ class IngestSpec:
     partitions: PartitionsSpec = field(default_factory=PartitionsSpec)
     force_guaranteed_rollup: bool = False
     max_concurrent_subtasks: int = 1
-    total_merge_tasks: int = 10
+    total_merge_tasks: int | None = None  # None: from phase 1's figures (phase2.merge_tasks)
     max_parse_exceptions: int = 2**31 - 1
     max_rows_in_memory: int = 1_000_000
     max_saved_parse_exceptions: int = 20

@@ -241,6 +241,24 @@ def assign(partials: list[dict[str, Any]]) -> list[Assignment]:
     return out
 
 
+ROWS_PER_MERGE_TASK = 2_000_000
+BYTES_PER_MERGE_TASK = 256 << 20
+
+
+def merge_tasks(assignments: Sequence[Assignment], shuffled_bytes: int, cores: int) -> int:
+    """Phase-2 tasks when ``totalNumMergeTasks`` is unset, from what phase 1 reported.
+
+    One task per :data:`ROWS_PER_MERGE_TASK` rows or :data:`BYTES_PER_MERGE_TASK` shuffled
+    bytes (whichever asks for more), at least one per core (``defaultParallelism``) so no
+    core idles, at most four per core (a task costs Spark ~0.1 s to schedule and start its
+    Python worker, and more tasks than that only spread a skewed partition's neighbours
+    thinner), and never more than there are partitions."""
+    rows = sum(a.rows for a in assignments)
+    wanted = max(-(-rows // ROWS_PER_MERGE_TASK), -(-shuffled_bytes // BYTES_PER_MERGE_TASK))
+    cores = max(1, cores)
+    return max(1, min(len(assignments), max(cores, min(wanted, 4 * cores))))
+
+
 def balance(assignments: list[Assignment], tasks: int) -> list[list[Assignment]]:
     """Spread partitions over ``tasks`` merge tasks, largest first onto the lightest task."""
     tasks = max(1, min(tasks, len(assignments)))

@@ -286,8 +286,14 @@ class _Job:
             self.report.phase("partialSegmentMerge", started, tasks=0, partitions=0)
             self.say("phase 2: no rows to merge")
             return []
-        groups = phase2.balance(assignments, self.spec.total_merge_tasks)
-        self.say(f"phase 2: merging {len(assignments)} partitions in {len(groups)} tasks")
+        tasks = self.spec.total_merge_tasks
+        sized = tasks is None
+        if tasks is None:
+            tasks = phase2.merge_tasks(assignments, sum(int(p.get("bytes", 0)) for p in partials),
+                                       self.spark.sparkContext.defaultParallelism)
+        groups = phase2.balance(assignments, tasks)
+        self.say(f"phase 2: merging {len(assignments)} partitions in {len(groups)} tasks"
+                 + (" (sized from phase 1's rows and bytes)" if sized else ""))
         os.makedirs(staging, exist_ok=True)
         cfg = phase2.Phase2Config(self.task_id, self.layout, staging, self.token, self.ca_file)
         fn = phase2.make_phase2(cfg)

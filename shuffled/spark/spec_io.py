@@ -99,7 +99,7 @@ def parse_tuning(o: JsonObject) -> dict[str, Any]:
         "partitions": partitions,
         "force_guaranteed_rollup": o.bool_("forceGuaranteedRollup", False),
         "max_concurrent_subtasks": o.int_("maxNumConcurrentSubTasks", 1),
-        "total_merge_tasks": o.int_("totalNumMergeTasks", 10),
+        "total_merge_tasks": o.int_("totalNumMergeTasks", None),  # None: sized at run time
         "max_parse_exceptions": o.int_("maxParseExceptions", 2**31 - 1, minimum=0),
         "max_rows_in_memory": max(1000, o.int_("maxRowsInMemory", 1_000_000) or 1_000_000),
         "max_saved_parse_exceptions": o.int_("maxSavedParseExceptions", 20, minimum=0),
