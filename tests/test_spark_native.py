@@ -150,7 +150,9 @@ def test_spark_hash_is_sparks_hash(spark: Any) -> None:
     alphabet = "ab\u20ac\U0001F600\u00e9\x00z9"
 
     def text() -> str | None:
-        return None if rnd.random() < 0.1 else "".join(rnd.choice(alphabet) for _ in range(rnd.randint(0, 23)))
+        # Mostly short values, a few long ones (up to ~1 KiB: many 4-byte blocks).
+        size = rnd.randint(0, 23) if rnd.random() < 0.9 else rnd.randint(24, 300)
+        return None if rnd.random() < 0.1 else "".join(rnd.choice(alphabet) for _ in range(size))
 
     rows = [(text(), text(), None if rnd.random() < 0.1 else rnd.randint(-2**63, 2**63 - 1))
             for _ in range(2000)]

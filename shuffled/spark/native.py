@@ -54,7 +54,8 @@ class Bucketer:
     num_shards: int
     per_chunk: dict[int, int] = field(default_factory=dict)
 
-    def __call__(self, table: pa.Table) -> pa.Array:
+    def __call__(self, table: pa.Table) -> np.ndarray:
+        """The partition (int32) of every row of ``table`` (``__chunk`` and the columns)."""
         chunks = table.column(CHUNK).to_numpy()
         if self.per_chunk:
             keys = np.array(sorted(self.per_chunk), dtype=np.int64)
@@ -64,7 +65,7 @@ class Bucketer:
             shards = np.where(found, vals[pos] if len(keys) else 1, 1)
         else:
             shards = np.int64(self.num_shards)
-        return pa.array(pmod_hash([table.column(c) for c in self.columns], shards))
+        return pmod_hash([table.column(c) for c in self.columns], shards)
 
 
 @dataclass(frozen=True)

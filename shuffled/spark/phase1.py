@@ -40,7 +40,8 @@ from shuffled.client import ShuffleClient
 from shuffled.protocol import Interval, PartialKey
 from shuffled.spark.granularity import bucket_end
 from shuffled.spark.native import Bucketer, NativeInput, Split, read_split
-from shuffled.spark.rollup import BAD, BUCKET, CHUNK, Layout, combine, rollup_input, split_by, to_ipc
+from shuffled.spark.partials import Encoder, split_partials
+from shuffled.spark.rollup import BAD, BUCKET, CHUNK, Layout, combine, rollup_input
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ class _Task:
         # JVM rows carry their partition (__bucket); native rows get it after the rollup.
         self.bucketer = bucketer
         self.extra = [CHUNK] if bucketer else [CHUNK, BUCKET]
+        self.encoder = Encoder(cfg.layout.schema())
 
     def add(self, batch: pa.RecordBatch | pa.Table) -> None:
         self.stats["rowsIn"] += batch.num_rows
@@ -103,16 +105,24 @@ class _Task:
     def _rollup_raw(self) -> None:
         self._rollup_raw_only()
         if self.pending_rows > self.cfg.max_rows:
-            merged = combine(pa.concat_tables(self.pending), self.cfg.layout, self.extra)
+            # One rolled-up table has nothing left to combine: only merge several.
+            merged = self._pending_table()
             self.pending, self.pending_rows = [merged], merged.num_rows
             if merged.num_rows > self.cfg.max_rows // 2:
                 self.flush()
 
+    def _pending_table(self) -> pa.Table:
+        if len(self.pending) == 1:
+            return self.pending[0]
+        return combine(pa.concat_tables(self.pending), self.cfg.layout, self.extra,
+                       dictionaries=True)
+
     def _rollup_raw_only(self) -> None:
         if self.raw:
-            # Row groups read natively carry their own string dictionaries: unify them.
-            raw = pa.concat_tables(self.raw).unify_dictionaries()
-            rolled = rollup_input(raw, self.cfg.layout, self.extra)
+            # String dimensions stay dictionary-encoded (row groups read natively carry
+            # their own dictionaries; grouping unifies them) until the partials are cut.
+            rolled = rollup_input(pa.concat_tables(self.raw), self.cfg.layout, self.extra,
+                                  dictionaries=True)
             self.raw, self.raw_rows = [], 0
             self.pending.append(rolled)
             self.pending_rows += rolled.num_rows
@@ -136,25 +146,21 @@ class _Task:
         self._rollup_raw_only()
         if not self.pending:
             return
-        if len(self.pending) == 1:
-            table = self.pending[0]
-        else:
-            table = combine(pa.concat_tables(self.pending), self.cfg.layout, self.extra)
+        table = self._pending_table()
         self.pending, self.pending_rows = [], 0
-        if self.bucketer is not None:
-            table = table.append_column(BUCKET, self.bucketer(table))
+        buckets = self.bucketer(table) if self.bucketer is not None else None
         sub = f"p{self.partition}-a{self.attempt}-f{self.flushes}"
         self.flushes += 1
         made: list[tuple[PartialKey, int, int]] = []  # key, rows, bytes
+        sup, gran = self.cfg.supervisor_task_id, self.cfg.segment_granularity
 
         def partials() -> Iterator[tuple[PartialKey, bytes]]:
             # Consumed by the bulk upload as it streams: each partial is encoded while the
             # previous ones are on the wire.
-            for (chunk, bucket), part in split_by(table, [CHUNK, BUCKET]):
-                interval = Interval(chunk, bucket_end(chunk, self.cfg.segment_granularity))
-                key = PartialKey(self.cfg.supervisor_task_id, sub, interval, bucket)
-                body = to_ipc(part)
-                made.append((key, part.num_rows, len(body)))
+            for chunk, bucket, rows, body in split_partials(table, self.cfg.layout, buckets,
+                                                            self.encoder):
+                key = PartialKey(sup, sub, Interval(chunk, bucket_end(chunk, gran)), bucket)
+                made.append((key, rows, len(body)))
                 yield key, body
 
         answers = self.client.put_partials(self.cfg.supervisor_task_id, partials())

@@ -15,10 +15,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from shuffled.spark.grouping import aggregate, group, key_columns, take_keys
+
 TIME = "__time"
 CHUNK = "__chunk"
 BUCKET = "__bucket"
 BAD = "__bad"
+SMALL = 1 << 16  # fewer rows than this are grouped by Acero, more by :mod:`.grouping`
 
 _ARROW_TYPES = {"string": pa.string(), "long": pa.int64(), "double": pa.float64(),
                 "float": pa.float32()}
@@ -47,8 +50,11 @@ class Layout:
         return pa.schema(fields)
 
 
-def _group(table: pa.Table, keys: list[str], aggs: list[tuple[str | list[str], str]],
-           names: list[str]) -> pa.Table:
+def _group_acero(table: pa.Table, keys: list[str], aggs: list[tuple[str | list[str], str]],
+                 names: list[str]) -> pa.Table:
+    """Acero's hash group-by (key types :mod:`.grouping` does not code)."""
+    if not aggs:
+        return _group_acero(table, keys, [([], "count_all")], ["__n"]).drop_columns(["__n"])
     grouped = table.group_by(keys, use_threads=False).aggregate(aggs)
     cols = grouped.column_names
     if cols[: len(keys)] == keys:
@@ -58,11 +64,30 @@ def _group(table: pa.Table, keys: list[str], aggs: list[tuple[str | list[str], s
     return pa.Table.from_arrays(list(key_cols) + list(agg_cols), names=keys + names)
 
 
-def rollup_input(batch: pa.Table, layout: Layout, extra_keys: list[str]) -> pa.Table:
+def _sorted_group(table: pa.Table, keys: list[str], aggs: list[tuple[str | None, str]],
+                  names: list[str]) -> pa.Table | None:
+    """:mod:`.grouping`'s group-by (rows come out sorted by ``keys[0]``); None for a
+    small table (Acero's per-call cost is lower) or a key type it does not code."""
+    if table.num_rows < SMALL:
+        return None
+    cols = key_columns(table, keys)
+    if cols is None:
+        return None
+    relative = {keys.index(TIME): keys.index(CHUNK)} if CHUNK in keys and TIME in keys else None
+    g = group(cols, table.num_rows, relative)
+    out = take_keys(cols, g)
+    out += [aggregate(table.column(src) if src else None, how, g) for src, how in aggs]
+    return pa.Table.from_arrays(out, names=keys + names)
+
+
+def rollup_input(batch: pa.Table, layout: Layout, extra_keys: list[str],
+                 dictionaries: bool = False) -> pa.Table:
     """Phase-1 rollup of raw input rows: ``extra_keys`` (chunk, bucket) + layout keys.
 
     Input metric columns are ``layout.metrics[i][4]``; ``count`` needs none. Returns the
-    extra keys followed by :meth:`Layout.schema` columns.
+    extra keys followed by :meth:`Layout.schema` columns (sorted by the first key when
+    :mod:`.grouping` grouped them; rolled-up string dimensions as dictionary<int32, string>
+    if ``dictionaries``).
     """
     keys = extra_keys + layout.keys
     names = [m[0] for m in layout.metrics]
@@ -73,35 +98,54 @@ def rollup_input(batch: pa.Table, layout: Layout, extra_keys: list[str]) -> pa.T
                 cols.append(pa.array(np.ones(batch.num_rows, dtype=np.int64)))
             else:
                 cols.append(batch.column(src))
+        # Nothing groups these rows: dictionaries would only be unified (copied) again.
         return _cast(pa.Table.from_arrays(cols, names=keys + names), layout, extra_keys)
-    aggs: list[tuple[str | list[str], str]] = []
-    for _, agg, _, _, src in layout.metrics:
-        aggs.append(([], "count_all") if agg == "count" else (src or "", agg))
-    if not aggs:
-        aggs = [([], "count_all")]
-        grouped = _group(batch, keys, aggs, ["__n"]).drop_columns(["__n"])
-    else:
-        grouped = _group(batch, keys, aggs, names)
-    return _cast(grouped, layout, extra_keys)
+    aggs = [(None if agg == "count" else src, "count_all" if agg == "count" else agg)
+            for _, agg, _, _, src in layout.metrics]
+    grouped = _sorted_group(batch, keys, aggs, names)
+    if grouped is None:
+        acero: list[tuple[str | list[str], str]] = [
+            ([], "count_all") if a == "count_all" else (src or "", a) for src, a in aggs]
+        grouped = _group_acero(_plain(batch), keys, acero, names)
+    return _cast(grouped, layout, extra_keys, dictionaries)
 
 
-def combine(table: pa.Table, layout: Layout, extra_keys: list[str] = ()) -> pa.Table:  # type: ignore[assignment]
+def combine(table: pa.Table, layout: Layout, extra_keys: list[str] = (),  # type: ignore[assignment]
+            dictionaries: bool = False) -> pa.Table:
     """Merge already rolled-up rows with the combining aggregators (idempotent)."""
     if not layout.rollup:
         return table
     keys = list(extra_keys) + layout.keys
     names = [m[0] for m in layout.metrics]
-    aggs: list[tuple[str | list[str], str]] = [(m[0], m[2]) for m in layout.metrics]
-    if not aggs:
-        grouped = _group(table, keys, [([], "count_all")], ["__n"]).drop_columns(["__n"])
-    else:
-        grouped = _group(table, keys, aggs, names)
-    return _cast(grouped, layout, list(extra_keys))
+    aggs: list[tuple[str | None, str]] = [(m[0], m[2]) for m in layout.metrics]
+    grouped = _sorted_group(table, keys, aggs, names)
+    if grouped is None:
+        grouped = _group_acero(_plain(table), keys, [(m[0], m[2]) for m in layout.metrics],
+                               names)
+    return _cast(grouped, layout, list(extra_keys), dictionaries)
 
 
-def _cast(table: pa.Table, layout: Layout, extra_keys: list[str]) -> pa.Table:
+def _plain(table: pa.Table) -> pa.Table:
+    """Dictionary columns decoded: Acero's group-by leaves undefined indices under null
+    dictionary keys (see :func:`.grouping.clean`), so it only ever sees plain values."""
+    if not any(pa.types.is_dictionary(f.type) for f in table.schema):
+        return table
+    return table.cast(pa.schema([pa.field(f.name, f.type.value_type)
+                                 if pa.types.is_dictionary(f.type) else f for f in table.schema]))
+
+
+def _cast(table: pa.Table, layout: Layout, extra_keys: list[str],
+          dictionaries: bool = False) -> pa.Table:
+    """``extra_keys`` then the layout's columns, in the layout's types (string dimensions
+    as dictionary<int32, string> if ``dictionaries``)."""
     target = layout.schema()
-    fields = [table.schema.field(k) for k in extra_keys] + list(target)
+    fields = [table.schema.field(k) for k in extra_keys]
+    for f in target:
+        # With ``dictionaries`` every string dimension comes out as dictionary<int32,
+        # string>, whichever group-by ran (Acero's gives plain strings): the tables a task
+        # keeps are concatenated, which needs one schema.
+        keep = dictionaries and pa.types.is_string(f.type)
+        fields.append(pa.field(f.name, pa.dictionary(pa.int32(), f.type)) if keep else f)
     return table.select([f.name for f in fields]).cast(pa.schema(fields), safe=False)
 
 

@@ -16,6 +16,8 @@ All arithmetic is on uint32 arrays, where numpy's wrap-around is Java's int over
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -55,32 +57,94 @@ def _hash_long(values: np.ndarray, seed: np.ndarray) -> np.ndarray:
     return _fmix(h, 8)
 
 
-def _hash_strings(arr: pa.Array, seed: np.ndarray) -> np.ndarray:
-    """Murmur3 ``hashUnsafeBytes`` of each (non-null) UTF-8 value with its row's seed."""
-    arr = arr.cast(pa.large_string()) if not pa.types.is_large_string(arr.type) else arr
+@dataclass(frozen=True)
+class _Entries:
+    """The seed-independent part of hashing each dictionary entry, computed once per entry.
+
+    Entries are ranked by block count, longest first, so that the entries having a block
+    ``b`` are ranks ``0 .. len(blocks[b])``: ``blocks[b][r]`` is block ``b`` of rank ``r``
+    through ``mix_k1``. (Stored this way the words take the dictionary's size; a dense
+    (longest string x entries) matrix would take gigabytes for one long value among many.)
+    ``tails[t][e]`` is tail byte ``t`` of entry ``e`` through ``mix_k1`` (at most 3).
+    """
+
+    rank: np.ndarray  # entry -> rank
+    blocks: list[np.ndarray]
+    tails: np.ndarray
+    lengths: np.ndarray  # UTF-8 bytes per entry
+
+
+def _entries(values: pa.Array) -> _Entries:
+    arr = values.cast(pa.large_string()) if not pa.types.is_large_string(values.type) else values
     offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset: arr.offset + len(arr) + 1]
     data_buf = arr.buffers()[2]
     data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
     starts = offsets[:-1]
     lengths = (offsets[1:] - starts).astype(np.int64)
-    h = seed.copy()
-    blocks = lengths // 4
-    for b in range(int(blocks.max()) if len(blocks) else 0):
-        rows = np.flatnonzero(blocks > b)
-        at = starts[rows] + 4 * b
+    count = lengths // 4
+    by_rank = np.argsort(-count, kind="stable")
+    rank = np.empty(len(arr), dtype=np.int64)
+    rank[by_rank] = np.arange(len(arr), dtype=np.int64)
+    descending = count[by_rank]
+    blocks: list[np.ndarray] = []
+    for b in range(int(descending[0]) if len(arr) else 0):
+        # Ranks with more than b blocks: a prefix (descending[] is non-increasing).
+        at = starts[by_rank[: int(np.searchsorted(-descending, -b, side="left"))]] + 4 * b
         k = (data[at].astype(np.uint32) | (data[at + 1].astype(np.uint32) << np.uint32(8))
              | (data[at + 2].astype(np.uint32) << np.uint32(16))
              | (data[at + 3].astype(np.uint32) << np.uint32(24)))
-        h[rows] = _mix_h1(h[rows], _mix_k1(k))
-    for t in range(3):  # the legacy tail: each leftover byte, sign-extended, on its own
-        rows = np.flatnonzero(lengths % 4 > t)
-        if len(rows) == 0:
-            break
-        byte = data[starts[rows] + 4 * blocks[rows] + t].view(np.int8).astype(np.int32)
-        h[rows] = _mix_h1(h[rows], _mix_k1(byte.view(np.uint32)))
-    out = _fmix(h, lengths.astype(np.uint32))
+        blocks.append(_mix_k1(k))
+    tail = lengths % 4
+    tails = np.zeros((int(tail.max()) if len(arr) else 0, len(arr)), dtype=np.uint32)
+    for t in range(tails.shape[0]):  # the legacy tail: each leftover byte, sign-extended
+        rows = np.flatnonzero(tail > t)
+        byte = data[starts[rows] + 4 * count[rows] + t].view(np.int8).astype(np.int32)
+        tails[t, rows] = _mix_k1(byte.view(np.uint32))
+    return _Entries(rank, blocks, tails, lengths)
+
+
+def _mix_blocks(h: np.ndarray, entries: _Entries, idx: np.ndarray) -> np.ndarray:
+    """Mix each row's value's 4-byte blocks (row ``r`` holds entry ``idx[r]``) into ``h``."""
+    ranks = entries.rank[idx]
+    everyone = len(entries.rank)
+    for words in entries.blocks:
+        if len(words) == everyone:  # every entry has this block: no selection
+            h = _mix_h1(h, words[ranks])
+        else:
+            rows = np.flatnonzero(ranks < len(words))
+            h[rows] = _mix_h1(h[rows], words[ranks[rows]])
+    return h
+
+
+def _mix_tails(h: np.ndarray, entries: _Entries, idx: np.ndarray) -> np.ndarray:
+    """Mix each row's value's tail bytes into ``h``."""
+    tail = (entries.lengths % 4)[idx]
+    for t in range(entries.tails.shape[0]):
+        k = entries.tails[t][idx]
+        h = np.where(tail > t, _mix_h1(h, k), h)
+    return h
+
+
+def _hash_strings(arr: pa.Array, seed: np.ndarray) -> np.ndarray:
+    """Murmur3 ``hashUnsafeBytes`` of each (non-null) UTF-8 value with its row's seed.
+
+    The value-only part of the work is done once per distinct value: plain strings are
+    dictionary-encoded first, then each row mixes its value's precomputed blocks."""
+    if not pa.types.is_dictionary(arr.type):
+        arr = pc.dictionary_encode(arr)
+    dictionary = arr.dictionary
+    if not (pa.types.is_string(dictionary.type) or pa.types.is_large_string(dictionary.type)):
+        raise TypeError(f"no Spark-compatible hash for Arrow type {arr.type}")
     valid = _valid(arr)
-    return np.where(valid, out, seed)
+    if dictionary.null_count:
+        valid &= _valid(dictionary.take(arr.indices.fill_null(0)))
+    idx = arr.indices.fill_null(0).to_numpy(zero_copy_only=False).astype(np.intp)
+    if len(dictionary) == 0:
+        return seed.copy()
+    entries = _entries(dictionary)
+    h = _mix_tails(_mix_blocks(seed.copy(), entries, idx), entries, idx)
+    out = _fmix(h, entries.lengths.astype(np.uint32)[idx])
+    return out if valid.all() else np.where(valid, out, seed)
 
 
 def _valid(arr: pa.Array) -> np.ndarray:
@@ -95,12 +159,13 @@ def spark_hash(columns: list[pa.Array | pa.ChunkedArray]) -> np.ndarray:
     h = np.full(n, SEED, dtype=np.uint32)
     for col in columns:
         arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-        if pa.types.is_dictionary(arr.type):
+        if pa.types.is_dictionary(arr.type) and pa.types.is_integer(arr.type.value_type):
             arr = arr.cast(arr.type.value_type)
         if pa.types.is_int64(arr.type):
             values = arr.fill_null(0).to_numpy(zero_copy_only=False)
             h = np.where(_valid(arr), _hash_long(values, h), h)
-        elif pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
+        elif (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)
+              or pa.types.is_dictionary(arr.type)):
             h = _hash_strings(arr, h)
         else:
             raise TypeError(f"no Spark-compatible hash for Arrow type {arr.type}")

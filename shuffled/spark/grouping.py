@@ -1,0 +1,226 @@
+"""Sort-based group-by of Arrow tables in numpy (the phase-1 rollup and the merge).
+
+Each key column becomes small integer codes: an integer column ``(v - min) / gcd`` (or its
+rank when that range is wider than the column is long), a string column its dictionary
+indices (dictionary-encoded first if it is plain). The codes of all key columns are mixed
+into ONE int64 per row (mixed radix, first column most significant; a prefix whose range
+would overflow is replaced by its rank), the rows are stably sorted by it, and each run of
+equal values is a group. Grouping string keys by their dictionary indices is several times
+faster than Acero's hash group-by on the strings, and the result comes out sorted by the
+first key (the time chunk), which the split into partial segments needs anyway.
+
+Aggregates follow Arrow's hash aggregates exactly: ``count_all``; ``sum`` skipping nulls,
+null for a group without values, integers summed in int64 (wrapping), floating point
+accumulated in float64 in input row order; ``min``/``max`` skipping nulls and NaN (NaN
+only when every value is NaN). Key types other than integers and strings are refused
+(:func:`group` returns None): the caller uses Acero then.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+_LIMIT = 1 << 62  # the mixed-radix key stays below this (int64, no overflow)
+
+
+@dataclass(frozen=True)
+class Groups:
+    """Rows grouped: ``order`` sorts the rows by key, groups start at ``starts`` in that
+    order; ``first`` is each group's first row (input order), ``gid`` each row's group."""
+
+    order: np.ndarray
+    starts: np.ndarray
+    first: np.ndarray
+    count: int
+    rows: int
+
+    def gid(self) -> np.ndarray:
+        """The group number of every input row."""
+        change = np.zeros(self.rows, dtype=np.int64)
+        change[self.starts[1:]] = 1
+        out = np.empty(self.rows, dtype=np.int64)
+        out[self.order] = np.cumsum(change)
+        return out
+
+    def sizes(self) -> np.ndarray:
+        """Rows per group."""
+        return np.diff(np.append(self.starts, self.rows)).astype(np.int64)
+
+
+def _int_codes(col: pa.Array) -> tuple[np.ndarray, int]:
+    """Order-preserving codes of an integer column (nulls are code 0) and their range."""
+    n = len(col)
+    valid = None if col.null_count == 0 else pc.is_valid(col).to_numpy(zero_copy_only=False)
+    if n == 0 or (valid is not None and not valid.any()):
+        return np.zeros(n, dtype=np.int64), 1
+    values = col.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
+    present = values if valid is None else values[valid]
+    lo, hi = int(present.min()), int(present.max())
+    shift = 0 if valid is None else 1
+    if hi - lo < (1 << 62):
+        delta = values - np.int64(lo)
+        if valid is not None:
+            delta[~valid] = 0
+        step = int(np.gcd.reduce(delta)) or 1
+        if (hi - lo) // step < n:
+            if step > 1:
+                delta //= step
+            if valid is not None:
+                delta += 1
+                delta[~valid] = 0
+            return delta, (hi - lo) // step + 1 + shift
+    uniq, codes = np.unique(present, return_inverse=True)
+    if valid is None:
+        return codes.astype(np.int64, copy=False), len(uniq)
+    out = np.zeros(n, dtype=np.int64)
+    out[valid] = codes + 1
+    return out, len(uniq) + 1
+
+
+def clean(arr: pa.DictionaryArray) -> pa.DictionaryArray:
+    """``arr`` with index 0 under its null slots. Arrow leaves those bytes undefined (Acero
+    and ``take`` leave whatever the allocator had), and pyarrow's dictionary unification
+    (``combine_chunks``, ``unify_dictionaries``) transposes them anyway: an index far out
+    of range there crashes the process."""
+    idx = arr.indices
+    if idx.null_count == 0:
+        return arr
+    bitmap = pc.is_valid(idx).buffers()[1]  # a fresh boolean array: offset 0, bit-packed
+    zeroed = idx.fill_null(0)
+    indices = pa.Array.from_buffers(idx.type, len(idx), [bitmap, zeroed.buffers()[1]],
+                                    idx.null_count, zeroed.offset)
+    return pa.DictionaryArray.from_arrays(indices, arr.dictionary)
+
+
+def dictionary_of(col: pa.Array | pa.ChunkedArray) -> pa.DictionaryArray:
+    """``col`` (string or dictionary of strings) as ONE dictionary array whose dictionary
+    holds each value once and no null (equal indices <=> equal values)."""
+    if isinstance(col, pa.ChunkedArray):
+        if pa.types.is_dictionary(col.type):
+            col = pa.chunked_array([clean(c) for c in col.chunks], col.type)
+        arr = col.combine_chunks()
+    else:
+        arr = col
+    if pa.types.is_dictionary(arr.type):
+        arr = clean(arr)
+        d = arr.dictionary
+        if d.null_count == 0 and pc.count_distinct(d, mode="all").as_py() == len(d):
+            return arr
+        arr = arr.cast(arr.type.value_type)
+    return pc.dictionary_encode(arr)
+
+
+def _dict_codes(arr: pa.DictionaryArray) -> tuple[np.ndarray, int]:
+    """Dictionary indices as codes (a null is one past the dictionary) and their range."""
+    card = len(arr.dictionary)
+    idx = arr.indices
+    if idx.null_count:
+        idx = idx.fill_null(card)
+        card += 1
+    return idx.to_numpy(zero_copy_only=False).astype(np.int64), max(card, 1)
+
+
+def _mix(parts: list[tuple[np.ndarray, int]], n: int) -> np.ndarray:
+    key = np.zeros(n, dtype=np.int64)
+    total = 1
+    for codes, card in parts:
+        if total * card >= _LIMIT:  # rank the prefix so far: same order, dense
+            uniq, key = np.unique(key, return_inverse=True)
+            key = key.astype(np.int64, copy=False)
+            total = len(uniq)
+        if total > 1:
+            key *= card
+        key += codes
+        total *= card
+    return key
+
+
+def key_columns(table: pa.Table, keys: list[str]) -> list[pa.Array] | None:
+    """The key columns as single arrays (strings as :func:`dictionary_of`); None if a key
+    is neither integer nor string."""
+    out: list[pa.Array] = []
+    for k in keys:
+        col = table.column(k)
+        t = col.type.value_type if pa.types.is_dictionary(col.type) else col.type
+        if pa.types.is_string(t) or pa.types.is_large_string(t):
+            out.append(dictionary_of(col))
+        elif pa.types.is_integer(col.type):
+            out.append(col.combine_chunks())
+        else:
+            return None
+    return out
+
+
+def group(columns: list[pa.Array], n: int, relative: dict[int, int] | None = None) -> Groups:
+    """Group ``n`` rows by ``columns`` (from :func:`key_columns`).
+
+    ``relative`` maps a column index to an earlier one: that column is coded by its
+    difference to the earlier column (the same groups, since the earlier one is a key
+    too; ``__time - __chunk`` spans one chunk where ``__time`` spans the whole input).
+    """
+    parts: list[tuple[np.ndarray, int]] = []
+    for i, arr in enumerate(columns):
+        if pa.types.is_dictionary(arr.type):
+            parts.append(_dict_codes(arr))
+            continue
+        j = (relative or {}).get(i)
+        if j is not None and arr.null_count == 0 and columns[j].null_count == 0:
+            arr = pc.subtract_checked(arr.cast(pa.int64()), columns[j].cast(pa.int64()))
+        parts.append(_int_codes(arr))
+    key = _mix(parts, n)
+    if n and bool(np.all(key[1:] >= key[:-1])):
+        order = np.arange(n, dtype=np.int64)
+        ks = key
+    else:
+        order = np.argsort(key, kind="stable")
+        ks = key[order]
+    starts = np.flatnonzero(ks[1:] != ks[:-1]) + 1
+    starts = np.concatenate([np.zeros(min(n, 1), dtype=np.int64), starts])
+    return Groups(order, starts, order[starts], len(starts), n)
+
+
+def aggregate(col: pa.Array | pa.ChunkedArray | None, how: str, g: Groups) -> pa.Array:
+    """``how`` (count_all, sum, min, max) of ``col`` per group, as Arrow would."""
+    if how == "count_all":
+        return pa.array(g.sizes(), pa.int64())
+    assert col is not None
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    floating = pa.types.is_floating(arr.type)
+    if how == "sum":
+        arr = arr.cast(pa.float64() if floating else pa.int64())
+    elif not floating and not pa.types.is_integer(arr.type):
+        raise TypeError(f"no {how} aggregate for Arrow type {arr.type}")
+    valid = None if arr.null_count == 0 else pc.is_valid(arr).to_numpy(zero_copy_only=False)
+    if how == "sum" and floating:
+        # bincount accumulates in input row order, in float64: Arrow's grouped sum exactly.
+        values = arr.fill_null(0.0).to_numpy(zero_copy_only=False)
+        out = np.bincount(g.gid(), weights=values, minlength=g.count)
+    else:
+        if how == "sum":
+            fill: float | int = 0
+        elif floating:
+            fill = np.nan
+        else:
+            info = np.iinfo(np.dtype(arr.type.to_pandas_dtype()))
+            fill = info.max if how == "min" else info.min
+        values = arr.fill_null(fill).to_numpy(zero_copy_only=False)[g.order]
+        ufunc = {"sum": np.add, "min": np.fmin if floating else np.minimum,
+                 "max": np.fmax if floating else np.maximum}[how]
+        out = ufunc.reduceat(values, g.starts) if g.count else values[:0]
+    mask = None
+    if valid is not None:
+        present = np.add.reduceat(valid[g.order].astype(np.int64), g.starts) if g.count else []
+        mask = np.asarray(present) == 0
+    typ = arr.type if how != "sum" else (pa.float64() if floating else pa.int64())
+    return pa.array(out, typ, mask=mask)
+
+
+def take_keys(columns: list[pa.Array], g: Groups) -> list[pa.Array]:
+    """Each key column's value for every group (dictionary columns stay dictionaries)."""
+    idx = pa.array(g.first)
+    return [clean(c.take(idx)) if pa.types.is_dictionary(c.type) else c.take(idx)
+            for c in columns]

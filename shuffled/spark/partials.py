@@ -1,0 +1,110 @@
+"""Phase-1 partial segments: rolled-up rows cut by (time chunk, partition), each one Arrow
+IPC stream, produced lazily so that a bulk upload sends each while the next is encoded.
+
+The rows are ordered by (chunk, partition) once (usually they already are by chunk: the
+rollup sorts by it, then a stable sort by the small combined key), every column is taken
+into that order once (dictionary-encoded strings become plain strings in the same pass),
+and each partial is a zero-copy slice of the result. A partial's bytes are exactly what
+``pa.ipc.new_stream(...).write_table(slice)`` writes (tested): the schema message,
+serialized once per layout, then the slice's record batch, then the end-of-stream marker.
+Every partial of every task thus carries the same schema message, which the daemon's
+zero-copy aggregate GET relies on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from shuffled.spark.rollup import BUCKET, CHUNK, Layout
+
+SLAB = 1 << 16  # rows put in order at a time
+EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # IPC end-of-stream: continuation marker, length 0
+
+
+class Encoder:
+    """Arrow IPC streams of record batches of one schema (its message serialized once)."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self.head = schema.serialize().to_pybytes()
+
+    def encode(self, batch: pa.RecordBatch) -> bytes:
+        """One IPC stream holding ``batch`` (at least one row), as ``new_stream`` writes it."""
+        return b"".join((self.head, batch.serialize(), EOS))
+
+
+def _sorted(a: np.ndarray) -> bool:
+    return bool(np.all(a[1:] >= a[:-1]))
+
+
+def run_order(chunks: np.ndarray, buckets: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+    """The row order grouping rows by (chunk, bucket) (None: already grouped) and the
+    start of each run in that order (plus the row count at the end)."""
+    n = len(chunks)
+    order: np.ndarray | None = None
+    if not _sorted(chunks):
+        order = np.argsort(chunks, kind="stable")
+        chunks, buckets = chunks[order], buckets[order]
+    rank = np.zeros(n, dtype=np.int64)
+    if n:
+        np.cumsum(chunks[1:] != chunks[:-1], out=rank[1:])
+    lo = int(buckets.min()) if n else 0
+    width = (int(buckets.max()) - lo + 1) if n else 1
+    key = rank * width + (buckets.astype(np.int64) - lo)
+    if not _sorted(key):
+        # Stable, and a radix sort when the key fits 16 bits (numpy's rule).
+        small = key.astype(np.uint16) if int(key.max()) < (1 << 16) else key
+        second = np.argsort(small, kind="stable")
+        order = second if order is None else order[second]
+        key = key[second]
+    starts = np.flatnonzero(key[1:] != key[:-1]) + 1
+    return order, np.concatenate([[0], starts, [n]]).astype(np.int64) if n else np.zeros(1, np.int64)
+
+
+def _column(arr: pa.Array, take: pa.Array | None, lo: int, hi: int,
+            typ: pa.DataType) -> pa.Array:
+    """Rows ``take`` (or ``lo:hi`` when None) of ``arr`` as a plain ``typ`` array."""
+    if pa.types.is_dictionary(arr.type):
+        # One pass: the dictionary's values in row order (a null index gives a null).
+        idx = arr.indices.slice(lo, hi - lo) if take is None else arr.indices.take(take)
+        out = arr.dictionary.take(idx)
+    else:
+        out = arr.slice(lo, hi - lo) if take is None else arr.take(take)
+    return out if out.type == typ else out.cast(typ, safe=False)
+
+
+def split_partials(table: pa.Table, layout: Layout, buckets: np.ndarray | None = None,
+                   encoder: Encoder | None = None) -> Iterator[tuple[int, int, int, bytes]]:
+    """``(chunk, bucket, rows, ipc_bytes)`` for each (chunk, bucket) present in ``table``
+    (rolled-up rows with ``__chunk``, the layout's columns and, unless ``buckets`` gives
+    them, ``__bucket``), in (chunk, bucket) order; lazily, one partial per step.
+
+    Columns are put in order a slab of about :data:`SLAB` rows at a time, so the first
+    partial is ready (and on the wire) before the last rows are moved.
+    """
+    if table.num_rows == 0:
+        return
+    chunks = table.column(CHUNK).to_numpy()
+    bucket_of = np.asarray(buckets if buckets is not None else table.column(BUCKET).to_numpy())
+    order, starts = run_order(chunks, bucket_of)
+    schema = layout.schema()
+    enc = encoder if encoder is not None and encoder.schema.equals(schema) else Encoder(schema)
+    columns = [table.column(f.name).combine_chunks() for f in schema]
+    firsts = starts[:-1] if order is None else order[starts[:-1]]
+    run_chunks, run_buckets = chunks[firsts].tolist(), bucket_of[firsts].tolist()
+    bounds = starts.tolist()
+    runs, i = len(bounds) - 1, 0
+    while i < runs:
+        lo = bounds[i]
+        j = min(max(int(np.searchsorted(starts, lo + SLAB)), i + 1), runs)
+        hi = bounds[j]
+        take = None if order is None else pa.array(order[lo:hi])
+        batch = pa.RecordBatch.from_arrays(
+            [_column(c, take, lo, hi, f.type) for c, f in zip(columns, schema)], schema=schema)
+        for r in range(i, j):
+            n = bounds[r + 1] - bounds[r]
+            yield int(run_chunks[r]), int(run_buckets[r]), n, enc.encode(batch.slice(bounds[r] - lo, n))
+        i = j
