@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ import shuffled.spark.partials as partials_mod
 import shuffled.spark.rollup as rollup_mod
 from shuffled.client import ShuffleClient
 from shuffled.protocol import Interval, PartialKey
-from shuffled.spark import grouping
+from shuffled.spark import grouping, phase1
 from shuffled.spark.partials import Encoder, split_partials
 from shuffled.spark.phase1 import Phase1Config, run_task
 from shuffled.spark.rollup import (BAD, BUCKET, CHUNK, TIME, Layout, _cast, _group_acero, combine,
@@ -265,5 +266,37 @@ def test_injected_failure_fires_after_partials_were_stored(tmp_path: Path) -> No
             stored = sum(len(p["subTasks"]) for p in held.get("partitions", []))
             c.delete_task("bulk-fail")
         assert stored >= 2  # the failed attempt left partials behind: what retries must ignore
+    finally:
+        daemon.stop()
+
+
+def test_a_task_reads_on_while_its_flush_is_uploaded(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first upload is held until the task has asked for more input: with uploads
+    made inline (the task waiting for each answer) it would never be released."""
+    entered, released = threading.Event(), threading.Event()
+
+    class HeldClient(ShuffleClient):
+        def put_partials(self, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+            entered.set()
+            if not released.wait(timeout=20):
+                raise AssertionError("the task did not read on while its flush was uploaded")
+            return super().put_partials(*args, **kwargs)
+
+    def watched(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            if entered.is_set():
+                released.set()  # asked for more input while an upload is under way
+            yield batch
+
+    monkeypatch.setattr(phase1, "ShuffleClient", HeldClient)
+    daemon = start_daemon(tmp_path / "loc")
+    try:
+        cfg = Phase1Config("overlap", (daemon.url,), LAYOUT, "day", max_rows=1500, max_saved_bad=5)
+        items = [json.loads(x) for x in run_task(cfg, watched(_batches(4000, 8)))]
+        assert released.is_set() and len({u["sub"] for u in items[:-1]}) > 1
+        assert items[-1]["bytesShuffled"] == sum(u["bytes"] for u in items[:-1])
+        with ShuffleClient(daemon.url) as c:
+            c.delete_task("overlap")
     finally:
         daemon.stop()

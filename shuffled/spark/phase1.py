@@ -4,7 +4,9 @@ Rows reach a task one of two ways: a Spark 4 Python data source sink (DataSource
 hands JVM rows to Python as Arrow batches carrying their partition (``__bucket``); or, for
 Parquet input, the task reads its row groups itself (:mod:`.native`, no JVM hand-off) and
 computes the partition after its rollup. Each flush sends its partials with ONE streamed
-bulk upload (docs/bulk-upload.md). Each Spark task is one subtask. Its id is
+bulk upload (docs/bulk-upload.md), on the task's upload thread while the task goes on
+reading and rolling up the next rows (one flush on the wire at a time; the task's result
+is returned only once every upload is answered). Each Spark task is one subtask. Its id is
 ``p<sparkPartition>-a<taskAttemptId>-f<flush>``: ``taskAttemptId`` is unique per attempt (retries and speculative copies included), so two
 attempts never overwrite each other. The task RETURNS the list of partials it uploaded as
 its commit message; Spark's commit coordinator lets exactly one attempt per partition
@@ -13,7 +15,8 @@ names exactly the committed attempts (docs/exactly-once.md).
 
 Memory per task is bounded: raw rows are buffered up to ``max_rows`` (maxRowsInMemory) and
 rolled up together; rolled-up rows are kept up to ``max_rows``, then compacted, and flushed
-as additional partial segments (new flush number) if still more than half that.
+as additional partial segments (new flush number) if still more than half that. A flush
+being uploaded is held until its answer, so a task holds at most about twice that.
 This module runs on executors: it imports shuffled.client/protocol, the native reader,
 pyarrow and pyspark's data source API.
 """
@@ -26,6 +29,7 @@ import os
 import pickle
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import groupby
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,6 +87,9 @@ class _Task:
         self.bucketer = bucketer
         self.extra = [CHUNK] if bucketer else [CHUNK, BUCKET]
         self.encoder = Encoder(cfg.layout.schema())
+        # Uploads run here, one at a time, while the task reads and rolls up on.
+        self._uploader = ThreadPoolExecutor(1, thread_name_prefix="phase1-upload")
+        self._uploading: Future[None] | None = None
 
     def add(self, batch: pa.RecordBatch | pa.Table) -> None:
         self.stats["rowsIn"] += batch.num_rows
@@ -143,14 +150,30 @@ class _Task:
                              "message": reason, "raw": raw})
 
     def flush(self) -> None:
+        """Send what is held as one bulk upload (after the previous one is answered)."""
         self._rollup_raw_only()
         if not self.pending:
             return
         table = self._pending_table()
         self.pending, self.pending_rows = [], 0
-        buckets = self.bucketer(table) if self.bucketer is not None else None
         sub = f"p{self.partition}-a{self.attempt}-f{self.flushes}"
         self.flushes += 1
+        self.wait_uploaded()  # one flush on the wire at a time: memory stays bounded
+        self._uploading = self._uploader.submit(self._upload, table, sub)
+
+    def wait_uploaded(self) -> None:
+        """Wait for the upload under way, raising what it raised."""
+        if self._uploading is not None:
+            uploading, self._uploading = self._uploading, None
+            uploading.result()
+
+    def close(self) -> None:
+        self._uploader.shutdown(wait=True, cancel_futures=True)
+        self.client.close()
+
+    def _upload(self, table: pa.Table, sub: str) -> None:
+        """On the upload thread: partition, cut and send one flush's partials."""
+        buckets = self.bucketer(table) if self.bucketer is not None else None
         made: list[tuple[PartialKey, int, int]] = []  # key, rows, bytes
         sup, gran = self.cfg.supervisor_task_id, self.cfg.segment_granularity
 
@@ -204,8 +227,9 @@ def run_task(cfg: Phase1Config, batches: Iterator[pa.RecordBatch | pa.Table],
         for batch in batches:
             task.add(batch)
         task.flush()
+        task.wait_uploaded()
     finally:
-        task.client.close()
+        task.close()
     stats = {"kind": "stats", "partition": task.partition, "attempt": task.attempt,
              "attemptNumber": task.attempt_number, "server": task.server,
              "ms": int((time.monotonic() - started) * 1000), "bad": task.bad, **task.stats}
