@@ -90,6 +90,27 @@ def test_each_frame_is_what_the_aggregate_get_sends(tmp_path: Path) -> None:
         assert client.get_partitions("r", many) == [client.get_partition(k) for k, _ in many]
 
 
+def test_large_partials_go_out_whole(tmp_path: Path) -> None:
+    """Pieces over 256 KiB are sent by sendfile: the answer carries a Content-Length."""
+    with EmbeddedDaemon([tmp_path / "a"], free_space_reserve=0) as url, \
+            ShuffleClient(url) as client:
+        big = [arrow_bytes(sample_table(60_000, seed=s)) for s in range(2)]
+        assert min(map(len, big)) > 1 << 20
+        for d in range(3):
+            for s, body in enumerate(big):
+                client.put_partial(PartialKey("r", f"s{s}", _key(d).interval, 0), body)
+        asked = [(_key(d), None) for d in (2, 0, 1)]
+        request = urllib.request.Request(
+            f"{url}{PREFIX}/tasks/r/partitions", data=json.dumps(_body(asked)).encode(),
+            headers={"Content-Type": "application/json"}, method="POST")
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            raw = resp.read()
+            assert int(resp.headers["Content-Length"]) == len(raw)
+        frames, count = _frames(raw, "r")
+        assert count == 3 and [b for _, b in frames] == [client.get_partition(k) for k, _ in asked]
+        assert client.get_partitions("r", asked) == [b for _, b in frames]
+
+
 def test_refusals_name_the_fault_and_stream_nothing(tmp_path: Path) -> None:
     with EmbeddedDaemon([tmp_path / "a"], free_space_reserve=0) as url, \
             ShuffleClient(url) as client:

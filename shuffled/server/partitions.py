@@ -15,7 +15,7 @@ docs/bulk-upload.md ("Reading many partitions") has the contract.
 from __future__ import annotations
 
 import json
-from typing import IO, Any
+from typing import Any
 
 from aiohttp import web
 
@@ -62,19 +62,13 @@ def parse_request(supervisor_task_id: str, body: Any) -> list[tuple[PartitionKey
     return wanted
 
 
-def _frame(key: PartitionKey, metas: list[PartialMeta], files: list[IO[bytes]],
-           ) -> tuple[list[Piece], int]:
-    """One partition's frame as pieces to send, and its body length."""
-    if not metas:
-        return [encode_partition(key, 0, 0, 0, 0)], 0
+def _frame(key: PartitionKey, metas: list[PartialMeta]) -> tuple[bytes, aggregate.FastPlan | None]:
+    """One partition's frame head, and the zero-copy plan of its body (None: fallback)."""
     plan = aggregate.fast_plan(metas)
     if plan is None:
         reason = "schemas differ or dictionaries: read this partition with the aggregate GET"
-        return [encode_partition(key, 0, 0, len(metas), sum(m.rows for m in metas), reason)], 0
-    pieces: list[Piece] = [encode_partition(key, plan.length, plan.crc, len(metas), plan.rows)]
-    pieces += [(files[p.file], p.offset, p.length) for p in plan.pieces]
-    pieces.append(EOS)
-    return pieces, plan.length
+        return encode_partition(key, 0, 0, len(metas), sum(m.rows for m in metas), reason), None
+    return encode_partition(key, plan.length, plan.crc, len(metas), plan.rows), plan
 
 
 async def read_partitions(request: web.Request) -> web.StreamResponse:
@@ -88,30 +82,41 @@ async def read_partitions(request: web.Request) -> web.StreamResponse:
     sent = 0
     with state.downloads.slot():
         # Every partition is looked up before the answer starts: one missing (or a subtask
-        # missing from it) is a 404 for the request, as the aggregate GET answers.
-        looked = [(key, state.store.partition(key, subs)) for key, subs in wanted]
+        # missing from it) is a 404 for the request, as the aggregate GET answers. Its
+        # frames are planned too, so the answer's length is known: large pieces go out by
+        # sendfile, which bypasses chunked coding (RFC 9112 section 7.1) and so needs a
+        # Content-Length.
+        planned = [(metas, *_frame(key, metas)) for key, metas in
+                   ((key, state.store.partition(key, subs)) for key, subs in wanted)]
+        end = encode_end(len(wanted))
+        total = sum(len(head) + (plan.length if plan else 0) for _, head, plan in planned)
         state.store.touch(sup)
         response = web.StreamResponse(headers={"Content-Type": PARTITIONS_MEDIA_TYPE})
-        response.enable_chunked_encoding()
+        response.content_length = total + len(end)
         await response.prepare(request)
         request[RESPONSE_STARTED] = True
-        for at in range(0, len(looked), OPEN_GROUP):
-            group = looked[at: at + OPEN_GROUP]
+        for at in range(0, len(planned), OPEN_GROUP):
+            group = planned[at: at + OPEN_GROUP]
             # One executor call opens every pack the group reads (mostly the same few).
-            files = await state.store.open_many([m for _, metas in group for m in metas])
+            wanted_files = [m for metas, _, p in group if p for m in metas]
+            files = await state.store.open_many(wanted_files) if wanted_files else []
             try:
                 pieces: list[Piece] = []
                 first = 0
-                for key, metas in group:
-                    frame, length = _frame(key, metas, files[first: first + len(metas)])
+                for metas, head, plan in group:
+                    pieces.append(head)
+                    if plan is None:
+                        continue
+                    mine = files[first: first + len(metas)]
                     first += len(metas)
-                    pieces += frame
-                    sent += length
+                    pieces += [(mine[p.file], p.offset, p.length) for p in plan.pieces]
+                    pieces.append(EOS)
+                    sent += plan.length
                 await send_ranges(request, response, pieces, state.store.run)
             finally:
                 for fh in {id(f): f for f in files}.values():
                     fh.close()
-        await response.write(encode_end(len(wanted)))
+        await response.write(end)
     await response.write_eof()
     request[SENT_BYTES] = sent
     state.metrics.served_bytes.labels("partition").inc(sent)
