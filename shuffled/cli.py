@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from shuffled.server.runner import return_large_buffers_to_the_os, serve
+    from shuffled.server.runner import serve
 
     overrides: dict[str, Any] = {spec.name: getattr(args, spec.name) for spec in FIELDS}
     settings = load_settings(args.config, os.environ, overrides)
@@ -85,7 +85,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     def ready(url: str) -> None:
         print(f"shuffled listening on {url}", flush=True)
 
-    return_large_buffers_to_the_os()
     asyncio.run(serve(settings, ready=ready))
     return EXIT_OK
 

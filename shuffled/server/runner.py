@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
 import resource
 import signal
@@ -33,26 +32,6 @@ def raise_open_file_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
         except (ValueError, OSError):
             pass
-
-
-_M_MMAP_THRESHOLD = -3  # glibc's malloc.h
-MMAP_THRESHOLD = 128 << 10
-
-
-def return_large_buffers_to_the_os() -> None:
-    """Fix glibc's mmap threshold at 128 KiB (a standalone daemon only, not the embedded one).
-
-    By default glibc raises the threshold to the size of each mmapped block freed, up to
-    32 MiB: after the first request bodies of ~1 MiB are freed, later ones come from the
-    heaps of the I/O threads' arenas, whose freed chunks stay resident. Fixed, a request
-    buffer is unmapped when freed (measured: the soak test's peak RSS 120 -> 105 MiB).
-    No-op off glibc.
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-    except (OSError, AttributeError):
-        pass
 
 
 def ssl_context(settings: Settings) -> ssl.SSLContext | None:

@@ -32,7 +32,7 @@ from shuffled.storage.location import Location
 from shuffled.storage.oserrors import marks_unhealthy, translate
 from shuffled.storage.placement import RoundRobin
 from shuffled.storage.queries import Queries
-from shuffled.storage.session import SMALL, BulkSession, PutResult
+from shuffled.storage.session import INLINE_MAX, BulkSession, PutResult
 
 log = logging.getLogger("shuffled.storage")
 T = TypeVar("T")
@@ -337,14 +337,20 @@ class Store(Queries):
         deleted meanwhile) or LocationFailed; whatever it raises, nothing is left on disk.
         """
         async with self.bulk(key.supervisor_task_id) as session:
-            if content_length is not None and content_length <= SMALL:
-                data = bytearray()
+            if content_length is not None and content_length <= INLINE_MAX:
+                # Read whole only up to INLINE_MAX (larger bodies stream to the pack: many
+                # concurrent ~1 MiB bodies held whole cost the daemon tens of MiB of heap),
+                # into one buffer of the announced size filled in place (a bytearray grown
+                # chunk by chunk leaves a trail of freed sizes in the allocator's arenas).
+                data = bytearray(content_length)
+                view, at = memoryview(data), 0
                 async for chunk in body:
-                    data += chunk
-                    if len(data) > content_length:
+                    if at + len(chunk) > content_length:
                         raise InvalidBody(f"body has more than the {content_length} bytes "
                                           f"announced")
-                await session.add(key, data, content_length, expected_crc)
+                    view[at: at + len(chunk)] = chunk
+                    at += len(chunk)
+                await session.add(key, view[:at], content_length, expected_crc)
             else:
                 await session.add(key, body, content_length, expected_crc)
             (result,) = await session.finish()
