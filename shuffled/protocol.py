@@ -10,6 +10,7 @@ import base64
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from functools import lru_cache
 
 from shuffled.errors import DigestMismatch, InvalidId, InvalidInterval, InvalidPartitionId
 
@@ -71,8 +72,12 @@ def parse_instant(text: str, name: str = "instant") -> int:
     return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
 
 
+@lru_cache(maxsize=16384)
 def format_instant(millis: int) -> str:
-    """Canonical form: UTC with milliseconds, e.g. ``2018-01-01T00:00:00.000Z``."""
+    """Canonical form: UTC with milliseconds, e.g. ``2018-01-01T00:00:00.000Z``.
+
+    Cached: a bulk upload or read names the same few thousand interval bounds over and
+    over (it was ~6% of phase 1's time on the Druid-shaped bench)."""
     seconds, ms = divmod(millis, 1000)
     dt = datetime.fromtimestamp(seconds, tz=timezone.utc)
     # Explicit widths: strftime's %Y does not zero-pad years before 1000 on glibc.
