@@ -31,7 +31,9 @@ async def send_range(request: web.Request, response: web.StreamResponse, fobj: I
     if transport is None:
         raise ConnectionResetError("client went away")
     loop = asyncio.get_running_loop()
-    if transport.get_extra_info("sslcontext") is None:
+    # sendfile writes to the socket past aiohttp's encoders: only for a plain-TCP response
+    # with Content-Length (chunked coding, RFC 9112 section 7.1, would be left out).
+    if transport.get_extra_info("sslcontext") is None and not response.chunked:
         try:
             await loop.sendfile(transport, fobj, offset, count, fallback=False)
             return
