@@ -21,7 +21,7 @@ from shuffled.crc import crc32c
 from shuffled.errors import CorruptData, DigestMismatch
 from shuffled.protocol import Interval, PartialKey, PartitionKey, format_crc32c
 from shuffled.server.embedded import EmbeddedDaemon
-from shuffled.spark.phase2 import Assignment, Phase2Config, _fetch
+from shuffled.spark.phase2.merge import Assignment, Phase2Config, _fetch
 from tests.conftest import (
     DAY, PREFIX, arrow_bytes, catalog_rows, files_under, pack_files, sample_table,
 )

@@ -1,8 +1,8 @@
 """Phase 1's fast path against the straightforward one it replaced, and its bulk upload.
 
-- the sort-based group-by (:mod:`shuffled.spark.grouping`) equals Acero's hash group-by,
+- the sort-based group-by (:mod:`shuffled.spark.rows.grouping`) equals Acero's hash group-by,
   nulls, NaN, float32 and dictionary-encoded keys included;
-- the vectorised split + encoding (:mod:`shuffled.spark.partials`) gives the partials that
+- the vectorised split + encoding (:mod:`shuffled.spark.phase1.partials`) gives the partials that
   ``split_by`` + ``to_ipc`` (sort, take, ``new_stream`` per partial) gave, each a stream
   that ``new_stream`` would write for it, with the layout's one schema message;
 - Spark's hash of dictionary-encoded strings equals that of the plain strings;
@@ -24,16 +24,17 @@ import pyarrow.compute as pc
 import pytest
 from spark_conftest_helpers import start_daemon
 
-import shuffled.spark.partials as partials_mod
-import shuffled.spark.rollup as rollup_mod
+import shuffled.spark.phase1.partials as partials_mod
+import shuffled.spark.rows.rollup as rollup_mod
 from shuffled.client import ShuffleClient
 from shuffled.protocol import Interval, PartialKey
-from shuffled.spark import grouping, phase1
-from shuffled.spark.partials import Encoder, split_partials
-from shuffled.spark.phase1 import Phase1Config, run_task
-from shuffled.spark.rollup import (BAD, BUCKET, CHUNK, TIME, Layout, _cast, _group_acero, combine,
+from shuffled.spark.phase1 import tasks as phase1
+from shuffled.spark.rows import grouping
+from shuffled.spark.phase1.partials import Encoder, split_partials
+from shuffled.spark.phase1.tasks import Phase1Config, run_task
+from shuffled.spark.rows.rollup import (BAD, BUCKET, CHUNK, TIME, Layout, _cast, _group_acero, combine,
                                    from_ipc, rollup_input, split_by, to_ipc)
-from shuffled.spark.sparkhash import spark_hash
+from shuffled.spark.phase1.sparkhash import spark_hash
 
 DAY, HOUR = 86_400_000, 3_600_000
 LAYOUT = Layout((("a", "string"), ("b", "string"), ("c", "long")),

@@ -12,7 +12,7 @@ from shuffled.client import ShuffleClient
 from shuffled.errors import Unauthorized
 from shuffled.protocol import Interval, PartialKey
 from shuffled.server.embedded import EmbeddedDaemon
-from shuffled.spark.phase2 import Assignment, Phase2Config, _fetch
+from shuffled.spark.phase2.merge import Assignment, Phase2Config, _fetch
 from tests.conftest import DAY, arrow_bytes, sample_table
 from tests.test_security import tls_files  # noqa: F401  (a per-run certificate fixture)
 

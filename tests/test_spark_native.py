@@ -27,9 +27,9 @@ from spark_conftest_helpers import (  # noqa: F401  (fixtures)
 )
 
 from shuffled.spark import IngestionFailed, run_ingestion
-from shuffled.spark.granularity import GRANULARITIES, truncate
-from shuffled.spark.native import Split, SplitSizing, pack, truncate_array
-from shuffled.spark.sparkhash import spark_hash
+from shuffled.spark.spec.granularity import GRANULARITIES, truncate
+from shuffled.spark.phase1.native import Split, SplitSizing, pack, truncate_array
+from shuffled.spark.phase1.sparkhash import spark_hash
 
 pytestmark = pytest.mark.spark
 

@@ -14,14 +14,14 @@ import pytest
 
 from shuffled.errors import BadRequest
 from shuffled.spark import SpecError, parse_spec
-from shuffled.spark.determine import boundaries
-from shuffled.spark.granularity import GRANULARITIES, bucket_end, buckets, truncate
-from shuffled.spark import durable
-from shuffled.spark.phase2 import (
+from shuffled.spark.phase1.determine import boundaries
+from shuffled.spark.spec.granularity import GRANULARITIES, bucket_end, buckets, truncate
+from shuffled.spark.phase2 import durable
+from shuffled.spark.phase2.merge import (
     Assignment, assign, balance, batches, merge_partition, merge_partitions, merge_tasks,
 )
-from shuffled.spark.publish import publish, read_manifest
-from shuffled.spark.rollup import Layout, combine, from_ipc, rollup_input, split_by, to_ipc
+from shuffled.spark.phase2.publish import publish, read_manifest
+from shuffled.spark.rows.rollup import Layout, combine, from_ipc, rollup_input, split_by, to_ipc
 
 ROOT = Path(__file__).resolve().parent.parent
 TUTORIAL = json.loads((ROOT / "examples/rollup-tutorial/rollup-index.json").read_text())

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from shuffled.spark.model import IngestSpec
-from shuffled.spark.spec import SpecError, parse_spec
+from shuffled.spark.spec.model import IngestSpec
+from shuffled.spark.spec.parse import SpecError, parse_spec
 
 if TYPE_CHECKING:
-    from shuffled.spark.pipeline import IngestionFailed, IngestResult, run_ingestion
+    from shuffled.spark.driver.pipeline import IngestionFailed, IngestResult, run_ingestion
 
 __all__ = ["IngestResult", "IngestSpec", "IngestionFailed", "SpecError", "parse_spec",
            "run_ingestion"]
@@ -21,7 +21,7 @@ __all__ = ["IngestResult", "IngestSpec", "IngestionFailed", "SpecError", "parse_
 
 def __getattr__(name: str) -> Any:
     if name in ("run_ingestion", "IngestResult", "IngestionFailed"):
-        from shuffled.spark import pipeline
+        from shuffled.spark.driver import pipeline
 
         return getattr(pipeline, name)
     raise AttributeError(name)

@@ -2,7 +2,7 @@
 
 The native phase-1 reader (:mod:`.native`) assigns hashed partitions in Python; it must put
 every row in the partition the JVM path (``pmod(hash(cols), shards)``, see
-:func:`shuffled.spark.prepare.bucket_column`) would, so that the published shardSpec
+:func:`shuffled.spark.phase1.prepare.bucket_column`) would, so that the published shardSpec
 (``spark_murmur3_32``) holds whichever path ran. This is Spark's ``Murmur3_x86_32``:
 
 - ``hashLong``: the low then the high 32-bit word mixed in, finalised with length 8;

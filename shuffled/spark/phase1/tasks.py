@@ -42,10 +42,10 @@ from pyspark.sql.types import StructType
 
 from shuffled.client import ShuffleClient
 from shuffled.protocol import Interval, PartialKey
-from shuffled.spark.granularity import bucket_end
-from shuffled.spark.native import Bucketer, NativeInput, Split, read_split
-from shuffled.spark.partials import Encoder, split_partials
-from shuffled.spark.rollup import BAD, BUCKET, CHUNK, Layout, combine, rollup_input
+from shuffled.spark.spec.granularity import bucket_end
+from shuffled.spark.phase1.native import Bucketer, NativeInput, Split, read_split
+from shuffled.spark.phase1.partials import Encoder, split_partials
+from shuffled.spark.rows.rollup import BAD, BUCKET, CHUNK, Layout, combine, rollup_input
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,8 @@ from collections.abc import Sequence
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from shuffled.spark.model import IngestSpec
-from shuffled.spark.prepare import PartitionPlan
-from shuffled.spark.rollup import BAD, CHUNK, TIME
+from shuffled.spark.spec.model import IngestSpec, PartitionPlan
+from shuffled.spark.rows.rollup import BAD, CHUNK, TIME
 
 _SAMPLE_PER_SHARD = 400
 _MIN_SAMPLE = 4000

@@ -12,8 +12,8 @@ from typing import Any
 
 from shuffled.errors import ShuffleError
 from shuffled.protocol import Interval, parse_instant, validate_id
-from shuffled.spark.granularity import GRANULARITIES
-from shuffled.spark.model import (
+from shuffled.spark.spec.granularity import GRANULARITIES
+from shuffled.spark.spec.model import (
     DIMENSION_TYPES,
     METRIC_TYPES,
     TIMESTAMP_FORMATS,
@@ -22,8 +22,8 @@ from shuffled.spark.model import (
     Metric,
     TimestampSpec,
 )
-from shuffled.spark.spec_base import SpecError, JsonObject, choice, col_name
-from shuffled.spark.spec_io import check_consistency, io_config, parse_tuning
+from shuffled.spark.spec.base import SpecError, JsonObject, choice, col_name
+from shuffled.spark.spec.ioconfig import check_consistency, io_config, parse_tuning
 
 __all__ = ["SpecError", "parse_spec"]
 

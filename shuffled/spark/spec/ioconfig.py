@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from shuffled.spark.model import IngestSpec, InputFormat, InputSource, PartitionsSpec
-from shuffled.spark.spec_base import IGNORED, SpecError, JsonObject, choice, col_name
+from shuffled.spark.spec.model import IngestSpec, InputFormat, InputSource, PartitionsSpec
+from shuffled.spark.spec.base import IGNORED, SpecError, JsonObject, choice, col_name
 
 
 def io_config(o: JsonObject) -> dict[str, Any]:

@@ -27,8 +27,8 @@ import pyarrow.parquet as pq
 
 from shuffled.client import ShuffleClient
 from shuffled.protocol import Interval, PartitionKey
-from shuffled.spark.durable import sync_files
-from shuffled.spark.rollup import TIME, Layout, combine, from_ipc, sort_segment
+from shuffled.spark.phase2.durable import sync_files
+from shuffled.spark.rows.rollup import TIME, Layout, combine, from_ipc, sort_segment
 
 _IDS_PER_REQUEST = 64
 _SEGMENT = "__segment"  # which partition of a batch a row belongs to, while merging

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
-from shuffled.spark.rollup import BUCKET, CHUNK, Layout
+from shuffled.spark.rows.rollup import BUCKET, CHUNK, Layout
 
 SLAB = 1 << 16  # rows put in order at a time
 EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # IPC end-of-stream: continuation marker, length 0

@@ -18,27 +18,29 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from shuffled.client import ShuffleClient
 from shuffled.errors import ShuffleError
 from shuffled.protocol import format_instant
-from shuffled.spark import native, phase1, phase2
-from shuffled.spark.determine import determine
-from shuffled.spark.model import IngestSpec
-from shuffled.spark.monitor import Monitor, stage_status
-from shuffled.spark.prepare import PartitionPlan, bucket_column, metric_column, prepare
-from shuffled.spark.publish import publish, write_json_atomic
-from shuffled.spark.report import TaskReport
-from shuffled.spark.rollup import BAD, BUCKET, CHUNK, TIME, Layout
-from shuffled.spark.session import get_session, job_conf
-from shuffled.spark.shards import shard_spec_builder
-from shuffled.spark.source import csv_columns, load_input, resolve_files, resolve_lines
-from shuffled.spark.spec import parse_spec
+from shuffled.spark.phase1 import native
+from shuffled.spark.phase1 import tasks as phase1
+from shuffled.spark.phase2 import merge as phase2
+from shuffled.spark.phase1.determine import determine
+from shuffled.spark.spec.model import IngestSpec, PartitionPlan
+from shuffled.spark.driver.monitor import Monitor, stage_status
+from shuffled.spark.phase1.prepare import bucket_column, metric_column, prepare
+from shuffled.spark.phase2.publish import publish, write_json_atomic
+from shuffled.spark.driver.context import READERS, Auth, JobContext
+from shuffled.spark.driver.report import TaskReport
+from shuffled.spark.rows.rollup import BAD, BUCKET, CHUNK, TIME
+from shuffled.spark.driver.session import get_session, job_conf
+from shuffled.spark.phase2.shards import shard_spec_builder
+from shuffled.spark.phase1.source import csv_columns, load_input, resolve_files, resolve_lines
+from shuffled.spark.spec.parse import parse_spec
 
 log = logging.getLogger("shuffled.spark")
-_PHASE1_AGG = {"count": "count", "sum": "sum", "min": "min", "max": "max"}
 
 
 class IngestionFailed(ShuffleError):
@@ -61,15 +63,6 @@ class IngestResult:
     summary: str
 
 
-def _layout(spec: IngestSpec) -> Layout:
-    metrics = []
-    for i, m in enumerate(spec.metrics):
-        agg = "count" if m.type == "count" else _PHASE1_AGG[m.combine]
-        metrics.append((m.name, agg, m.combine, m.value_type,
-                        metric_column(i) if m.field else None))
-    return Layout(tuple((d.name, d.type) for d in spec.dimensions), tuple(metrics), spec.rollup)
-
-
 def _task_id(spec: IngestSpec) -> str:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
     return spec.task_id or f"index_parallel_{spec.data_source}_{stamp}_{uuid.uuid4().hex[:8]}"
@@ -87,11 +80,11 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
     ``output_dir/<dataSource>/``. Raises IngestionFailed (or the underlying error) on
     failure, after writing a FAILED task report and deleting the shuffle data.
     ``reader`` picks how phase 1 reads its input: ``native`` (pyarrow on the executors,
-    Parquet only, see :mod:`shuffled.spark.native`), ``jvm`` (Spark reads, rows handed to
+    Parquet only, see :mod:`shuffled.spark.phase1.native`), ``jvm`` (Spark reads, rows handed to
     Python), or ``auto`` (native where it applies). ``fault`` is a test hook (see
-    :func:`shuffled.spark.phase1._maybe_fail`).
+    :func:`shuffled.spark.phase1.tasks._maybe_fail`).
     """
-    if reader not in ("auto", "native", "jvm"):
+    if reader not in READERS:
         raise ValueError(f"reader must be auto, native or jvm, not {reader!r}")
     s = parse_spec(spec)
     files = resolve_files(s)
@@ -106,21 +99,21 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
     ds_dir = os.path.abspath(os.path.join(output_dir, s.data_source))
     os.makedirs(ds_dir, exist_ok=True)
     report = TaskReport(task_id, s.data_source, version, servers)
-    phase_label = ["starting"]
     spark, created = get_session(master)
+    staging = os.path.join(ds_dir, f".staging-{task_id}")
+    ctx = JobContext(spark, s, files, tuple(servers), task_id, report, staging,
+                     Auth(token, ca_file), reader, say, fault or {})
     monitor = Monitor(task_id, servers, token=token, ca_file=ca_file,
                       keepalive_seconds=keepalive_seconds, progress_seconds=2.0,
-                      status=stage_status(spark, lambda: phase_label[0]), progress=progress)
-    staging = os.path.join(ds_dir, f".staging-{task_id}")
+                      status=stage_status(spark, lambda: ctx.phase), progress=progress)
     try:
         with job_conf(spark):
             try:
                 monitor.start()
                 os.makedirs(staging, exist_ok=True)
-                job = _Job(spark, s, files, servers, token, ca_file, task_id, report, say,
-                           phase_label, fault or {}, staging, reader)
+                job = _Job(ctx)
                 staged, plan = job.run()
-                phase_label[0] = "publish"
+                ctx.phase = "publish"
                 started = time.monotonic()
                 report.segments = publish(ds_dir, s.data_source, version, staged,
                                           shard_spec_builder(s, plan, staged), s.append_to_existing)
@@ -170,21 +163,16 @@ def _cleanup(servers: list[str], task_id: str, token: str | None, ca_file: str |
 
 
 class _Job:
-    def __init__(self, spark: SparkSession, spec: IngestSpec, files: list[str],
-                 servers: list[str], token: str | None, ca_file: str | None, task_id: str,
-                 report: TaskReport, say: Callable[[str], None], label: list[str],
-                 fault: dict[str, Any], staging: str, reader: str = "auto") -> None:
-        self.spark, self.spec, self.files, self.servers = spark, spec, files, servers
-        self.token, self.ca_file, self.task_id = token, ca_file, task_id
-        self.report, self.say, self.label, self.fault = report, say, label, fault
-        self.layout = _layout(spec)
-        self.staging = staging
-        self.reader = reader
+    """The driver's steps of one ingestion, all reading one :class:`JobContext`."""
+
+    def __init__(self, ctx: JobContext) -> None:
+        self.ctx = ctx
+        self.spark, self.spec, self.report, self.say = ctx.spark, ctx.spec, ctx.report, ctx.say
 
     def run(self) -> tuple[list[dict[str, Any]], PartitionPlan]:
         s = self.spec
-        prepared = prepare(load_input(self.spark, s, self.files), s)
-        self.label[0] = "determine partitions"
+        prepared = prepare(load_input(self.spark, s, self.ctx.files), s)
+        self.ctx.phase = "determine partitions"
         started = time.monotonic()
         plan, card = determine(prepared, s)
         chunks = len(card) if card else None
@@ -194,33 +182,30 @@ class _Job:
                  + (f"{chunks} time chunks, {sum(plan.shards(c) for c in card)} partitions"
                     if card else f"numShards {plan.num_shards}"))
         partials = self.phase1(prepared, plan)
-        staged = self.phase2(partials, self.staging)
+        staged = self.phase2(partials)
         return staged, plan
 
     def phase1(self, prepared: DataFrame, plan: PartitionPlan) -> list[dict[str, Any]]:
         s = self.spec
-        self.label[0] = "phase 1 (partial segments)"
+        self.ctx.phase = "phase 1 (partial segments)"
         self.say("phase 1: rolling up and shuffling partial segments")
         started = time.monotonic()
-        cfg = phase1.Phase1Config(self.task_id, tuple(self.servers), self.layout,
-                                  s.segment_granularity, s.max_rows_in_memory,
-                                  s.max_saved_parse_exceptions, self.token, self.ca_file,
-                                  self.fault)
+        cfg = self.ctx.phase1_config()
         why_not = "the JVM reader was asked for"
-        if self.reader != "jvm":
+        if self.ctx.reader != "jvm":
             conf = self.spark.conf
             sizing = native.SplitSizing(
                 native.parse_bytes(conf.get("spark.sql.files.maxPartitionBytes", "128m") or "128m"),
                 native.parse_bytes(conf.get("spark.sql.files.openCostInBytes", "4m") or "4m"),
                 self.spark.sparkContext.defaultParallelism, s.max_concurrent_subtasks)
-            planned = native.plan_native(s, plan, self.files, sizing)
+            planned = native.plan_native(s, plan, self.ctx.files, sizing)
             if not isinstance(planned, str):
-                self.say(f"phase 1 reads {len(self.files)} Parquet files natively "
+                self.say(f"phase 1 reads {len(self.ctx.files)} Parquet files natively "
                          f"in {len(planned[1])} tasks")
                 lines = self._native(cfg, *planned)
                 return self._collect(lines, started, "native")
             why_not = planned
-        if self.reader == "native":
+        if self.ctx.reader == "native":
             raise IngestionFailed(f"the native phase-1 reader cannot read this input: {why_not}")
         log.info("phase 1 reads through the JVM: %s", why_not)
         return self._collect(self._jvm(prepared, plan, cfg), started, "jvm")
@@ -241,7 +226,7 @@ class _Job:
         limit = s.max_concurrent_subtasks
         if limit > 1 and handoff.rdd.getNumPartitions() > limit:
             handoff = handoff.coalesce(limit)
-        result_path = os.path.join(self.staging, "phase1-committed.jsonl")
+        result_path = os.path.join(self.ctx.staging, "phase1-committed.jsonl")
         self.spark.dataSource.register(phase1.ShuffleDataSource)
         (handoff.write.format(phase1.ShuffleDataSource.name()).mode("append")
          .option("config", phase1.encode_config(cfg)).option("result_path", result_path).save())
@@ -278,8 +263,8 @@ class _Job:
                 f"{r['unparseable']} unparseable rows{where}", unparseable=r["unparseable"])
         return partials
 
-    def phase2(self, partials: list[dict[str, Any]], staging: str) -> list[dict[str, Any]]:
-        self.label[0] = "phase 2 (merge)"
+    def phase2(self, partials: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        self.ctx.phase = "phase 2 (merge)"
         started = time.monotonic()
         assignments = phase2.assign(partials)
         if not assignments:
@@ -294,8 +279,8 @@ class _Job:
         groups = phase2.balance(assignments, tasks)
         self.say(f"phase 2: merging {len(assignments)} partitions in {len(groups)} tasks"
                  + (" (sized from phase 1's rows and bytes)" if sized else ""))
-        os.makedirs(staging, exist_ok=True)
-        cfg = phase2.Phase2Config(self.task_id, self.layout, staging, self.token, self.ca_file)
+        os.makedirs(self.ctx.staging, exist_ok=True)
+        cfg = self.ctx.phase2_config()
         fn = phase2.make_phase2(cfg)
         rdd = self.spark.sparkContext.parallelize(groups, len(groups))
         results = [json.loads(x) for x in rdd.mapPartitions(lambda it: fn(a for g in it for a in g)).collect()]

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from shuffled.protocol import Interval
-from shuffled.spark.durable import fsync_dir, sync_files
+from shuffled.spark.phase2.durable import fsync_dir, sync_files
 
 MANIFEST = "manifest.json"
 

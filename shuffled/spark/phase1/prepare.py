@@ -11,41 +11,18 @@ and ``'U\\t<file>\\t<line>\\t<reason>\\t<raw>'`` for an unparseable one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from shuffled.spark.granularity import spark_truncate, truncate
-from shuffled.spark.model import IngestSpec
-from shuffled.spark.rollup import BAD, BUCKET, CHUNK, TIME
+from shuffled.spark.spec.granularity import spark_truncate, truncate
+from shuffled.spark.spec.model import IngestSpec, PartitionPlan
+from shuffled.spark.rows.rollup import BAD, BUCKET, CHUNK, TIME
 
 _TS = "__ts"
 _NUMERIC = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType,
             T.DecimalType)
 _SQL_TYPES = {"long": "bigint", "double": "double", "float": "float", "string": "string"}
-
-
-@dataclass(frozen=True)
-class PartitionPlan:
-    """How rows of each time chunk are assigned a partition number.
-
-    ``hashed``: ``pmod(hash(cols), shards)`` with ``shards`` = ``per_chunk[chunk]`` or
-    ``num_shards``; ``cols`` are the partition dimensions, or ``__time`` plus every dimension.
-    ``range``: partition i of a chunk holds keys in [boundaries[i-1], boundaries[i]).
-    """
-
-    kind: str
-    dimensions: tuple[str, ...]
-    num_shards: int = 1
-    per_chunk: dict[int, int] = field(default_factory=dict)
-    boundaries: dict[int, list[tuple[str | None, ...]]] = field(default_factory=dict)
-
-    def shards(self, chunk: int) -> int:
-        if self.kind == "range":
-            return len(self.boundaries.get(chunk, [])) + 1
-        return self.per_chunk.get(chunk, self.num_shards)
 
 
 def metric_column(i: int) -> str:

@@ -1,7 +1,7 @@
-"""The parsed, validated form of a Druid ``index_parallel`` spec (see :mod:`shuffled.spark.spec`).
+"""The parsed, validated form of a Druid ``index_parallel`` spec (see :mod:`shuffled.spark.spec.parse`).
 
 Everything here is plain frozen data; it is what the driver plans from. Only the fields this
-pipeline supports exist; :func:`shuffled.spark.spec.parse_spec` refuses the rest by path.
+pipeline supports exist; :func:`shuffled.spark.spec.parse.parse_spec` refuses the rest by path.
 """
 
 from __future__ import annotations
@@ -148,3 +148,24 @@ class IngestSpec:
         names = [self.timestamp.column, *self.dimension_names]
         names += [m.field for m in self.metrics if m.field is not None]
         return tuple(dict.fromkeys(names))
+
+
+@dataclass(frozen=True)
+class PartitionPlan:
+    """How rows of each time chunk are assigned a partition number.
+
+    ``hashed``: ``pmod(hash(cols), shards)`` with ``shards`` = ``per_chunk[chunk]`` or
+    ``num_shards``; ``cols`` are the partition dimensions, or ``__time`` plus every dimension.
+    ``range``: partition i of a chunk holds keys in [boundaries[i-1], boundaries[i]).
+    """
+
+    kind: str
+    dimensions: tuple[str, ...]
+    num_shards: int = 1
+    per_chunk: dict[int, int] = field(default_factory=dict)
+    boundaries: dict[int, list[tuple[str | None, ...]]] = field(default_factory=dict)
+
+    def shards(self, chunk: int) -> int:
+        if self.kind == "range":
+            return len(self.boundaries.get(chunk, [])) + 1
+        return self.per_chunk.get(chunk, self.num_shards)

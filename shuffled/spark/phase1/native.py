@@ -4,7 +4,7 @@ Handing rows from Spark's JVM to Python costs ~5 s of JVM CPU per 10M rows here 
 conversion plus Arrow encoding), more than Spark's whole groupBy. For Parquet input the rows
 never need to be in the JVM at all: the driver plans splits (row groups) from the files'
 footers, each Spark task reads its split with pyarrow, computes exactly the columns
-:func:`shuffled.spark.prepare.prepare` would (time, chunk, typed dimensions and metrics, the
+:func:`shuffled.spark.phase1.prepare.prepare` would (time, chunk, typed dimensions and metrics, the
 bad-row flag), rolls up, and assigns hashed partitions with Spark's own hash
 (:mod:`.sparkhash`) *after* the rollup, on far fewer rows.
 
@@ -25,11 +25,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from shuffled.spark.granularity import FIXED, MONDAY_OFFSET, MONTHS, WEEK, truncate
-from shuffled.spark.model import IngestSpec
-from shuffled.spark.prepare import PartitionPlan, metric_column
-from shuffled.spark.rollup import BAD, CHUNK, TIME
-from shuffled.spark.sparkhash import pmod_hash
+from shuffled.spark.spec.granularity import FIXED, MONDAY_OFFSET, MONTHS, WEEK, truncate
+from shuffled.spark.spec.model import IngestSpec, PartitionPlan
+from shuffled.spark.phase1.prepare import metric_column
+from shuffled.spark.rows.rollup import BAD, CHUNK, TIME
+from shuffled.spark.phase1.sparkhash import pmod_hash
 
 _UNITS = {"b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "g": 1 << 30,
           "gb": 1 << 30, "t": 1 << 40, "tb": 1 << 40}
@@ -84,7 +84,7 @@ class NativeInput:
 
 
 def truncate_array(ms: np.ndarray, granularity: str) -> np.ndarray:
-    """:func:`shuffled.spark.granularity.truncate` of every element (int64 epoch millis)."""
+    """:func:`shuffled.spark.spec.granularity.truncate` of every element (int64 epoch millis)."""
     if granularity == "none":
         return ms
     if granularity == "week":

@@ -18,8 +18,8 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from shuffled.spark.model import IngestSpec
-from shuffled.spark.spec import SpecError
+from shuffled.spark.spec.model import IngestSpec
+from shuffled.spark.spec.parse import SpecError
 
 SRC = "$.spec.ioConfig.inputSource"
 _CORRUPT = "__corrupt_record"

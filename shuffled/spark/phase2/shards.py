@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from shuffled.spark.model import IngestSpec
-from shuffled.spark.prepare import PartitionPlan
+from shuffled.spark.spec.model import IngestSpec, PartitionPlan
 
 HASH_FUNCTION = "spark_murmur3_32"  # Spark's hash(): Murmur3 x86_32, seed 42
 

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from shuffled.spark.grouping import aggregate, group, key_columns, take_keys
+from shuffled.spark.rows.grouping import aggregate, group, key_columns, take_keys
 
 TIME = "__time"
 CHUNK = "__chunk"

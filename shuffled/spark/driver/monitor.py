@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from shuffled.client import ShuffleClient
 from shuffled.protocol import Interval, PartialKey
-from shuffled.spark.rollup import to_ipc
+from shuffled.spark.rows.rollup import to_ipc
 
 log = logging.getLogger("shuffled.spark")
 

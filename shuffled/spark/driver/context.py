@@ -1,0 +1,84 @@
+"""One ingestion's settings, built once by :func:`~.pipeline.run_ingestion` and passed down.
+
+The driver's steps (partition determination, both phases, publishing) read what they need
+from a :class:`JobContext` instead of a dozen parameters each; what executors need is cut
+from it into the small picklable configs of :mod:`~shuffled.spark.phase1.tasks` and
+:mod:`~shuffled.spark.phase2.merge`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from shuffled.spark.driver.report import TaskReport
+from shuffled.spark.phase1.prepare import metric_column
+from shuffled.spark.phase1.tasks import Phase1Config
+from shuffled.spark.phase2.merge import Phase2Config
+from shuffled.spark.rows.rollup import Layout
+from shuffled.spark.spec.model import IngestSpec
+
+READERS = ("auto", "native", "jvm")
+_PHASE1_AGG = {"count": "count", "sum": "sum", "min": "min", "max": "max"}
+
+
+def layout_of(spec: IngestSpec) -> Layout:
+    """The row layout both phases share: dimensions, metrics with their phase-1 aggregation
+    and combine function, and whether rollup is on."""
+    metrics = []
+    for i, m in enumerate(spec.metrics):
+        agg = "count" if m.type == "count" else _PHASE1_AGG[m.combine]
+        metrics.append((m.name, agg, m.combine, m.value_type,
+                        metric_column(i) if m.field else None))
+    return Layout(tuple((d.name, d.type) for d in spec.dimensions), tuple(metrics), spec.rollup)
+
+
+@dataclass(frozen=True)
+class Auth:
+    """How the driver and executors authenticate to the daemons."""
+
+    token: str | None = None
+    ca_file: str | None = None
+
+
+@dataclass
+class JobContext:
+    """Everything one ingestion's driver-side steps share.
+
+    ``phase`` is the label of the step running now (the progress line shows it); it is the
+    only field that changes while the job runs, besides what accumulates in ``report``.
+    """
+
+    spark: SparkSession
+    spec: IngestSpec
+    files: list[str]
+    servers: tuple[str, ...]
+    task_id: str
+    report: TaskReport
+    staging: str
+    auth: Auth = Auth()
+    reader: str = "auto"
+    say: Callable[[str], None] = lambda _msg: None
+    fault: dict[str, Any] = field(default_factory=dict)  # tests only: see phase1.tasks
+    phase: str = "starting"
+    layout: Layout = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.reader not in READERS:
+            raise ValueError(f"reader must be auto, native or jvm, not {self.reader!r}")
+        self.layout = layout_of(self.spec)
+
+    def phase1_config(self) -> Phase1Config:
+        """What a phase-1 Spark task needs (pickled into its closure)."""
+        s = self.spec
+        return Phase1Config(self.task_id, self.servers, self.layout, s.segment_granularity,
+                            s.max_rows_in_memory, s.max_saved_parse_exceptions,
+                            self.auth.token, self.auth.ca_file, self.fault)
+
+    def phase2_config(self) -> Phase2Config:
+        """What a phase-2 Spark task needs (pickled into its closure)."""
+        return Phase2Config(self.task_id, self.layout, self.staging, self.auth.token,
+                            self.auth.ca_file)
