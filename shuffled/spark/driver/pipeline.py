@@ -203,12 +203,12 @@ class _Job:
                 self.say(f"phase 1 reads {len(self.ctx.files)} Parquet files natively "
                          f"in {len(planned[1])} tasks")
                 lines = self._native(cfg, *planned)
-                return self._collect(lines, started, "native")
+                return self._collect(lines, started, "native", native.NATIVE_REASON)
             why_not = planned
         if self.ctx.reader == "native":
             raise IngestionFailed(f"the native phase-1 reader cannot read this input: {why_not}")
         log.info("phase 1 reads through the JVM: %s", why_not)
-        return self._collect(self._jvm(prepared, plan, cfg), started, "jvm")
+        return self._collect(self._jvm(prepared, plan, cfg), started, "jvm", why_not)
 
     def _native(self, cfg: phase1.Phase1Config, ninput: native.NativeInput,
                 tasks: list[list[native.Split]]) -> list[str]:
@@ -233,7 +233,8 @@ class _Job:
         with open(result_path, encoding="utf-8") as fh:
             return [line for line in fh if line.strip()]
 
-    def _collect(self, lines: list[str], started: float, reader: str) -> list[dict[str, Any]]:
+    def _collect(self, lines: list[str], started: float, reader: str,
+                 reason: str) -> list[dict[str, Any]]:
         s = self.spec
         partials, bad = [], []
         for line in lines:
@@ -251,7 +252,7 @@ class _Job:
         r = self.report.rows
         self.report.phase("partialSegmentGeneration", started, subtasks=len(self.report.subtasks),
                           partials=len(partials), bytesShuffled=self.report.bytes_shuffled,
-                          reader=reader)
+                          reader=reader, readerReason=reason)
         self.say(f"phase 1 done: {len(self.report.subtasks)} subtasks, {r['processed']} rows, "
                  f"{r['unparseable']} unparseable, {r['thrownAway']} thrown away, "
                  f"{len(partials)} partials, {self.report.bytes_shuffled} bytes shuffled")

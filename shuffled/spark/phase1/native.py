@@ -33,6 +33,8 @@ from shuffled.spark.phase1.sparkhash import pmod_hash
 
 _UNITS = {"b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "g": 1 << 30,
           "gb": 1 << 30, "t": 1 << 40, "tb": 1 << 40}
+#: Why the native reader ran (the task report's readerReason).
+NATIVE_REASON = "Parquet input with hashed or dynamic partitioning the native reader covers"
 _TS_SCALE = {"posix": 1000.0, "micro": 0.001, "nano": 0.000001}
 
 
@@ -217,6 +219,8 @@ def plan_native(spec: IngestSpec, plan: PartitionPlan, files: list[str],
     """The native input description and the splits per task, or why the JVM path is needed."""
     if spec.input_format.type != "parquet" or not files:
         return "input is not Parquet files"
+    if spec.transform:
+        return "the spec has a transformSpec (transforms and filters run as Spark SQL expressions)"
     if plan.kind != "hashed":
         return f"{plan.kind} partitioning"
     row_groups: list[Split] = []

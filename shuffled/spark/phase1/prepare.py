@@ -17,9 +17,15 @@ from pyspark.sql import types as T
 
 from shuffled.spark.spec.granularity import spark_truncate, truncate
 from shuffled.spark.spec.model import IngestSpec, PartitionPlan
+from shuffled.spark.spec.transform import TIME as DRUID_TIME
+from shuffled.spark.phase1.filters import filter_column
+from shuffled.spark.phase1.transform import LONG, Translator, Val, as_value, input_val
 from shuffled.spark.rows.rollup import BAD, BUCKET, CHUNK, TIME
 
 _TS = "__ts"
+_TS_OUT = "__ts_out"  # the timestamp after a transform named __time
+_KEEP = "__keep"  # transformSpec.filter: true keeps the row
+_TRANSFORMS = "$.spec.dataSchema.transformSpec"
 _NUMERIC = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType,
             T.DecimalType)
 _SQL_TYPES = {"long": "bigint", "double": "double", "float": "float", "string": "string"}
@@ -62,13 +68,40 @@ def _typed(c: Column, dtype: T.DataType, kind: str) -> tuple[Column, Column | No
         return c.cast("string"), None
     sql = _SQL_TYPES[kind]
     if _is(dtype, _NUMERIC):
-        return c.cast(sql), None
+        return c.try_cast(sql), None  # try_: a transform may give NaN or Infinity
     text = F.nullif(F.trim(c.cast("string")), F.lit(""))
     if kind == "long":
         value = F.coalesce(text.try_cast("bigint"), F.floor(text.try_cast("double")).try_cast("bigint"))
     else:
         value = text.try_cast(sql)
     return value, text.isNotNull() & value.isNull()
+
+
+def apply_transforms(df: DataFrame, spec: IngestSpec) -> DataFrame:
+    """``df`` (with ``__ts``) with the transforms' outputs in place of the columns they
+    shadow, ``__ts_out`` (the timestamp a ``__time`` transform gives) and ``__keep``.
+
+    Every transform reads the input row as it was (Druid's rule); the filter reads the row
+    after the transforms. All of it is one Spark projection.
+    """
+    before: dict[str, Val] = {DRUID_TIME: Val(F.col(_TS), LONG)}
+    for f in df.schema.fields:
+        if f.name in spec.input_fields:
+            before[f.name] = input_val(F.col(f"`{f.name}`"), f.dataType, f.name, _TRANSFORMS)
+    after = dict(before)
+    for i, t in enumerate(spec.transform.transforms):
+        path = f"{_TRANSFORMS}.transforms[{i}].expression"
+        after[t.name] = as_value(Translator(before, path)(t.node))
+    keep: Column = F.lit(True)
+    if spec.transform.filter is not None:
+        keep = F.coalesce(filter_column(spec.transform.filter, after, f"{_TRANSFORMS}.filter"),
+                          F.lit(False))
+    produced = {t.name for t in spec.transform.transforms} - {DRUID_TIME}
+    cols = [F.col(f"`{c}`") for c in df.columns if c not in produced]
+    cols += [after[name].col.alias(name) for name in sorted(produced)]
+    time = after[DRUID_TIME]
+    cols.append((time.col if time.type == LONG else F.lit(None)).cast("bigint").alias(_TS_OUT))
+    return df.select(*cols, keep.alias(_KEEP))
 
 
 def prepare(df: DataFrame, spec: IngestSpec) -> DataFrame:
@@ -79,12 +112,19 @@ def prepare(df: DataFrame, spec: IngestSpec) -> DataFrame:
     millis = _timestamp(raw_ts, types[ts.column], ts.format)
     if ts.missing_value is not None:
         millis = F.when(raw_ts.isNull(), F.lit(ts.missing_value)).otherwise(millis)
-    cols: list[Column] = []
+    df = df.withColumn(_TS, millis)
+    time_col, keep = _TS, F.lit(True)
     problems: list[tuple[Column, Column]] = [
         (F.col("__corrupt"), F.lit("malformed " + spec.input_format.type + " record")),
         (F.col(_TS).isNull(), F.concat(F.lit("unparseable timestamp ["),
                                         F.coalesce(raw_ts.cast("string"), F.lit("null")), F.lit("]"))),
     ]
+    if spec.transform:
+        df = apply_transforms(df, spec)
+        types = {f.name: f.dataType for f in df.schema.fields}
+        time_col, keep = _TS_OUT, F.col(_KEEP)
+        problems.append((F.col(_TS_OUT).isNull(), F.lit("the __time transform gave null")))
+    cols: list[Column] = []
     for d in spec.dimensions:
         src = F.col(f"`{d.name}`")
         value, bad = _typed(src, types[d.name], d.type)
@@ -108,11 +148,11 @@ def prepare(df: DataFrame, spec: IngestSpec) -> DataFrame:
     location = F.concat_ws("\t", F.lit("U"), F.coalesce(file, F.lit("")),
                            F.coalesce(F.col("__line").cast("string"), F.lit("")), reason,
                            F.coalesce(F.substring(F.col("__raw"), 1, 1000), F.lit("")))
-    chunk = F.expr(spark_truncate(_TS, spec.segment_granularity))
-    keep = _in_intervals(chunk, spec)
+    chunk = F.expr(spark_truncate(time_col, spec.segment_granularity))
+    keep = keep & _in_intervals(chunk, spec)
     bad = F.when(reason.isNotNull(), location).when(~keep, F.lit("T"))
-    return df.withColumn(_TS, millis).select(
-        F.expr(spark_truncate(_TS, spec.query_granularity)).alias(TIME),
+    return df.select(
+        F.expr(spark_truncate(time_col, spec.query_granularity)).alias(TIME),
         chunk.alias(CHUNK), *cols, bad.alias(BAD),
     )
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shuffled.protocol import Interval
+from shuffled.spark.spec.transform import TransformSpec
 
 #: Metric types and, for each, the Arrow/Parquet type of the stored value.
 METRIC_TYPES: dict[str, str] = {
@@ -135,6 +136,7 @@ class IngestSpec:
     max_parse_exceptions: int = 2**31 - 1
     max_rows_in_memory: int = 1_000_000
     max_saved_parse_exceptions: int = 20
+    transform: TransformSpec = field(default_factory=TransformSpec)
     task_id: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -144,9 +146,12 @@ class IngestSpec:
 
     @property
     def input_fields(self) -> tuple[str, ...]:
-        """Input columns the job reads: timestamp, dimensions, metric fields (no duplicates)."""
-        names = [self.timestamp.column, *self.dimension_names]
-        names += [m.field for m in self.metrics if m.field is not None]
+        """Input columns the job reads (no duplicates): the timestamp, what the transforms
+        and the filter read, and the dimensions and metric fields no transform produces."""
+        produced = {t.name for t in self.transform.transforms}
+        names = [self.timestamp.column, *sorted(self.transform.reads)]
+        names += [n for n in self.dimension_names if n not in produced]
+        names += [m.field for m in self.metrics if m.field is not None and m.field not in produced]
         return tuple(dict.fromkeys(names))
 
 

@@ -24,6 +24,7 @@ from shuffled.spark.spec.model import (
 )
 from shuffled.spark.spec.base import SpecError, JsonObject, choice, col_name
 from shuffled.spark.spec.ioconfig import check_consistency, io_config, parse_tuning
+from shuffled.spark.spec.transform import parse_transform_spec
 
 __all__ = ["SpecError", "parse_spec"]
 
@@ -80,9 +81,9 @@ def _data_schema(o: JsonObject) -> dict[str, Any]:
     rollup = gran.bool_("rollup", True)
     intervals = _intervals(gran.get("intervals"), gran.at("intervals"))
     gran.done()
-    for key in ("parser", "transformSpec"):
-        if o.get(key):
-            raise SpecError(o.at(key), "is not supported")
+    if o.get("parser"):
+        raise SpecError(o.at("parser"), "is not supported (use ioConfig.inputFormat)")
+    transform = parse_transform_spec(o.obj("transformSpec", required=False))
     o.done()
     names = [d.name for d in dimensions] + [m.name for m in metrics]
     for name in names:
@@ -91,7 +92,7 @@ def _data_schema(o: JsonObject) -> dict[str, Any]:
     return {
         "data_source": data_source, "timestamp": timestamp, "dimensions": dimensions,
         "metrics": metrics, "segment_granularity": segment, "query_granularity": query,
-        "rollup": rollup, "intervals": intervals,
+        "rollup": rollup, "intervals": intervals, "transform": transform,
     }
 
 
