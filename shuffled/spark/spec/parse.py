@@ -103,10 +103,9 @@ def _dimensions(o: JsonObject) -> tuple[Dimension, ...]:
     for key in ("dimensionExclusions", "spatialDimensions"):
         if o.get(key):
             raise SpecError(o.at(key), "is not supported")
-    o.get("includeAllDimensions")
-    if o.value.get("includeAllDimensions") or o.value.get("useSchemaDiscovery"):
-        raise SpecError(o.at("useSchemaDiscovery"), "schema discovery is not supported")
-    o.get("useSchemaDiscovery")
+    for key in ("includeAllDimensions", "useSchemaDiscovery"):
+        if o.get(key):
+            raise SpecError(o.at(key), "schema discovery is not supported")
     o.done({"createBitmapIndex", "forceSegmentSortByTime"})
     out: list[Dimension] = []
     for i, item in enumerate(raw):
