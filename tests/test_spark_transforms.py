@@ -298,3 +298,45 @@ def test_parquet_transforms_time_and_shadowing_equal_duckdb(spark: Any, tmp_path
     assert got == sorted(want)
     stats = result.report["ingestionStatsAndErrors"]["rowStats"]["buildSegments"]
     assert stats["thrownAway"] == n // 4 and stats["processed"] == n - n // 4
+
+
+# --- flattenSpec -----------------------------------------------------------------------
+
+#: Each flattened field as DuckDB's JSON functions extract it (an independent JSONPath).
+FLAT_DUCKDB = {
+    "baz": "$.baz", "foo_bar": "$.foo.bar", "foo_other_bar": "$.foo.other.bar",
+    "first_food": "$.thing.food[1]", "dim1": "$.dim1", "dim2": "$.dim2", "dim3": "$.dim3",
+    "root-foo.bar": '$."foo.bar"', "hello-0": "$.hello[0]", "world-hey": "$.world[0].hey",
+    "worldtree": "$.world[1].tree", "second-food": "$.thing.food[1]",
+}
+
+
+def test_flatten_example_equals_duckdb_json_paths(spark: Any, tmp_path: Path) -> None:
+    import duckdb
+
+    spec = json.loads((DRUID / "flatten/flatten-index.json").read_text())
+    spec["spec"]["ioConfig"]["inputSource"]["baseDir"] = str(DRUID / "flatten")
+    daemon = start_daemon(tmp_path / "loc")
+    try:
+        result = run_ingestion(spec, shuffle_servers=[daemon.url], output_dir=str(tmp_path / "out"))
+    finally:
+        daemon.stop()
+    _manifest, out = read_output(tmp_path / "out", "flatten-example")
+    dims = list(FLAT_DUCKDB)
+    got = sorted((tuple(r[k] for k in ["__time", *dims, "count", "path-metric-sum", "metrica"])
+                  for r in _rows(out)), key=repr)
+    lines = (DRUID / "flatten/flatten-data.json").read_text().splitlines()
+    con = duckdb.connect()
+    con.register("input_rows", pa.table({"line": lines}))
+    extract = ", ".join(f"json_extract_string(line, '{p}') AS \"{d}\"" for d, p in FLAT_DUCKDB.items())
+    want = con.execute(f"""
+        WITH flat AS (SELECT epoch_ms(CAST(json_extract_string(line, '$.timestamp') AS TIMESTAMP)) AS ms,
+                             {extract},
+                             CAST(json_extract_string(line, '$.nestmet.val') AS BIGINT) AS pm,
+                             CAST(json_extract_string(line, '$.metrica') AS BIGINT) AS metrica
+                      FROM input_rows)
+        SELECT ms - ms % 3600000, {", ".join(f'"{d}"' for d in dims)}, count(*), sum(pm), sum(metrica)
+        FROM flat GROUP BY ALL""").fetchall()
+    assert got == sorted(want, key=repr)
+    assert len(got) == 3  # the first two records roll up into one row
+    assert result.report["ingestionStatsAndErrors"]["rowStats"]["buildSegments"]["processed"] == 4

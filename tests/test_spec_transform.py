@@ -114,3 +114,48 @@ def test_transform_names() -> None:
                                      "expression": "timestamp_floor(__time, 'P1D')"}]))
     assert ok.transform.transforms[0].name == "__time"
     assert "__time" not in ok.input_fields
+
+
+FLAT = "$.spec.ioConfig.inputFormat.flattenSpec"
+
+
+def with_flatten(flatten: dict[str, Any], kind: str = "json") -> dict[str, Any]:
+    spec = copy.deepcopy(TUTORIAL)
+    spec["spec"]["ioConfig"]["inputFormat"] = {"type": kind, "flattenSpec": flatten}
+    return spec
+
+
+@pytest.mark.parametrize("field,where,message", [
+    ({"type": "path", "name": "a", "expr": "$..a"}, "fields[0].expr", "deep scan"),
+    ({"type": "path", "name": "a", "expr": "$.a[*]"}, "fields[0].expr", "wildcards"),
+    ({"type": "path", "name": "a", "expr": "$.a[?(@.b > 1)]"}, "fields[0].expr", "filters"),
+    ({"type": "path", "name": "a", "expr": "$.hello.length()"}, "fields[0].expr", "functions"),
+    ({"type": "path", "name": "a", "expr": "$.a[0:2]"}, "fields[0].expr", "slices"),
+    ({"type": "path", "name": "a", "expr": "$.a[-1]"}, "fields[0].expr", "not supported"),
+    ({"type": "path", "name": "a", "expr": "a.b"}, "fields[0].expr", "not a supported JSONPath"),
+    ({"type": "jq", "name": "a", "expr": ".hello | sum"}, "fields[0].expr", "not supported"),
+    ({"type": "jq", "name": "a", "expr": ".a[]"}, "fields[0].expr", "not supported"),
+    ({"type": "jq", "name": "a", "expr": "."}, "fields[0].expr", "not supported"),
+    ({"type": "tree", "name": "a", "nodes": ["a", 1]}, "fields[0].nodes", "field names"),
+    ({"type": "nested", "name": "a", "expr": "$.a"}, "fields[0].type", "'nested' is not supported"),
+])
+def test_unsupported_flatten_fields_are_refused_by_path(field: dict[str, Any], where: str, message: str) -> None:
+    with pytest.raises(SpecError) as info:
+        parse_spec(with_flatten({"fields": [field]}))
+    assert info.value.path == f"{FLAT}.{where}"
+    assert message in str(info.value)
+
+
+def test_flatten_paths_and_formats() -> None:
+    s = parse_spec(with_flatten({"useFieldDiscovery": False, "fields": [
+        "animal", {"type": "path", "name": "n", "expr": "$['a b'][2].c"},
+        {"type": "jq", "name": "j", "expr": '.x."y z"[0]'}, {"type": "tree", "name": "t", "nodes": ["p", "q"]}]}))
+    flat = s.input_format.flatten
+    assert not flat.discover
+    assert [(f.name, f.steps, f.json_path) for f in flat.fields] == [
+        ("animal", ("animal",), "$.animal"), ("n", ("a b", 2, "c"), "$['a b'][2].c"),
+        ("j", ("x", "y z", 0), "$.x['y z'][0]"), ("t", ("p", "q"), "$.p.q")]
+    with pytest.raises(SpecError, match="json input only") as info:
+        parse_spec(with_flatten({"fields": ["a"]}, kind="parquet"))
+    assert info.value.path == FLAT
+    parse_spec(with_flatten({"useFieldDiscovery": True}, kind="parquet"))

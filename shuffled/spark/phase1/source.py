@@ -104,7 +104,9 @@ def load_input(spark: SparkSession, spec: IngestSpec, files: list[str]) -> DataF
         return _parquet(spark, files, fields)
     lines = _text_lines(spark, spec, files)
     lines = lines.where(F.length(F.trim("value")) > 0)
-    schema = T.StructType([T.StructField(f, T.StringType()) for f in fields]
+    flat = spec.input_format.flatten
+    roots = _root_fields(spec, fields)
+    schema = T.StructType([T.StructField(f, T.StringType()) for f in roots]
                           + [T.StructField(_CORRUPT, T.StringType())])
     opts = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
     if spec.input_format.type == "json":
@@ -117,10 +119,36 @@ def load_input(spark: SparkSession, spec: IngestSpec, files: list[str]) -> DataF
         opts["sep"] = spec.input_format.delimiter
         parsed = F.from_csv(F.col("value"), F.lit(ddl), opts)
     df = lines.select(parsed.alias("__p"), "value", "__file", "__line")
-    cols: list[Column] = [F.col("__p").getField(f).alias(f) for f in fields]
+    cols: list[Column] = []
+    for f in fields:
+        found = flat.get(f)
+        nested = found is not None and (len(found.steps) > 1 or isinstance(found.steps[0], int))
+        if found is not None and nested:
+            # Spark's own JSONPath evaluation, in the JVM (see spec.flatten).
+            cols.append(F.get_json_object(F.col("value"), found.json_path).alias(f))
+        elif found is not None:
+            cols.append(F.col("__p").getField(str(found.steps[0])).alias(f))
+        elif flat.discover or spec.input_format.type != "json":
+            cols.append(F.col("__p").getField(f).alias(f))
+        else:  # useFieldDiscovery false: only the listed fields exist
+            cols.append(F.lit(None).cast("string").alias(f))
     corrupt = F.col("__p").isNull() | F.col("__p").getField(_CORRUPT).isNotNull()
     return df.select(*cols, F.col("__file"), F.col("__line"), F.col("value").alias("__raw"),
                      corrupt.alias("__corrupt"))
+
+
+def _root_fields(spec: IngestSpec, fields: list[str]) -> list[str]:
+    """The root-level JSON keys (or CSV columns) to parse: the fields read by name, plus
+    the keys of single-step ``root``/``tree`` flatten fields."""
+    flat = spec.input_format.flatten
+    out = []
+    for f in fields:
+        found = flat.get(f)
+        if found is None:
+            out.append(f)
+        elif len(found.steps) == 1 and isinstance(found.steps[0], str):
+            out.append(found.steps[0])
+    return list(dict.fromkeys(out))
 
 
 def _parquet(spark: SparkSession, files: list[str], fields: list[str]) -> DataFrame:

@@ -46,6 +46,7 @@ FLT = f"{TS}.filter"
 IO = "spec.ioConfig"
 SRC = f"{IO}.inputSource"
 FMT = f"{IO}.inputFormat"
+FLAT = f"{FMT}.flattenSpec"
 TUN = "spec.tuningConfig"
 PS = f"{TUN}.partitionsSpec"
 _HASHED = {f"{TUN}.forceGuaranteedRollup": True}
@@ -112,9 +113,17 @@ def _rows() -> list[Field]:
         *[Field(f"{FMT}.type", t, S) for t in ("json", "parquet")],
         Field(f"{FMT}.type", "csv", S, parent={"columns": ["timestamp", "animal", "location", "number"]}),
         *[Field(f"{FMT}.type", t, R) for t in ("tsv", "avro_ocf", "orc", "protobuf", "regex", "kafka")],
-        Field(f"{FMT}.flattenSpec", {"useFieldDiscovery": True}, S),
-        Field(f"{FMT}.flattenSpec", {"fields": [{"type": "path", "name": "a", "expr": "$.a.b"}]}, R,
-              "not supported yet"),
+        Field(f"{FLAT}.useFieldDiscovery", False, S, "false: only the listed fields exist"),
+        *[Field(f"{FLAT}.fields[].type", t, S, note, parent={"name": "x", **p}) for t, p, note in (
+            ("root", {}, "expr (the root key) defaults to name"),
+            ("path", {"expr": "$.a['b c'][0]"}, "JSONPath keys and indices, via Spark's get_json_object"),
+            ("jq", {"expr": '.a."b c"[0]'}, "jq paths: keys and indices only"),
+            ("tree", {"nodes": ["a", "b"]}, ""))],
+        *[Field(f"{FLAT}.fields[].expr", e, R, note, parent={"type": t, "name": "x"}) for t, e, note in (
+            ("path", "$..a", "deep scan, wildcards, filters, slices, unions, functions are refused"),
+            ("path", "$.a[*]", ""), ("path", "$.hello.sum()", ""),
+            ("jq", ".hello | sum", "pipes, iteration and jq functions are refused"))],
+        Field(f"{FMT}.flattenSpec", {"fields": ["a"]}, R, "json input only", parent={"type": "parquet"}),
         *[Field(f"{FMT}.{k}", True, I) for k in ("keepNullColumns", "assumeNewlineDelimited", "useJsonNodeReader")],
         Field(f"{FMT}.featureSpec", {}, I),
         Field(f"{FMT}.binaryAsString", True, I, parent={"type": "parquet"}),

@@ -6,6 +6,7 @@ from typing import Any
 
 from shuffled.spark.spec.model import IngestSpec, InputFormat, InputSource, PartitionsSpec
 from shuffled.spark.spec.base import IGNORED, SpecError, JsonObject, choice, col_name
+from shuffled.spark.spec.flatten import parse_flatten
 
 
 def io_config(o: JsonObject) -> dict[str, Any]:
@@ -42,12 +43,12 @@ def io_config(o: JsonObject) -> dict[str, Any]:
 
 def input_format(f: JsonObject) -> InputFormat:
     kind = choice(f, "type", ("json", "csv", "parquet"), None)
-    if f.value.get("flattenSpec") not in (None, {}, {"useFieldDiscovery": True}):
-        raise SpecError(f.at("flattenSpec"), "is not supported")
-    f.get("flattenSpec")
+    flatten = parse_flatten(f.obj("flattenSpec", required=False))
+    if kind != "json" and (flatten.fields or not flatten.discover):
+        raise SpecError(f.at("flattenSpec"), f"is supported for json input only, not {kind}")
     if kind == "json":
         f.done({"featureSpec", "keepNullColumns", "assumeNewlineDelimited", "useJsonNodeReader"})
-        return InputFormat("json")
+        return InputFormat("json", flatten=flatten)
     if kind == "parquet":
         f.done({"binaryAsString"})
         return InputFormat("parquet")

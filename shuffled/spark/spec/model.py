@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shuffled.protocol import Interval
+from shuffled.spark.spec.flatten import FlattenSpec
 from shuffled.spark.spec.transform import TransformSpec
 
 #: Metric types and, for each, the Arrow/Parquet type of the stored value.
@@ -105,13 +106,14 @@ class InputSource:
 
 @dataclass(frozen=True)
 class InputFormat:
-    """``json`` (lines), ``csv`` or ``parquet``."""
+    """``json`` (lines, optionally with a ``flattenSpec``), ``csv`` or ``parquet``."""
 
     type: str
     columns: tuple[str, ...] = ()
     find_columns_from_header: bool = False
     skip_header_rows: int = 0
     delimiter: str = ","
+    flatten: FlattenSpec = field(default_factory=FlattenSpec)
 
 
 @dataclass(frozen=True)
