@@ -81,4 +81,4 @@ class JobContext:
     def phase2_config(self) -> Phase2Config:
         """What a phase-2 Spark task needs (pickled into its closure)."""
         return Phase2Config(self.task_id, self.layout, self.staging, self.auth.token,
-                            self.auth.ca_file)
+                            self.auth.ca_file, self.spec.max_bytes_in_memory)

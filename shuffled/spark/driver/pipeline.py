@@ -292,7 +292,16 @@ class _Job:
         self.report.bytes_fetched = sum(r["bytesFetched"] for r in results)
         spent = {f"{k}Seconds": round(sum(r.get(f"{k}Ms", 0.0) for r in results) / 1000, 3)
                  for k in ("fetch", "merge", "write")}  # summed over the merge tasks
+        spilled = [r for r in results if "spillFiles" in r]
         self.report.phase("partialSegmentMerge", started, tasks=len(groups),
-                          partitions=len(results), rowsOut=self.report.rows_out, **spent)
+                          partitions=len(results), rowsOut=self.report.rows_out, **spent,
+                          memoryBudgetBytes=self.spec.max_bytes_in_memory or None,
+                          peakTaskRssBytes=max((r.get("peakRss", 0) for r in results), default=0),
+                          # what a task added to its worker: the budget's measure
+                          peakTaskRssGrowthBytes=max(
+                              (r.get("peakRss", 0) - r.get("rssAtStart", 0) for r in results),
+                              default=0),
+                          partitionsSpilled=len(spilled),
+                          spillBytes=sum(r["spillBytes"] for r in spilled))
         self.say(f"phase 2 done: {len(results)} segments, {self.report.rows_out} rows")
         return results

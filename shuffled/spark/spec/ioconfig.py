@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from shuffled.spark.spec.model import IngestSpec, InputFormat, InputSource, PartitionsSpec
+from shuffled.spark.spec.model import (DEFAULT_BYTES_IN_MEMORY, IngestSpec, InputFormat,
+                                        InputSource, PartitionsSpec)
 from shuffled.spark.spec.base import IGNORED, SpecError, JsonObject, choice, col_name
 
 
@@ -103,9 +104,17 @@ def parse_tuning(o: JsonObject) -> dict[str, Any]:
         "max_parse_exceptions": o.int_("maxParseExceptions", 2**31 - 1, minimum=0),
         "max_rows_in_memory": max(1000, o.int_("maxRowsInMemory", 1_000_000) or 1_000_000),
         "max_saved_parse_exceptions": o.int_("maxSavedParseExceptions", 20, minimum=0),
+        "max_bytes_in_memory": _bytes_in_memory(o.int_("maxBytesInMemory", 0, minimum=-1)),
     }
     o.done(IGNORED["tuningConfig"])
     return out
+
+
+def _bytes_in_memory(value: int | None) -> int:
+    """Druid's maxBytesInMemory: 0 (or absent) is the default, -1 lifts the bound."""
+    if not value:
+        return DEFAULT_BYTES_IN_MEMORY
+    return 0 if value < 0 else max(value, 1 << 20)
 
 
 def check_consistency(s: IngestSpec) -> None:

@@ -39,6 +39,9 @@ COMBINE: dict[str, str] = {
     "floatMax": "max",
 }
 
+#: maxBytesInMemory when the spec leaves it at 0 or out: a phase-2 merge task's memory budget.
+DEFAULT_BYTES_IN_MEMORY = 256 << 20
+
 DIMENSION_TYPES = ("string", "long", "float", "double")
 TIMESTAMP_FORMATS = ("iso", "millis", "posix", "auto", "micro", "nano")
 
@@ -135,6 +138,7 @@ class IngestSpec:
     max_parse_exceptions: int = 2**31 - 1
     max_rows_in_memory: int = 1_000_000
     max_saved_parse_exceptions: int = 20
+    max_bytes_in_memory: int = 256 << 20  # a merge task's budget; 0: unbounded (Druid's -1)
     task_id: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
