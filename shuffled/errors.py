@@ -83,6 +83,14 @@ class Conflict(ShuffleError):
     code = "conflict"
 
 
+class TaskFailed(ShuffleError):
+    """The supervisor task was marked failed (or deleted) on the daemon: its partitions will
+    never read as complete. A paged reader gets this instead of an empty partition."""
+
+    status = 409
+    code = "task_failed"
+
+
 class TooLarge(ShuffleError):
     status = 413
     code = "too_large"

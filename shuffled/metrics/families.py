@@ -67,7 +67,18 @@ class Metrics:
         self.sweep_period = Gauge(
             "shuffled_sweep_period_seconds",
             "How often the expiry sweeper is scheduled (0 while it is not).", registry=registry)
-        for route in ("partial", "partition"):
+        self.long_polls = Counter(
+            "shuffled_long_polls", "Requests that waited for news, by how the wait ended "
+            "(early: news came; timeout: maxWait passed).", ["outcome"], registry=registry)
+        self.long_poll_waiters = Gauge(
+            "shuffled_long_poll_waiters", "Requests waiting for news right now.",
+            registry=registry)
+        self.page_acks = Counter(
+            "shuffled_page_acks", "Paged-read tokens acknowledged by readers.",
+            registry=registry)
+        for outcome in ("early", "timeout"):
+            self.long_polls.labels(outcome)
+        for route in ("partial", "partition", "pages"):
             self.served_bytes.labels(route)
             self.served_requests.labels(route)
         for cause in ("request", "expired", "max_age"):

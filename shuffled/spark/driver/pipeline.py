@@ -182,6 +182,7 @@ class _Job:
                  + (f"{chunks} time chunks, {sum(plan.shards(c) for c in card)} partitions"
                     if card else f"numShards {plan.num_shards}"))
         partials = self.phase1(prepared, plan)
+        self.seal(partials)
         staged = self.phase2(partials)
         return staged, plan
 
@@ -251,6 +252,8 @@ class _Job:
         r = self.report.rows
         self.report.phase("partialSegmentGeneration", started, subtasks=len(self.report.subtasks),
                           partials=len(partials), bytesShuffled=self.report.bytes_shuffled,
+                          bytesBeforeCompression=self.report.bytes_before_compression,
+                          compression=self.spec.partial_compression,
                           reader=reader)
         self.say(f"phase 1 done: {len(self.report.subtasks)} subtasks, {r['processed']} rows, "
                  f"{r['unparseable']} unparseable, {r['thrownAway']} thrown away, "
@@ -262,6 +265,17 @@ class _Job:
                 f"Max parse exceptions [{s.max_parse_exceptions}] exceeded: "
                 f"{r['unparseable']} unparseable rows{where}", unparseable=r["unparseable"])
         return partials
+
+    def seal(self, partials: list[dict[str, Any]]) -> None:
+        """Tell each daemon which subtasks committed partials there (the seal): its paged
+        reads then serve only those and say when a partition is complete."""
+        committed: dict[str, set[str]] = {}
+        for p in partials:
+            committed.setdefault(p["server"], set()).add(p["sub"])
+        auth = self.ctx.auth
+        for server, subs in sorted(committed.items()):
+            with ShuffleClient(server, token=auth.token, ca_file=auth.ca_file) as client:
+                client.seal(self.ctx.task_id, sorted(subs))
 
     def phase2(self, partials: list[dict[str, Any]]) -> list[dict[str, Any]]:
         self.ctx.phase = "phase 2 (merge)"

@@ -61,6 +61,7 @@ class Phase1Config:
     token: str | None = None
     ca_file: str | None = None
     fault: dict[str, Any] = field(default_factory=dict)  # tests only: see _maybe_fail
+    compression: str = "none"  # Arrow IPC buffer compression of partials (tuningConfig)
 
 
 class _Task:
@@ -81,12 +82,12 @@ class _Task:
         self.flushes = 0
         self.uploads: list[dict[str, Any]] = []
         self.stats = {"rowsIn": 0, "processed": 0, "unparseable": 0, "thrownAway": 0,
-                      "bytesProcessed": 0, "bytesShuffled": 0}
+                      "bytesProcessed": 0, "bytesShuffled": 0, "bytesBeforeCompression": 0}
         self.bad: list[dict[str, Any]] = []
         # JVM rows carry their partition (__bucket); native rows get it after the rollup.
         self.bucketer = bucketer
         self.extra = [CHUNK] if bucketer else [CHUNK, BUCKET]
-        self.encoder = Encoder(cfg.layout.schema())
+        self.encoder = Encoder(cfg.layout.schema(), cfg.compression)
         # Uploads run here, one at a time, while the task reads and rolls up on.
         self._uploader = ThreadPoolExecutor(1, thread_name_prefix="phase1-upload")
         self._uploading: Future[None] | None = None
@@ -186,7 +187,9 @@ class _Task:
                 made.append((key, rows, len(body)))
                 yield key, body
 
+        raw_before = self.encoder.raw_bytes
         answers = self.client.put_partials(self.cfg.supervisor_task_id, partials())
+        self.stats["bytesBeforeCompression"] += self.encoder.raw_bytes - raw_before
         for (key, rows, size), answer in zip(made, answers, strict=True):
             self.stats["bytesShuffled"] += size
             self.uploads.append({"kind": "partial", "server": self.server, "sub": sub,

@@ -58,6 +58,12 @@ class Phase2Config:
         return bool(self.memory_budget) and a.nbytes > self.memory_budget // WORK_FACTOR
 
     @property
+    def page_bytes(self) -> int:
+        """Page size of a streamed partition's paged reads: a page and its table are held
+        while the merge works, so a small share of the budget."""
+        return max(1 << 20, min(8 << 20, self.memory_budget // (4 * WORK_FACTOR)))
+
+    @property
     def batch_bytes(self) -> int:
         """Bytes of partials fetched per batch: one batch is merged while the next is
         fetched, and a merge peaks at WORK_FACTOR times its input."""
@@ -135,16 +141,18 @@ def batches(assignments: Iterable[Assignment], partitions: int = BATCH_PARTITION
 
 def _stream(clients: dict[str, ShuffleClient], cfg: Phase2Config,
             a: Assignment) -> Iterator[pa.RecordBatch]:
-    """The record batches of one partition, one subtask's partials at a time (each is
-    bounded by phase 1's flush size), row counts checked per daemon as in :func:`_fetch`."""
+    """The record batches of one partition, read in pages of at most :attr:`page_bytes`
+    (paged reads: a partial bigger than a page comes in several), row counts checked per
+    daemon as in :func:`_fetch`. The driver sealed each daemon before phase 2, so a
+    partition reads as complete exactly when every committed partial has been read."""
     key = PartitionKey(cfg.supervisor_task_id, Interval(a.start, a.end), a.partition)
     for server, subs, expected in a.sources:
         got = 0
-        for sub in subs:
-            (body,) = _client(clients, cfg, server).get_partitions(
-                cfg.supervisor_task_id, [(key, [sub])])
-            table = from_ipc(body)
-            del body
+        for page in _client(clients, cfg, server).pages(
+                key, max_bytes=cfg.page_bytes, sub_task_ids=list(subs), poll=5.0,
+                deadline=120.0):
+            table = from_ipc(page)
+            del page
             got += table.num_rows
             yield from table.to_batches()
         if got != expected:

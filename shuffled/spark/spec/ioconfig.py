@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from shuffled.spark.spec.model import (DEFAULT_BYTES_IN_MEMORY, IngestSpec, InputFormat,
+from shuffled.spark.spec.model import (DEFAULT_BYTES_IN_MEMORY, DEFAULT_PARTIAL_COMPRESSION,
+                                        PARTIAL_CODECS, IngestSpec, InputFormat,
                                         InputSource, PartitionsSpec)
 from shuffled.spark.spec.base import IGNORED, SpecError, JsonObject, choice, col_name
 
@@ -105,6 +106,9 @@ def parse_tuning(o: JsonObject) -> dict[str, Any]:
         "max_rows_in_memory": max(1000, o.int_("maxRowsInMemory", 1_000_000) or 1_000_000),
         "max_saved_parse_exceptions": o.int_("maxSavedParseExceptions", 20, minimum=0),
         "max_bytes_in_memory": _bytes_in_memory(o.int_("maxBytesInMemory", 0, minimum=-1)),
+        # ours, not Druid's: how phase 1 compresses partials on the wire and on disk
+        "partial_compression": choice(o, "partialCompression", PARTIAL_CODECS,
+                                      DEFAULT_PARTIAL_COMPRESSION),
     }
     o.done(IGNORED["tuningConfig"])
     return out
