@@ -109,7 +109,7 @@ def test_hashed_range_and_druid_tuning_knobs_are_accepted() -> None:
     s = parse_spec(spec)
     assert s.partitions.type == "single_dim" and s.partitions.dimensions == ("srcIP",)
     assert (s.max_concurrent_subtasks, s.total_merge_tasks, s.max_rows_in_memory) == (4, 2, 50000)
-    assert s.max_bytes_in_memory == 1 << 20  # raised to the smallest useful budget
+    assert s.max_bytes_in_memory == 1 << 16  # raised to the smallest useful budget
 
 
 @pytest.mark.parametrize("value,budget", [(None, 256 << 20), (0, 256 << 20), (-1, 0),

@@ -253,6 +253,8 @@ class _Job:
         self.report.phase("partialSegmentGeneration", started, subtasks=len(self.report.subtasks),
                           partials=len(partials), bytesShuffled=self.report.bytes_shuffled,
                           bytesBeforeCompression=self.report.bytes_before_compression,
+                          # the combiner: rows sent after each task's local rollup
+                          rowsShipped=self.report.rows_shipped,
                           compression=self.spec.partial_compression,
                           reader=reader)
         self.say(f"phase 1 done: {len(self.report.subtasks)} subtasks, {r['processed']} rows, "

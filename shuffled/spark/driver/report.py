@@ -24,6 +24,7 @@ class TaskReport:
         "thrownAway": 0})
     bytes_shuffled: int = 0
     bytes_before_compression: int = 0
+    rows_shipped: int = 0
     bytes_fetched: int = 0
     rows_out: int = 0
     subtasks: list[dict[str, Any]] = field(default_factory=list)
@@ -47,6 +48,7 @@ class TaskReport:
             self.rows[key] += int(stats[src])
         self.bytes_shuffled += int(stats["bytesShuffled"])
         self.bytes_before_compression += int(stats.get("bytesBeforeCompression", 0))
+        self.rows_shipped += int(stats.get("rowsShipped", 0))
 
     def to_json(self) -> dict[str, Any]:
         elapsed = int((time.time() - self.started) * 1000)

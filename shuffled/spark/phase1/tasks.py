@@ -13,10 +13,13 @@ its commit message; Spark's commit coordinator lets exactly one attempt per part
 commit and hands only those messages to the driver-side ``commit``, so the driver's list
 names exactly the committed attempts (docs/exactly-once.md).
 
-Memory per task is bounded: raw rows are buffered up to ``max_rows`` (maxRowsInMemory) and
-rolled up together; rolled-up rows are kept up to ``max_rows``, then compacted, and flushed
-as additional partial segments (new flush number) if still more than half that. A flush
-being uploaded is held until its answer, so a task holds at most about twice that.
+Memory per task is bounded, and the rollup combines as much as that bound allows (the seed's
+"combiner"): raw rows are buffered up to ``max_rows`` (maxRowsInMemory) and rolled up
+together; rolled-up rows are kept, across buffers, up to a quarter of ``max_bytes``
+(maxBytesInMemory; a combine of them peaks at about three times their size), then
+compacted, and flushed as additional partial segments (new flush number) only if still
+more than half that. So a task whose distinct keys fit ships each key once, as one node's
+full rollup of its input would. A flush being uploaded is held until its answer.
 This module runs on executors: it imports shuffled.client/protocol, the native reader,
 pyarrow and pyspark's data source API.
 """
@@ -62,6 +65,12 @@ class Phase1Config:
     ca_file: str | None = None
     fault: dict[str, Any] = field(default_factory=dict)  # tests only: see _maybe_fail
     compression: str = "none"  # Arrow IPC buffer compression of partials (tuningConfig)
+    max_bytes: int = 256 << 20  # maxBytesInMemory (0: unbounded): bounds rolled-up rows held
+
+    @property
+    def pending_limit(self) -> int:
+        """Bytes of rolled-up rows held before they are compacted (and maybe flushed)."""
+        return self.max_bytes // 4 if self.max_bytes else 1 << 62
 
 
 class _Task:
@@ -82,7 +91,8 @@ class _Task:
         self.flushes = 0
         self.uploads: list[dict[str, Any]] = []
         self.stats = {"rowsIn": 0, "processed": 0, "unparseable": 0, "thrownAway": 0,
-                      "bytesProcessed": 0, "bytesShuffled": 0, "bytesBeforeCompression": 0}
+                      "bytesProcessed": 0, "bytesShuffled": 0, "bytesBeforeCompression": 0,
+                      "rowsShipped": 0}
         self.bad: list[dict[str, Any]] = []
         # JVM rows carry their partition (__bucket); native rows get it after the rollup.
         self.bucketer = bucketer
@@ -112,12 +122,15 @@ class _Task:
 
     def _rollup_raw(self) -> None:
         self._rollup_raw_only()
-        if self.pending_rows > self.cfg.max_rows:
+        if len(self.pending) > 1 and self._pending_bytes() > self.cfg.pending_limit:
             # One rolled-up table has nothing left to combine: only merge several.
             merged = self._pending_table()
             self.pending, self.pending_rows = [merged], merged.num_rows
-            if merged.num_rows > self.cfg.max_rows // 2:
+            if merged.nbytes > self.cfg.pending_limit // 2:
                 self.flush()
+
+    def _pending_bytes(self) -> int:
+        return sum(t.nbytes for t in self.pending)
 
     def _pending_table(self) -> pa.Table:
         if len(self.pending) == 1:
@@ -192,6 +205,7 @@ class _Task:
         self.stats["bytesBeforeCompression"] += self.encoder.raw_bytes - raw_before
         for (key, rows, size), answer in zip(made, answers, strict=True):
             self.stats["bytesShuffled"] += size
+            self.stats["rowsShipped"] += rows
             self.uploads.append({"kind": "partial", "server": self.server, "sub": sub,
                                  "start": key.interval.start, "end": key.interval.end,
                                  "partition": key.partition_id, "rows": rows, "bytes": size,

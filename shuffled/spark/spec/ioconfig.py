@@ -118,7 +118,7 @@ def _bytes_in_memory(value: int | None) -> int:
     """Druid's maxBytesInMemory: 0 (or absent) is the default, -1 lifts the bound."""
     if not value:
         return DEFAULT_BYTES_IN_MEMORY
-    return 0 if value < 0 else max(value, 1 << 20)
+    return 0 if value < 0 else max(value, 1 << 16)
 
 
 def check_consistency(s: IngestSpec) -> None:
