@@ -354,3 +354,48 @@ async def test_overdue_tasks_and_expiry_overdue_seconds(start_daemon, make_setti
 async def test_sweep_period_gauge_follows_the_scheduler(start_daemon, make_settings) -> None:
     client = await start_daemon(make_settings(sweep_period=42))
     assert (await scrape(client))("shuffled_sweep_period_seconds") == 42
+
+
+_DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+_SELECTOR = re.compile(r"\b(shuffled_[a-z_]+)(?:\{([^}]*)\})?")
+_EXACT = re.compile(r'(\w+)\s*=\s*\\?"([^"\\]*)\\?"')
+
+
+def _shipped_selectors() -> list[tuple[str, dict[str, str]]]:
+    """Every shuffled_* selector in the shipped alert rules and dashboard, with its exact
+    (``=``) label matchers other than job/instance."""
+    text = (_DEPLOY / "prometheus" / "shuffled-rules.yml").read_text()
+    text += (_DEPLOY / "grafana" / "dashboard.json").read_text()
+    out = []
+    for name, matchers in _SELECTOR.findall(text):
+        exact = {k: v for k, v in _EXACT.findall(matchers or "")
+                 if k not in ("job", "instance") and f"{k}!=" not in matchers.replace(" ", "")}
+        out.append((name, exact))
+    return out
+
+
+async def test_first_scrape_has_every_family_the_rules_and_dashboard_use(
+        daemon: TestClient) -> None:
+    """A fresh daemon's very first scrape already has a sample for every family and every
+    exact label value the shipped rules and dashboard name, so rate() and the alerts work
+    before the first event (a rule naming something not exported at zero fails here)."""
+    first = await scrape(daemon)  # nothing happened before it, not even another scrape
+    selectors = _shipped_selectors()
+    assert len(selectors) > 20, "the rules and dashboard were not read"
+    names = {s[0] for s in first.samples}
+    for name, exact in selectors:
+        candidates = [n for n in (name, f"{name}_total", f"{name}_bucket") if n in names]
+        assert candidates, f"{name} (used by deploy/) is not in the first scrape"
+        if exact:
+            assert any(dict(labels).items() >= exact.items()
+                       for n in candidates for labels in first.series(n)), (name, exact)
+    # The families whose label values are known in advance are all there at zero.
+    for reason in ("overloaded", "draining", "not_found", "digest_mismatch", "task_failed"):
+        assert first("shuffled_rejected_requests_total", reason=reason) == 0.0
+    for outcome in ("ok", "unreachable", "timeout", "http_error", "bad_answer"):
+        assert ("shuffled_overlord_requests_total",
+                (("outcome", outcome),)) in first.samples
+    assert first("shuffled_request_duration_seconds_count", route=PARTITION_ROUTE,
+                 method="GET") == 0.0
+    assert ("shuffled_request_duration_seconds_count",
+            (("method", "GET"), ("route", PARTITION_ROUTE))) in first.samples

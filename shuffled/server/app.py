@@ -68,6 +68,9 @@ def make_app(settings: Settings, *, registry: CollectorRegistry | None = None,
     app.router.add_get("/status", handlers.status)
     app.router.add_get("/metrics", handlers.metrics)
 
+    metrics.export_routes([(r.resource.canonical, r.method) for r in app.router.routes()
+                           if r.resource is not None])
+
     async def store_ctx(app: web.Application) -> AsyncIterator[None]:
         await store.open()
         yield
