@@ -13,7 +13,7 @@ from shuffled.cleanup.scheduler import sweeper_ctx
 from shuffled.config import Settings
 from shuffled.metrics import Metrics, StoreCollector
 from shuffled.protocol import API_PREFIX
-from shuffled.server import bulk, handlers, pages, partitions
+from shuffled.server import bulk, handlers, pages, partitions, ui
 from shuffled.server.errors import error_middleware
 from shuffled.server.limits import Limiter
 from shuffled.server.middleware import (
@@ -67,6 +67,8 @@ def make_app(settings: Settings, *, registry: CollectorRegistry | None = None,
     app.router.add_get("/status/health", handlers.health)
     app.router.add_get("/status", handlers.status)
     app.router.add_get("/metrics", handlers.metrics)
+    app.router.add_get("/ui", ui.page)  # the status page; same auth as /status
+    app.router.add_get("/", ui.page)
 
     metrics.export_routes([(r.resource.canonical, r.method) for r in app.router.routes()
                            if r.resource is not None])
