@@ -93,6 +93,7 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
     servers = [u.strip().rstrip("/") for u in shuffle_servers if u.strip()]
     if not servers:
         raise ValueError("at least one shuffle server URL is needed")
+    _check_reachable(servers, token, ca_file)
     say = progress or (lambda _msg: None)
     task_id = _task_id(s)
     version = format_instant(int(time.time() * 1000))
@@ -126,7 +127,8 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
     except BaseException as exc:
         report.status = "FAILED"
         report.error = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
-        _write_report(ds_dir, report)
+        path = _write_report(ds_dir, report)
+        exc.add_note(f"task report: {path}")  # the CLI names it in its one paragraph
         say(report.summary())
         raise
     finally:
@@ -138,6 +140,21 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
     return IngestResult(task_id, s.data_source, version, report.segments,
                         os.path.join(ds_dir, "manifest.json"), report_path, report.to_json(),
                         summary)
+
+
+def _check_reachable(servers: list[str], token: str | None, ca_file: str | None) -> None:
+    """Refuse to start when a shuffle server does not answer its health check: found here,
+    it is one clear error; found by phase 1, it would be every task failing in turn."""
+    down = []
+    for server in servers:
+        with ShuffleClient(server, token=token, ca_file=ca_file, timeout=10.0) as client:
+            if not client.health():
+                down.append(server)
+    if down:
+        raise IngestionFailed(
+            f"shuffle server{'s' if len(down) > 1 else ''} {', '.join(down)} did not answer "
+            "its health check (GET /status/health); start it (`shuffled serve`), fix the "
+            "URL, or leave out --shuffle-server to use an embedded one", servers=down)
 
 
 def _write_report(ds_dir: str, report: TaskReport) -> str:
