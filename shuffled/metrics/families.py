@@ -10,6 +10,8 @@ from shuffled.errors import error_codes
 # Request latency buckets from 1 ms to 2 min: small GETs up to 256 MiB transfers.
 # The outcome label of shuffled_overlord_requests_total (shuffled.cleanup.overlord counts them).
 OVERLORD_OUTCOMES = ("ok", "unreachable", "timeout", "http_error", "bad_answer")
+# Statuses of shuffled_http_requests_total exported at zero for every route (export_routes).
+ROUTE_STATUSES = ("200", "500")
 # Rejected-request reasons besides the domain errors' codes: aiohttp's own refusals (its
 # reason phrase, snake-cased), the drain on shutdown and unexpected failures.
 OTHER_REASONS = ("draining", "internal", "method_not_allowed", "not_found",
@@ -101,8 +103,11 @@ class Metrics:
             self.deleted_bytes.labels(cause)
 
     def export_routes(self, routes: list[tuple[str, str]]) -> None:
-        """Export the latency histogram and the 200 count of every (route template, method)
-        at zero (other statuses are not known in advance: they appear as they happen)."""
+        """Export the latency histogram and the 200 and 500 counts of every (route template,
+        method) at zero. 500 (an unexpected failure) can answer any route and is what the
+        error-rate alert watches (``status=~"5..", status!="503"``), so its first occurrence
+        is counted by rate(); other statuses appear as they happen."""
         for route, method in routes:
             self.latency.labels(route, method)
-            self.requests.labels(route, method, "200")
+            for status in ROUTE_STATUSES:
+                self.requests.labels(route, method, status)
