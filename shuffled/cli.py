@@ -50,7 +50,8 @@ def _ingest_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--shuffle-server", action="append", dest="shuffle_servers",
                         metavar="URL",
                         help="shuffled daemon URL; repeat for several (default: an embedded one)")
-    parser.add_argument("--output", default="segments", help="output directory (default ./segments)")
+    parser.add_argument("--output", default="segments",
+                        help="output directory, or s3://bucket/prefix (default ./segments)")
     parser.add_argument("--auth-token-file", help="bearer token for the shuffle servers")
     parser.add_argument("--ca-file", help="CA bundle to verify https shuffle servers")
     parser.add_argument("--show-rows", type=int, default=0, metavar="N",

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from pyspark.sql import functions as F
 from shuffled.client import ShuffleClient
 from shuffled.errors import ShuffleError
 from shuffled.protocol import format_instant
+from shuffled.spark.fs import remote
 from shuffled.spark.phase1 import native
 from shuffled.spark.phase1 import tasks as phase1
 from shuffled.spark.phase2 import merge as phase2
@@ -97,11 +99,16 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
     say = progress or (lambda _msg: None)
     task_id = _task_id(s)
     version = format_instant(int(time.time() * 1000))
-    ds_dir = os.path.abspath(os.path.join(output_dir, s.data_source))
-    os.makedirs(ds_dir, exist_ok=True)
+    if remote.scheme(output_dir) == "s3":
+        # Segments are staged on local disk and uploaded when published (phase2.publish).
+        ds_dir = f"{output_dir.rstrip('/')}/{s.data_source}"
+        local_dir = tempfile.mkdtemp(prefix=f"shuffled-{s.data_source}-")
+    else:
+        ds_dir = local_dir = os.path.abspath(os.path.join(output_dir, s.data_source))
+        os.makedirs(ds_dir, exist_ok=True)
     report = TaskReport(task_id, s.data_source, version, servers)
     spark, created = get_session(master)
-    staging = os.path.join(ds_dir, f".staging-{task_id}")
+    staging = os.path.join(local_dir, f".staging-{task_id}")
     ctx = JobContext(spark, s, files, tuple(servers), task_id, report, staging,
                      Auth(token, ca_file), reader, say, fault or {})
     monitor = Monitor(task_id, servers, token=token, ca_file=ca_file,
@@ -124,6 +131,8 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
                 monitor.stop()
                 _cleanup(servers, task_id, token, ca_file, report)
                 shutil.rmtree(staging, ignore_errors=True)
+                if local_dir != ds_dir:
+                    shutil.rmtree(local_dir, ignore_errors=True)
     except BaseException as exc:
         report.status = "FAILED"
         report.error = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
@@ -138,8 +147,7 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
     summary = report.summary()
     say(summary)
     return IngestResult(task_id, s.data_source, version, report.segments,
-                        os.path.join(ds_dir, "manifest.json"), report_path, report.to_json(),
-                        summary)
+                        f"{ds_dir}/manifest.json", report_path, report.to_json(), summary)
 
 
 def _check_reachable(servers: list[str], token: str | None, ca_file: str | None) -> None:
@@ -159,6 +167,11 @@ def _check_reachable(servers: list[str], token: str | None, ca_file: str | None)
 
 def _write_report(ds_dir: str, report: TaskReport) -> str:
     body = report.to_json()
+    if remote.scheme(ds_dir) == "s3":
+        data = (json.dumps(body, indent=2) + "\n").encode()
+        remote.write_bytes(f"{ds_dir}/reports/{report.task_id}.json", data)
+        remote.write_bytes(f"{ds_dir}/task-report.json", data)
+        return f"{ds_dir}/task-report.json"
     os.makedirs(os.path.join(ds_dir, "reports"), exist_ok=True)
     write_json_atomic(os.path.join(ds_dir, "reports", f"{report.task_id}.json"), body)
     path = os.path.join(ds_dir, "task-report.json")

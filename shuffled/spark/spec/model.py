@@ -100,13 +100,17 @@ class PartitionsSpec:
 
 @dataclass(frozen=True)
 class InputSource:
-    """``local`` (``base_dir`` + ``filter`` or ``files``) or ``inline`` (``data``)."""
+    """``local`` (``base_dir`` + ``filter`` or ``files``), ``inline`` (``data``), ``s3``
+    (``uris``, ``prefixes`` + ``filter``, ``objects`` as ``s3://bucket/path``) or ``http``
+    (``uris``)."""
 
     type: str
     base_dir: str | None = None
     filter: str | None = None
     files: tuple[str, ...] = ()
     data: str | None = None
+    uris: tuple[str, ...] = ()
+    prefixes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
