@@ -192,3 +192,26 @@ def test_bad_object_store_sources_are_refused_by_path(source: dict[str, Any], wh
     with pytest.raises(SpecError) as info:
         parse_spec(_spec(source, "json"))
     assert info.value.path == where
+
+
+def test_a_failed_ingestion_leaves_no_manifest_in_the_store(spark: Any, store: Any, data: Any,
+                                                            tmp_path: Path) -> None:
+    """The manifest is the commit point: a run failing after phase 1 (too many parse
+    exceptions) writes its FAILED report to the store and no manifest."""
+    fs, _ = store
+    spec = _spec({"type": "local", "baseDir": str(data["local"] / "json"), "filter": "*.json"},
+                 "json")
+    spec["spec"]["tuningConfig"]["maxParseExceptions"] = 0
+    daemon = start_daemon(tmp_path / "loc")
+    try:
+        with pytest.raises(Exception, match="Max parse exceptions"):
+            run_ingestion(spec, shuffle_servers=[daemon.url],
+                          output_dir="s3://shuffled-out/failed")
+    finally:
+        daemon.stop()
+    base = "shuffled-out/failed/events"
+    assert fs.get_file_info(f"{base}/manifest.json").type == pafs.FileType.NotFound
+    report = json.loads(fs.open_input_stream(f"{base}/task-report.json").read())
+    assert report["status"] == "FAILED" and "Max parse exceptions" in report["errorMsg"]
+    segments = fs.get_file_info(pafs.FileSelector(f"{base}/segments", allow_not_found=True))
+    assert segments == []  # it failed before publishing: nothing was uploaded

@@ -71,7 +71,7 @@ def test_tutorial_spec_parses() -> None:
     ("spec.dataSchema.transformSpec", {"filter": {"type": "selector"}},
      "$.spec.dataSchema.transformSpec"),
     ("spec.dataSchema.dimensionsSpec.dimensions", [], "$.spec.dataSchema.dimensionsSpec.dimensions"),
-    ("spec.ioConfig.inputSource", {"type": "s3", "uris": ["s3://x"]}, "$.spec.ioConfig.inputSource.type"),
+    ("spec.ioConfig.inputSource", {"type": "hdfs", "paths": "hdfs://x"}, "$.spec.ioConfig.inputSource.type"),
     ("spec.ioConfig.inputFormat", {"type": "avro"}, "$.spec.ioConfig.inputFormat.type"),
     ("spec.ioConfig.surprise", 1, "$.spec.ioConfig.surprise"),
     ("spec.tuningConfig.partitionsSpec", {"type": "hashed", "numShards": 0},
