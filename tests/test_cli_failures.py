@@ -4,6 +4,7 @@ a real subprocess, the way users meet it."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import socket
@@ -92,3 +93,43 @@ def test_a_failed_spark_job_names_its_task_report(tmp_path: Path) -> None:
     assert f"The task report is at {report}" in line
     assert json.loads(report.read_text())["status"] == "FAILED"
     assert "WARN" not in done.stderr and "INFO" not in done.stderr  # Spark kept quiet
+
+
+@pytest.mark.parametrize("content", [None, "{not json"], ids=["missing-spec", "not-json"])
+def test_a_spec_file_that_is_missing_or_not_json(tmp_path: Path, content: str | None) -> None:
+    path = tmp_path / "spec.json"
+    if content is not None:
+        path.write_text(content)
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
+    done = subprocess.run([sys.executable, "-m", "shuffled", "ingest", str(path)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=120)
+    line = _one_paragraph(done)
+    assert str(path) in line or "Expecting" in line
+
+
+class _Terminal(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_progress_is_one_live_line_on_a_terminal(tty: bool) -> None:
+    from shuffled.cli import _Progress
+
+    out = _Terminal(tty)
+    progress = _Progress(out)
+    progress("phase 1: rolling up and shuffling partial segments")
+    for done in (1, 2, 4):
+        progress(f"phase 1 (partial segments): {done}/4 tasks done")
+    progress("phase 1 done: 4 subtasks, 100 rows")
+    progress.close()
+    text = out.getvalue()
+    if tty:  # the ticks rewrite one line in place; the other messages are lines of their own
+        assert text.count("\r\x1b[K") == 3 and "[##########..........] 2/4 tasks" in text
+        assert text.count("\n") == 3
+    else:
+        assert "\r" not in text and text.count("\n") == 5
