@@ -13,7 +13,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from bench.merge_data import LAYOUT, SQL
-from shuffled.spark.phase2.memory import peak_rss, release_free_memory, reset_peak_rss, rss
+from shuffled.spark.rows.memory import peak_rss, release_free_memory, reset_peak_rss, rss
 
 
 def _batches(path: str) -> tuple[pa.Schema, object]:

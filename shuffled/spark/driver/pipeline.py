@@ -285,6 +285,8 @@ class _Job:
                           bytesBeforeCompression=self.report.bytes_before_compression,
                           # the combiner: rows sent after each task's local rollup
                           rowsShipped=self.report.rows_shipped,
+                          peakTaskRssBytes=self.report.peak_rss,
+                          peakTaskRssGrowthBytes=self.report.peak_rss_growth,
                           compression=self.spec.partial_compression,
                           reader=reader)
         self.say(f"phase 1 done: {len(self.report.subtasks)} subtasks, {r['processed']} rows, "

@@ -48,6 +48,7 @@ from shuffled.protocol import Interval, PartialKey
 from shuffled.spark.spec.granularity import bucket_end
 from shuffled.spark.phase1.native import Bucketer, NativeInput, Split, read_split
 from shuffled.spark.phase1.partials import Encoder, split_partials
+from shuffled.spark.rows.memory import peak_rss, release_free_memory, reset_peak_rss, rss
 from shuffled.spark.rows.rollup import BAD, BUCKET, CHUNK, Layout, combine, rollup_input
 
 
@@ -239,6 +240,9 @@ def run_task(cfg: Phase1Config, batches: Iterator[pa.RecordBatch | pa.Table],
              bucketer: Bucketer | None = None) -> list[str]:
     """Run one phase-1 subtask over its input batches; returns its JSON result lines."""
     started = time.monotonic()
+    release_free_memory()  # what earlier tasks of this worker freed, so RSS shows ours
+    reset_peak_rss()
+    baseline = rss()
     task = _Task(cfg, bucketer)
     try:
         for batch in batches:
@@ -249,7 +253,8 @@ def run_task(cfg: Phase1Config, batches: Iterator[pa.RecordBatch | pa.Table],
         task.close()
     stats = {"kind": "stats", "partition": task.partition, "attempt": task.attempt,
              "attemptNumber": task.attempt_number, "server": task.server,
-             "ms": int((time.monotonic() - started) * 1000), "bad": task.bad, **task.stats}
+             "ms": int((time.monotonic() - started) * 1000), "bad": task.bad,
+             "peakRss": peak_rss(), "rssAtStart": baseline, **task.stats}
     return [json.dumps(u) for u in task.uploads] + [json.dumps(stats)]
 
 

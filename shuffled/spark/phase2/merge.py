@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from shuffled.client import ShuffleClient
 from shuffled.protocol import Interval, PartitionKey
 from shuffled.spark.phase2.durable import sync_files
-from shuffled.spark.phase2.memory import peak_rss, release_free_memory, reset_peak_rss, rss
+from shuffled.spark.rows.memory import peak_rss, release_free_memory, reset_peak_rss, rss
 from shuffled.spark.phase2.spill import WORK_FACTOR, SpillStats, merge_bounded, merge_in_memory
 from shuffled.spark.rows.rollup import TIME, Layout, combine, from_ipc, sort_segment
 
