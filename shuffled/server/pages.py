@@ -78,28 +78,37 @@ def task_state(state: DaemonState, watch: TaskWatch, sup: str) -> str:
 
 
 def _partials(state: DaemonState, key: PartitionKey, subs: list[str] | None,
-              ) -> list[PartialMeta]:
+              ) -> tuple[list[PartialMeta], bool]:
     """The partials a paged read walks: held, of the sealed subtasks once sealed, of the
-    named ones if named, in commit order."""
+    named ones if named, in commit order, and below the store's horizon: a partial is
+    served only once every partial with a lower generation has landed or failed, so a
+    token never steps past one that becomes visible later. Also says whether the horizon
+    held any back (then the partition cannot read as complete yet)."""
     try:
         metas = state.store.partition(key)
     except NotFound:
-        return []
+        return [], False
+    horizon = state.store.horizon
+    held_back = False
+    if horizon is not None:
+        below = [m for m in metas if m.generation < horizon]
+        held_back = len(below) < len(metas)
+        metas = below
     sealed = state.store.seals.get(key.supervisor_task_id)
     if sealed is not None:
         metas = [m for m in metas if m.key.sub_task_id in sealed]
     if subs is not None:
         named = set(subs)
         metas = [m for m in metas if m.key.sub_task_id in named]
-    return sorted(metas, key=lambda m: m.generation)
+    return sorted(metas, key=lambda m: m.generation), held_back
 
 
 async def _plan(state: DaemonState, key: PartitionKey, subs: list[str] | None, token: int,
                 max_bytes: int) -> tuple[Page, list[PartialMeta], bool]:
     sealed = key.supervisor_task_id in state.store.seals
-    metas = _partials(state, key, subs)
+    metas, held_back = _partials(state, key, subs)
     page = await state.store.run(plan_page, metas, token, max_bytes)
-    return page, metas, sealed and page.at_end
+    return page, metas, sealed and page.at_end and not held_back
 
 
 def _read(files: dict[int, Any], page: Page) -> bytes:

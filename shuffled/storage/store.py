@@ -89,6 +89,10 @@ class Store(Queries):
         self._last_pack = 0
         self.recovered_partials = 0
         self.dropped_on_recovery = 0
+        # Generations handed to partials whose group commit has not landed yet. Commits of
+        # two locations land in any order, so a partial with a lower generation can become
+        # visible after a higher one: readers in commit order stop below these (horizon).
+        self._in_flight: set[int] = set()
         # Supervisor task -> its committed subtasks, once sealed (see :mod:`.seals`).
         self.seals: dict[str, frozenset[str]] = {}
         # Called on the loop with a supervisor task id whenever its data or state changes
@@ -255,6 +259,7 @@ class Store(Queries):
                 body_crc=facts.body_crc, has_dictionaries=facts.has_dictionaries,
                 created=time.time(), pack=w.pack.number))
         sup = metas[0].key.supervisor_task_id
+        self._in_flight.update(m.generation for m in metas)
         self._sessions(sup)
         writes = self._writes[sup]
         writes.committing += 1
@@ -273,6 +278,7 @@ class Store(Queries):
                    outcome: asyncio.Future[list[int | None]]) -> None:
         """A group landed (or failed): update the task's figures, then resolve ``outcome``
         with the size each partial replaced, wherever it was. Runs on the loop."""
+        self._in_flight.difference_update(m.generation for m in metas)
         writes = self._writes[sup]
         writes.committing -= 1
         if not writes.committing:
@@ -309,6 +315,12 @@ class Store(Queries):
         entry.accesses += 1
         outcome.set_result(olds)
         self._notify(sup)
+
+    @property
+    def horizon(self) -> int | None:
+        """The lowest generation still being committed (None: none is): every partial below
+        it that will ever be visible already is."""
+        return min(self._in_flight) if self._in_flight else None
 
     def _notify(self, sup: str) -> None:
         for listener in self.listeners:
