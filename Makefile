@@ -26,7 +26,7 @@ lint: $(STAMP)
 
 # Real tools from Debian's packages, installed when missing (see scripts/sysdeps.sh).
 sysdeps-test:
-	scripts/sysdeps.sh promtool=prometheus prometheus=prometheus
+	scripts/sysdeps.sh promtool=prometheus prometheus=prometheus chromium=chromium
 
 sysdeps-bench:
 	scripts/sysdeps.sh nginx=nginx wrk=wrk

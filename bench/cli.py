@@ -28,6 +28,7 @@ COMPARISONS = {
     "e2e": "bench.e2e",
     "druid": "bench.druid",
     "scale": "bench.scale",
+    "merge": "bench.merge_memory",
 }
 
 

@@ -38,6 +38,8 @@ class Sizes:
     scale_threads: int = 3  # client threads filling it
     scale_fill_seconds: float = 900.0  # the fill stops here (the count reached is reported)
     scale_samples: int = 3  # restarts measured
+    merge_rows: int = 4_800_000  # comparison 8: one partition's rows (~220 MiB in Arrow)
+    merge_budget: int = 64 * MiB  # and the merge task's memory budget
 
 
 FULL = Sizes()
@@ -46,7 +48,7 @@ QUICK = Sizes(repeats=2, large=16 * MiB, large_rounds=1, small_count=100, small_
               memory_sizes=(4 * MiB, 16 * MiB), e2e_rows=200_000, e2e_repeats=1,
               druid_rows=20_000, druid_days=60,
               scale_partials=20_000, scale_batch=2_000, scale_fill_seconds=60.0,
-              scale_samples=2)
+              scale_samples=2, merge_rows=600_000, merge_budget=64 * MiB)
 
 
 @dataclass

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
+import re
 import sys
+import tempfile
+import threading
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,11 +50,14 @@ def _ingest_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--shuffle-server", action="append", dest="shuffle_servers",
                         metavar="URL",
                         help="shuffled daemon URL; repeat for several (default: an embedded one)")
-    parser.add_argument("--output", default="segments", help="output directory (default ./segments)")
+    parser.add_argument("--output", default="segments",
+                        help="output directory, or s3://bucket/prefix (default ./segments)")
     parser.add_argument("--auth-token-file", help="bearer token for the shuffle servers")
     parser.add_argument("--ca-file", help="CA bundle to verify https shuffle servers")
     parser.add_argument("--show-rows", type=int, default=0, metavar="N",
                         help="print up to N rows of the resulting segments")
+    parser.add_argument("--verbose", action="store_true",
+                        help="on failure print the traceback, and let Spark log at WARN")
     parser.add_argument("--phase1-reader", choices=("auto", "native", "jvm"), default="auto",
                         help="how phase 1 reads input: native (pyarrow, Parquet only), jvm "
                              "(Spark), or auto: native where it applies (default)")
@@ -108,22 +116,146 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# Spark's own logging for `shuffled ingest` without --verbose: errors only, no banner.
+_QUIET_LOG4J = """rootLogger.level = fatal
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n%ex{3}
+"""
+
+
+# What the JVM prints on stderr whatever its log configuration says: Spark's shell banner
+# and the JDK's notice. Dropped from a quiet `shuffled ingest`'s terminal (kept with -v).
+_BANNER = re.compile(rb"^(Setting default log level to |To adjust logging level use "
+                     rb"sc\.setLogLevel|WARNING: Using incubator modules)")
+
+
+class _QuietStderr:
+    """While active, file descriptor 2 (ours and the Spark JVM's, which inherits it) goes
+    through a thread that drops :data:`_BANNER` lines and passes everything else on."""
+
+    def __enter__(self) -> _QuietStderr:
+        sys.stderr.flush()
+        self.saved = os.dup(2)
+        read, write = os.pipe()
+        os.dup2(write, 2)
+        os.close(write)
+        self.thread = threading.Thread(target=self._pump, args=(read,), daemon=True)
+        self.thread.start()
+        return self
+
+    def _pump(self, read: int) -> None:
+        with os.fdopen(read, "rb") as pipe:
+            for line in pipe:  # ends when every writer (the JVM too) has closed it
+                if not _BANNER.match(line):
+                    os.write(self.saved, line)
+
+    def __exit__(self, *exc: object) -> None:
+        sys.stderr.flush()
+        os.dup2(self.saved, 2)  # the JVM keeps the pipe: the pump lives while it does
+
+
+class _Progress:
+    """Progress lines: on a terminal, the running phase's "N/M tasks done" is one live line
+    (a text bar rewritten in place); elsewhere, and for every other message, plain lines."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.live = bool(getattr(stream, "isatty", lambda: False)())
+        self.pending = False
+
+    def __call__(self, line: str) -> None:
+        match = re.search(r"(\d+)/(\d+) tasks done$", line)
+        if self.live and match:
+            done, total = int(match.group(1)), int(match.group(2))
+            filled = int(20 * done / total) if total else 0
+            self.stream.write(f"\r\x1b[K{line[:match.start()]}[{'#' * filled}"
+                              f"{'.' * (20 - filled)}] {done}/{total} tasks")
+            self.pending = True
+        else:
+            if self.pending:
+                self.stream.write("\n")
+                self.pending = False
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.pending:
+            self.stream.write("\n")
+            self.pending = False
+
+
+def _explain(exc: BaseException) -> str:
+    """One paragraph for a failed ingestion: what failed, where, the report, what to try."""
+    from shuffled.client import ShuffleUnavailable
+
+    notes = [n for n in getattr(exc, "__notes__", []) if n.startswith("task report: ")]
+    message = getattr(exc, "message", None) or _first_line(exc)
+    if isinstance(exc, ShuffleUnavailable):
+        hint = "check that the shuffle servers are up and reachable from every executor"
+    elif getattr(exc, "code", "") == "invalid_spec":
+        hint = "fix the spec field named above (docs: README, Druid specs)"
+    elif isinstance(exc, FileNotFoundError):
+        hint = "check ioConfig.inputSource (baseDir, filter) and that the files exist"
+    elif "Py4J" in type(exc).__name__ or "Spark" in type(exc).__name__ or \
+            type(exc).__module__.startswith("pyspark"):
+        hint = "a Spark job failed; re-run with --verbose for Spark's logs and the traceback"
+    else:
+        hint = "re-run with --verbose for the traceback"
+    text = f"shuffled ingest failed: {message}"
+    if notes:
+        text += f" The task report is at {notes[0][len('task report: '):]}."
+    return f"{text} Try: {hint}."
+
+
+def _first_line(exc: BaseException) -> str:
+    """The gist of an exception whose text may hold a whole (Java or worker) traceback:
+    its last 'Error:'/'Exception:' line, else its first line."""
+    text = str(exc).strip() or type(exc).__name__
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if re.match(r"^[\w.$]+(Error|Exception|Failed)\b.*:", ln):
+            return ln[:400]
+    return f"{type(exc).__name__}: {lines[0][:400]}"
+
+
 def _cmd_ingest(args: argparse.Namespace) -> int:
     from shuffled.api import ingest
 
-    logging.basicConfig(level=os.environ.get("SHUFFLED_LOG_LEVEL", "WARNING").upper(),
+    level = "INFO" if args.verbose else os.environ.get("SHUFFLED_LOG_LEVEL", "ERROR")
+    logging.basicConfig(level=level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if not args.verbose and "PYSPARK_SUBMIT_ARGS" not in os.environ:
+        conf = os.path.join(tempfile.mkdtemp(prefix="shuffled-log4j-"), "log4j2.properties")
+        with open(conf, "w", encoding="utf-8") as fh:
+            fh.write(_QUIET_LOG4J)
+        os.environ["PYSPARK_SUBMIT_ARGS"] = (
+            f"--driver-java-options -Dlog4j2.configurationFile=file:{conf} pyspark-shell")
     token = None
-    if args.auth_token_file:
-        with open(args.auth_token_file, encoding="utf-8") as fh:
-            token = fh.read().strip()
-    token = token or os.environ.get("SHUFFLED_AUTH_TOKEN") or None
-    with open(args.spec, encoding="utf-8") as fh:
-        spec = json.load(fh)
-    ingest(spec, master=args.master, shuffle_servers=args.shuffle_servers,
-           output_dir=args.output, token=token, ca_file=args.ca_file,
-           progress=lambda line: print(line, flush=True), show_rows=args.show_rows,
-           reader=args.phase1_reader)
+    progress = _Progress(sys.stdout)
+    try:
+        if args.auth_token_file:
+            with open(args.auth_token_file, encoding="utf-8") as fh:
+                token = fh.read().strip()
+        token = token or os.environ.get("SHUFFLED_AUTH_TOKEN") or None
+        with open(args.spec, encoding="utf-8") as fh:
+            spec = json.load(fh)
+        with contextlib.nullcontext() if args.verbose else _QuietStderr():
+            ingest(spec, master=args.master, shuffle_servers=args.shuffle_servers,
+                   output_dir=args.output, token=token, ca_file=args.ca_file,
+                   progress=progress, show_rows=args.show_rows, reader=args.phase1_reader)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # every failure: one paragraph, exit 1
+        progress.close()
+        if args.verbose:
+            traceback.print_exc()
+        print(_explain(exc), file=sys.stderr)
+        return EXIT_FAILED
+    progress.close()
     return EXIT_OK
 
 

@@ -214,6 +214,15 @@ FIELDS: tuple[Field, ...] = (
     Field("shutdown_timeout", parse_duration,
           "on SIGTERM, how long in-flight requests may take to finish",
           "--shutdown-timeout", "DURATION"),
+    Field("long_poll_max", parse_duration,
+          "the longest a paged read or task-state request may wait for news (maxWait is "
+          "cut to this)", "--long-poll-max", "DURATION"),
+    Field("long_poll_waiters", _positive_int,
+          "requests waiting for news at once before new ones get 503 + Retry-After",
+          "--long-poll-waiters", "N"),
+    Field("failed_read_delay", parse_duration,
+          "a paged read of a failed task answers after this delay (a reader retrying in a "
+          "loop cannot spin)", "--failed-read-delay", "DURATION"),
     Field("access_log", parse_bool,
           "log one line per request on the shuffled.access logger (fields in docs/ops.md)",
           "--access-log", "BOOL"),
@@ -246,6 +255,9 @@ class Settings:
     max_concurrent_downloads: int = 256
     upload_idle_timeout: float = 60.0
     shutdown_timeout: float = 30.0
+    long_poll_max: float = 30.0
+    long_poll_waiters: int = 1000
+    failed_read_delay: float = 0.25
     access_log: bool = True
     log_level: str = "INFO"
 

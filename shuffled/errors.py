@@ -83,6 +83,14 @@ class Conflict(ShuffleError):
     code = "conflict"
 
 
+class TaskFailed(ShuffleError):
+    """The supervisor task was marked failed (or deleted) on the daemon: its partitions will
+    never read as complete. A paged reader gets this instead of an empty partition."""
+
+    status = 409
+    code = "task_failed"
+
+
 class TooLarge(ShuffleError):
     status = 413
     code = "too_large"
@@ -164,3 +172,16 @@ def error_from_json(status: int, body: dict[str, Any] | None) -> ShuffleError:
     if cls is ShuffleError:
         err.status = status
     return err
+
+
+def error_codes() -> tuple[str, ...]:
+    """Every ``code`` a :class:`ShuffleError` can carry (the ``reason`` label of rejected
+    requests), so that metrics can export each at zero before it first happens."""
+    seen: list[str] = []
+    stack: list[type[ShuffleError]] = [ShuffleError]
+    while stack:
+        cls = stack.pop()
+        if cls.__module__ == __name__ and cls.code not in seen:  # not the client's own
+            seen.append(cls.code)
+        stack.extend(cls.__subclasses__())
+    return tuple(sorted(seen))

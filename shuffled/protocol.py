@@ -23,6 +23,14 @@ REPR_DIGEST = "Repr-Digest"
 # Extra facts about a stored partial segment, returned on per-partial GET/PUT.
 ROWS_HEADER = "X-Shuffled-Rows"
 GENERATION_HEADER = "X-Shuffled-Generation"
+# Paged partition reads (Presto's X-Presto-Page-Token, -Page-End-Sequence-Id,
+# -Buffer-Complete analogues) and task states.
+PAGE_TOKEN_HEADER = "X-Shuffled-Page-Token"
+NEXT_TOKEN_HEADER = "X-Shuffled-Page-Next-Token"
+COMPLETE_HEADER = "X-Shuffled-Complete"
+PENDING_BYTES_HEADER = "X-Shuffled-Pending-Bytes"
+TASK_STATE_HEADER = "X-Shuffled-Task-State"
+TASK_STATES = ("none", "running", "sealed", "failed")
 
 MAX_ID_LENGTH = 255
 _ID_RE = re.compile(r"[A-Za-z0-9_\-.:]{1,255}")

@@ -26,7 +26,8 @@ _SESSION: Any = None
 
 
 def spark_session() -> Any:
-    """The shared SparkSession (created on first use, stopped at interpreter exit)."""
+    """The shared SparkSession (created on first use, stopped by the ``spark`` fixture at
+    the end of the test session)."""
     global _SESSION
     if _SESSION is None:
         from pyspark.sql import SparkSession
@@ -51,7 +52,15 @@ def spark_session() -> Any:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
+    global _SESSION
     yield spark_session()
+    # Stopped before the interpreter exits: a daemon thread still running Python code at
+    # exit (pyspark's accumulator server) keeps what its frames reach alive past
+    # finalisation, and nanobind (DuckDB's bindings) then prints "leaked" lines after
+    # pytest's summary.
+    if _SESSION is not None:
+        _SESSION.stop()
+        _SESSION = None
 
 
 def free_port() -> int:
@@ -185,15 +194,17 @@ def expected_rollup(good: list[dict[str, Any]], granularity_ms: int = HOUR) -> p
         "clicks": pa.array([g["clicks"] for g in good], pa.int64()),
         "revenue": [g["revenue"] for g in good],
     })
-    con = duckdb.connect()
-    con.register("raw", table)
-    return con.sql(f"""
-        SELECT ms - ms % {granularity_ms} AS t, country, device, count(*) AS count,
-               sum(clicks) AS clicks, sum(revenue) AS revenue, max(clicks) AS max_clicks,
-               min(revenue) AS min_revenue
-        FROM raw WHERE ms >= {lo} AND ms < {hi}
-        GROUP BY ALL ORDER BY t, country NULLS FIRST, device NULLS FIRST
-    """).to_arrow_table()
+    # Closed here, not left to the garbage collector: a DuckDB object still alive at
+    # interpreter exit makes nanobind print "leaked" lines after pytest's summary.
+    with duckdb.connect() as con:
+        con.register("raw", table)
+        return con.sql(f"""
+            SELECT ms - ms % {granularity_ms} AS t, country, device, count(*) AS count,
+                   sum(clicks) AS clicks, sum(revenue) AS revenue, max(clicks) AS max_clicks,
+                   min(revenue) AS min_revenue
+            FROM raw WHERE ms >= {lo} AND ms < {hi}
+            GROUP BY ALL ORDER BY t, country NULLS FIRST, device NULLS FIRST
+        """).to_arrow_table()
 
 
 def read_output(out_dir: Path, data_source: str = "events") -> tuple[dict[str, Any], pa.Table]:

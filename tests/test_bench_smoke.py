@@ -43,7 +43,8 @@ def test_quick_bench_writes_results(tmp_path: Path) -> None:
     assert {"serve_large_throughput", "serve_large_cpu", "serve_small_aggregate",
             "ingest_large_durable", "ingest_small_durable", "ingest_small_nofsync",
             "ingest_small_bulk", "memory_flat", "memory_peak_rss", "scale_rss",
-            "scale_fill_rss", "scale_restart", "scale_first_page", "scale_fill_rate"} <= names
+            "scale_fill_rss", "scale_restart", "scale_first_page", "scale_fill_rate",
+            "merge_seconds", "merge_rss_budget"} <= names
     scale = next(r for r in results if r["name"] == "scale_rss")["detail"]
     assert scale["partials"] > 0 and scale["fill"]["stored"] == scale["partials"]
     for r in results:

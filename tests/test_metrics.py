@@ -354,3 +354,63 @@ async def test_overdue_tasks_and_expiry_overdue_seconds(start_daemon, make_setti
 async def test_sweep_period_gauge_follows_the_scheduler(start_daemon, make_settings) -> None:
     client = await start_daemon(make_settings(sweep_period=42))
     assert (await scrape(client))("shuffled_sweep_period_seconds") == 42
+
+
+_DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+_SELECTOR = re.compile(r"\b(shuffled_[a-z_]+)(?:\{([^}]*)\})?")
+# A label matcher: =, !=, =~ or !~ (quotes escaped inside the dashboard's JSON).
+_MATCHER = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*\\?"(.*?)\\?"')
+Matcher = tuple[str, str, str]
+
+
+def _shipped_selectors() -> list[tuple[str, tuple[Matcher, ...]]]:
+    """Every shuffled_* selector in the shipped alert rules and dashboard, with its label
+    matchers (all four kinds) other than job/instance and Grafana's ``$variables``."""
+    text = (_DEPLOY / "prometheus" / "shuffled-rules.yml").read_text()
+    text += (_DEPLOY / "grafana" / "dashboard.json").read_text()
+    out = []
+    for name, matchers in _SELECTOR.findall(text):
+        kept = tuple(m for m in _MATCHER.findall(matchers or "")
+                     if m[0] not in ("job", "instance") and "$" not in m[2])
+        out.append((name, kept))
+    return out
+
+
+def _matches(labels: dict[str, str], matchers: tuple[Matcher, ...]) -> bool:
+    """PromQL's semantics: regexes are anchored, a missing label is the empty string."""
+    for label, op, value in matchers:
+        have = labels.get(label, "")
+        if not {"=": have == value, "!=": have != value,
+                "=~": re.fullmatch(value, have) is not None,
+                "!~": re.fullmatch(value, have) is None}[op]:
+            return False
+    return True
+
+
+async def test_first_scrape_has_every_family_the_rules_and_dashboard_use(
+        daemon: TestClient) -> None:
+    """A fresh daemon's very first scrape already has, for every selector in the shipped
+    rules and dashboard, a series matching all its label matchers (``reason="overloaded"``,
+    ``status=~"5..", status!="503"``, ``outcome!="ok"``...), so rate() and the alerts work
+    before the first event (a rule naming something not exported at zero fails here)."""
+    first = await scrape(daemon)  # nothing happened before it, not even another scrape
+    selectors = _shipped_selectors()
+    assert len(selectors) > 20, "the rules and dashboard were not read"
+    assert ("shuffled_http_requests_total", (("status", "=~", "5.."), ("status", "!=", "503"))
+            ) in selectors, "the matcher parser missed the error-rate alert's selector"
+    names = {s[0] for s in first.samples}
+    for name, matchers in selectors:
+        candidates = [n for n in (name, f"{name}_total", f"{name}_bucket") if n in names]
+        assert candidates, f"{name} (used by deploy/) is not in the first scrape"
+        assert any(_matches(dict(labels), matchers)
+                   for n in candidates for labels in first.series(n)), (name, matchers)
+    # The families whose label values are known in advance are all there at zero.
+    for reason in ("overloaded", "draining", "not_found", "digest_mismatch", "task_failed"):
+        assert first("shuffled_rejected_requests_total", reason=reason) == 0.0
+    for outcome in ("ok", "unreachable", "timeout", "http_error", "bad_answer"):
+        assert ("shuffled_overlord_requests_total",
+                (("outcome", outcome),)) in first.samples
+    assert first("shuffled_request_duration_seconds_count", route=PARTITION_ROUTE,
+                 method="GET") == 0.0
+    assert ("shuffled_request_duration_seconds_count",
+            (("method", "GET"), ("route", PARTITION_ROUTE))) in first.samples

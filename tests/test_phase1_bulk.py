@@ -230,7 +230,8 @@ def _batches(n: int, parts: int) -> Iterator[pa.RecordBatch]:
 def test_task_uploads_each_flush_in_one_bulk_request_and_reports_it(tmp_path: Path) -> None:
     daemon = start_daemon(tmp_path / "loc")
     try:
-        cfg = Phase1Config("bulk-task", (daemon.url,), LAYOUT, "day", max_rows=1500, max_saved_bad=5)
+        cfg = Phase1Config("bulk-task", (daemon.url,), LAYOUT, "day", max_rows=1500, max_saved_bad=5,
+                          max_bytes=64 << 10)
         lines = run_task(cfg, _batches(4000, 8))
         items = [json.loads(x) for x in lines]
         uploads, stats = items[:-1], items[-1]
@@ -254,11 +255,30 @@ def test_task_uploads_each_flush_in_one_bulk_request_and_reports_it(tmp_path: Pa
         daemon.stop()
 
 
+def test_the_combiner_ships_each_key_once_when_the_budget_allows(tmp_path: Path) -> None:
+    """Raw rows are rolled up 1,500 at a time, but rolled-up rows are combined across those
+    buffers within maxBytesInMemory: the task ships exactly one full rollup of its input."""
+    daemon = start_daemon(tmp_path / "loc")
+    try:
+        cfg = Phase1Config("combined", (daemon.url,), LAYOUT, "day", max_rows=1500,
+                           max_saved_bad=5)
+        lines = run_task(cfg, _batches(4000, 8))
+        stats = json.loads(lines[-1])
+        want = rollup_input(raw_table(4000, seed=9, chunks=6), LAYOUT, [CHUNK, BUCKET])
+        assert {json.loads(x)["sub"] for x in lines[:-1]} == {"p0-a0-f0"}  # one flush
+        assert stats["rowsShipped"] == want.num_rows < 4000
+        with ShuffleClient(daemon.url) as c:
+            c.delete_task("combined")
+    finally:
+        daemon.stop()
+
+
 def test_injected_failure_fires_after_partials_were_stored(tmp_path: Path) -> None:
     daemon = start_daemon(tmp_path / "loc")
     try:
         fault = {"partitions": [0], "attempts": [0], "after_uploads": 2}
         cfg = Phase1Config("bulk-fail", (daemon.url,), LAYOUT, "day", max_rows=1500,
+                           max_bytes=64 << 10,
                            max_saved_bad=5, fault=fault)
         with pytest.raises(RuntimeError, match="injected phase-1 failure"):
             run_task(cfg, _batches(4000, 8))
@@ -293,7 +313,8 @@ def test_a_task_reads_on_while_its_flush_is_uploaded(tmp_path: Path,
     monkeypatch.setattr(phase1, "ShuffleClient", HeldClient)
     daemon = start_daemon(tmp_path / "loc")
     try:
-        cfg = Phase1Config("overlap", (daemon.url,), LAYOUT, "day", max_rows=1500, max_saved_bad=5)
+        cfg = Phase1Config("overlap", (daemon.url,), LAYOUT, "day", max_rows=1500, max_saved_bad=5,
+                          max_bytes=64 << 10)
         items = [json.loads(x) for x in run_task(cfg, watched(_batches(4000, 8)))]
         assert released.is_set() and len({u["sub"] for u in items[:-1]}) > 1
         assert items[-1]["bytesShuffled"] == sum(u["bytes"] for u in items[:-1])

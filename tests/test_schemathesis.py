@@ -84,7 +84,9 @@ def map_case(context: schemathesis.HookContext, case: schemathesis.Case) -> sche
 def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("schemathesis")
     locations = [tmp / "a", tmp / "b"]
-    with EmbeddedDaemon(locations, free_space_reserve=0) as url:
+    # Long polls and failed reads bounded short: generated maxWait values are waited for.
+    with EmbeddedDaemon(locations, free_space_reserve=0, long_poll_max=0.05,
+                        failed_read_delay=0.01) as url:
         interval = Interval.parse(DAY["start"], DAY["end"])
         with ShuffleClient(url) as client:
             for sub in ("s1", "s2"):

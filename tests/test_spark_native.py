@@ -86,7 +86,8 @@ def test_native_and_jvm_readers_publish_identical_segments(
         spark: Any, daemons: list[Any], parquet_input: Any, tmp_path: Path,
         partitions: dict[str, Any]) -> None:
     base, good, nulls = parquet_input
-    spec = _spec(base, partitions, maxRowsInMemory=2000)
+    spec = _spec(base, partitions, maxRowsInMemory=2000,
+                 maxBytesInMemory=1 << 16)
     urls = [d.url for d in daemons]
     native = run_ingestion(spec, shuffle_servers=urls, output_dir=str(tmp_path / "n"), reader="native")
     jvm = run_ingestion(spec, shuffle_servers=urls, output_dir=str(tmp_path / "j"), reader="jvm")
@@ -114,7 +115,8 @@ def test_native_and_jvm_readers_publish_identical_segments(
 def test_native_reader_is_exactly_once_under_failed_attempts(
         spark: Any, daemons: list[Any], parquet_input: Any, tmp_path: Path) -> None:
     base, good, _ = parquet_input
-    spec = _spec(base, {"type": "hashed", "numShards": 2}, maxRowsInMemory=500)
+    spec = _spec(base, {"type": "hashed", "numShards": 2}, maxRowsInMemory=500,
+                 maxBytesInMemory=1 << 16)
     fault = {"partitions": [0, 1], "attempts": [0], "after_uploads": 2}
     result = run_ingestion(spec, shuffle_servers=[d.url for d in daemons],
                            output_dir=str(tmp_path / "o"), reader="native", fault=fault)

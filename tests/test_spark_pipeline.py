@@ -157,7 +157,8 @@ def test_failed_attempts_and_daemon_restart_keep_totals_exact(
             live[0].stop()  # restart daemon A between the phases
             live[0] = start_daemon(locs[0], port=port)
 
-    spec = base_spec(base, {"type": "hashed", "numShards": 2}, maxRowsInMemory=1000)
+    spec = base_spec(base, {"type": "hashed", "numShards": 2}, maxRowsInMemory=1000,
+                     maxBytesInMemory=1 << 16)  # several flushes per task
     spec["id"] = task_id
     fault = {"partitions": [0, 1, 2], "attempts": [0], "after_uploads": 2}
     try:

@@ -71,7 +71,7 @@ def test_tutorial_spec_parses() -> None:
     ("spec.dataSchema.transformSpec", {"filter": {"type": "spatial"}},
      "$.spec.dataSchema.transformSpec.filter.type"),
     ("spec.dataSchema.dimensionsSpec.dimensions", [], "$.spec.dataSchema.dimensionsSpec.dimensions"),
-    ("spec.ioConfig.inputSource", {"type": "s3", "uris": ["s3://x"]}, "$.spec.ioConfig.inputSource.type"),
+    ("spec.ioConfig.inputSource", {"type": "hdfs", "paths": "hdfs://x"}, "$.spec.ioConfig.inputSource.type"),
     ("spec.ioConfig.inputFormat", {"type": "avro"}, "$.spec.ioConfig.inputFormat.type"),
     ("spec.ioConfig.surprise", 1, "$.spec.ioConfig.surprise"),
     ("spec.tuningConfig.partitionsSpec", {"type": "hashed", "numShards": 0},
@@ -81,6 +81,7 @@ def test_tutorial_spec_parses() -> None:
     ("spec.tuningConfig.partitionsSpec", {"type": "range", "targetRowsPerSegment": 5},
      "$.spec.tuningConfig.partitionsSpec.partitionDimensions"),
     ("spec.tuningConfig.maxParseExceptions", -1, "$.spec.tuningConfig.maxParseExceptions"),
+    ("spec.tuningConfig.maxBytesInMemory", -2, "$.spec.tuningConfig.maxBytesInMemory"),
     ("spec.tuningConfig.unknownKnob", True, "$.spec.tuningConfig.unknownKnob"),
 ])
 def test_invalid_or_unsupported_fields_are_named(path: str, value: Any, where: str) -> None:
@@ -108,6 +109,17 @@ def test_hashed_range_and_druid_tuning_knobs_are_accepted() -> None:
     s = parse_spec(spec)
     assert s.partitions.type == "single_dim" and s.partitions.dimensions == ("srcIP",)
     assert (s.max_concurrent_subtasks, s.total_merge_tasks, s.max_rows_in_memory) == (4, 2, 50000)
+    assert s.max_bytes_in_memory == 1 << 16  # raised to the smallest useful budget
+
+
+@pytest.mark.parametrize("value,budget", [(None, 256 << 20), (0, 256 << 20), (-1, 0),
+                                          (512 << 20, 512 << 20)])
+def test_max_bytes_in_memory_is_druids(value: int | None, budget: int) -> None:
+    """Druid's meaning: absent or 0 is the default, -1 lifts the bound (0 here)."""
+    tuning = {"type": "index_parallel"}
+    if value is not None:
+        tuning["maxBytesInMemory"] = value
+    assert parse_spec(with_change("spec.tuningConfig", tuning)).max_bytes_in_memory == budget
 
 
 @pytest.mark.parametrize("gran", [g for g in GRANULARITIES if g != "none"])

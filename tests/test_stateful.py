@@ -1,7 +1,7 @@
 """A hypothesis state machine: a model dict against the real daemon over its HTTP API.
 
-Rules: put (new or replacing), get, aggregate (all or some subtasks), delete, restart (stop
-the daemon and start a new one on the same locations). After every step the daemon's task
+Rules: put (new or replacing), get, aggregate (all or some subtasks), paged reads, seal,
+delete, restart (stop the daemon and start a new one on the same locations). After every step the daemon's task
 listing must agree with the model; every read must equal the model byte for byte (or be
 NotFound exactly when the model holds nothing).
 """
@@ -24,7 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from shuffled.client import RetryPolicy, ShuffleClient
 from shuffled.crc import crc32c
-from shuffled.errors import NotFound
+from shuffled.errors import Conflict, NotFound
 from shuffled.protocol import Interval, PartialKey, PartitionKey
 from shuffled.server.embedded import EmbeddedDaemon
 from tests.conftest import (
@@ -49,6 +49,8 @@ class StoreMachine(RuleBasedStateMachine):
         # Bytes of every acknowledged upload per task since its last delete: its packs hold
         # at most these (replaced partials' bytes stay until the task is deleted).
         self.written: dict[str, int] = {}
+        self.sealed: dict[str, frozenset[str]] = {}  # survives restarts, gone with a delete
+        self.failed: set[str] = set()  # deleted since the last restart: paged reads "failed"
         self.daemon: EmbeddedDaemon | None = None
         self.client: ShuffleClient | None = None
         self._start()
@@ -108,16 +110,56 @@ class StoreMachine(RuleBasedStateMachine):
         # re-encoding path: the model unifies them the same way.
         assert got.equals(pa.concat_tables(parts, promote_options="permissive"))
 
+    @rule(sup=SUPS, pid=PIDS, max_bytes=st.integers(300, 20_000))
+    def paged(self, sup: str, pid: int, max_bytes: int) -> None:
+        partition = PartitionKey(sup, INTERVAL, pid)
+        sealed = self.sealed.get(sup)
+        subs = sorted(k.sub_task_id for k in self.model if k.supervisor_task_id == sup
+                      and k.partition_id == pid and (sealed is None or k.sub_task_id in sealed))
+        token, tables = 0, []
+        for _ in range(1000):  # bounded: a partition of at most 3 partials of 3 batches
+            page = self.c.read_page(partition, token, max_bytes=max_bytes)
+            if sup in self.failed:
+                assert page.state == "failed" and not page.body and not page.complete
+                return
+            if not page.body:
+                break
+            tables.append(pa.ipc.open_stream(page.body).read_all())
+            token = page.next_token
+        assert page.complete == (sealed is not None)
+        want = [pa.ipc.open_stream(self.model[PartialKey(sup, s, INTERVAL, pid)]).read_all()
+                for s in subs]
+        def rows(ts: list[pa.Table]) -> list[tuple]:
+            return sorted((r for t in ts for r in zip(*(c.to_pylist() for c in t.columns))),
+                          key=repr)
+        assert rows(tables) == rows(want)
+
+    @rule(sup=SUPS)
+    def seal(self, sup: str) -> None:
+        subs = frozenset(k.sub_task_id for k in self.model if k.supervisor_task_id == sup)
+        if not subs:
+            return  # a seal of a task with no data would hold it (empty): not modelled
+        known = self.sealed.get(sup)
+        if sup in self.failed or (known is not None and known != subs):
+            with pytest.raises(Conflict):
+                self.c.seal(sup, sorted(subs))
+            return
+        assert self.c.seal(sup, sorted(subs))["new"] == (known is None)
+        self.sealed[sup] = subs
+
     @rule(sup=SUPS)
     def delete(self, sup: str) -> None:
         self.c.delete_task(sup)
         self.model = {k: v for k, v in self.model.items() if k.supervisor_task_id != sup}
         self.written.pop(sup, None)
+        self.sealed.pop(sup, None)
+        self.failed.add(sup)
 
     @rule()
     def restart(self) -> None:
         self._stop()
         self._start()
+        self.failed.clear()  # failed marks live in memory
 
     @invariant()
     def listing_agrees(self) -> None:

@@ -19,6 +19,7 @@ import aiohttp
 
 from shuffled.cleanup.policy import TaskState, parse_status_answer
 from shuffled.metrics import Metrics
+from shuffled.metrics.families import OVERLORD_OUTCOMES
 
 log = logging.getLogger("shuffled.cleanup")
 
@@ -26,8 +27,7 @@ TASK_STATUS_PATH = "/druid/indexer/v1/taskStatus"
 DEFAULT_TIMEOUT = 10.0
 DEFAULT_BATCH = 100
 MAX_ANSWER_BYTES = 16 << 20  # a status object is well under 1 KiB; 100 of them fit easily
-# The outcome label of shuffled_overlord_requests_total.
-OUTCOMES = ("ok", "unreachable", "timeout", "http_error", "bad_answer")
+OUTCOMES = OVERLORD_OUTCOMES  # the outcome label of shuffled_overlord_requests_total
 
 
 class OverlordClient:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -26,6 +28,22 @@ from shuffled.metrics import Metrics
 from shuffled.storage import Store
 
 log = logging.getLogger("shuffled.cleanup")
+
+
+@dataclass(frozen=True)
+class SweepRecord:
+    """One finished pass, kept for the status page: when, how long, what it did."""
+
+    finished: float
+    seconds: float
+    expired: int = 0
+    extended: int = 0
+    deleted: int = 0
+    errors: int = 0
+    failure: str | None = None  # the pass itself raised
+
+
+HISTORY = 20  # sweeps remembered for the status page
 
 
 @dataclass
@@ -55,6 +73,7 @@ class Sweeper:
         self._running = asyncio.Lock()
         self._stopping = False  # set by close(): a pass in progress stops at the next step
         self.closed = False
+        self.history: deque[SweepRecord] = deque(maxlen=HISTORY)  # newest last
 
     @classmethod
     def from_settings(cls, store: Store, settings: Settings, metrics: Metrics) -> Sweeper:
@@ -77,14 +96,20 @@ class Sweeper:
             if self.closed:
                 return SweepResult()
             self.metrics.sweeps.inc()
+            started = time.monotonic()
             try:
                 result = await self._sweep()
-            except Exception:
+            except Exception as exc:
                 self.metrics.sweep_failures.inc()
+                self.history.append(SweepRecord(self.clock(), time.monotonic() - started,
+                                                failure=f"{type(exc).__name__}: {exc}"))
                 raise
             if result.errors:
                 self.metrics.sweep_failures.inc()
             self.metrics.last_sweep.set(self.clock())
+            self.history.append(SweepRecord(
+                self.clock(), time.monotonic() - started, len(result.expired),
+                len(result.extended), len(result.deleted), len(result.errors)))
             return result
 
     async def _sweep(self) -> SweepResult:

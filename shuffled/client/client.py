@@ -8,11 +8,12 @@ Used by Spark executors (upload/download) and the driver (task admin, cleanup). 
 from __future__ import annotations
 
 import http.client
+import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, BinaryIO
 
-from shuffled.client import partitions
+from shuffled.client import pages, partitions
 from shuffled.client.bulk import Batch
 from shuffled.client.bulk import upload as bulk_upload
 from shuffled.client.digest import check_crc, crc32c_of, crc_from_json
@@ -292,7 +293,61 @@ class ShuffleClient:
         except LocalWriteError as exc:
             raise exc.cause from None
 
+    def read_page(self, partition: PartitionKey, token: int = 0, *, max_bytes: int = 8 << 20,
+                  max_wait: float = 0.0, sub_task_ids: Sequence[str] | None = None,
+                  ) -> pages.Page:
+        """One page of a paged partition read (see :mod:`shuffled.client.pages`)."""
+        subs = None if sub_task_ids is None else [validate_id(s, "subTaskId")
+                                                  for s in sub_task_ids]
+        return pages.read_page(self._http, partition, token, max_bytes=max_bytes,
+                               max_wait=max_wait, subs=subs)
+
+    def pages(self, partition: PartitionKey, *, max_bytes: int = 8 << 20,
+              sub_task_ids: Sequence[str] | None = None, poll: float = 10.0,
+              deadline: float = 600.0) -> Iterator[bytes]:
+        """Every page of ``partition`` (each an Arrow IPC stream of at most about
+        ``max_bytes``, or one record batch if that is bigger) until it is complete: the
+        task sealed and every sealed partial passed. Long-polls while it is up to date but
+        not complete; raises TaskFailed for a failed task and NotComplete after
+        ``deadline`` seconds without progress."""
+        subs = None if sub_task_ids is None else [validate_id(s, "subTaskId")
+                                                  for s in sub_task_ids]
+        return pages.iter_pages(self._http, partition, max_bytes=max_bytes, subs=subs,
+                                poll=poll, deadline=deadline)
+
     # -- tasks --------------------------------------------------------------------------
+
+    def seal(self, supervisor_task_id: str, sub_task_ids: Sequence[str]) -> dict[str, Any]:
+        """``PUT /tasks/{id}/seal``: exactly these subtasks of the task are committed.
+        Idempotent for the same ids; Conflict for different ones or a failed task."""
+        body = json.dumps({"subTaskIds": [validate_id(s, "subTaskId")
+                                          for s in sub_task_ids]}).encode()
+        return self._http.request(
+            "PUT", f"{task_path(supervisor_task_id)}/seal", body=body,
+            headers={"Content-Type": "application/json"}, handle=_json_dict,
+            what=f"seal {supervisor_task_id}")
+
+    def fail(self, supervisor_task_id: str) -> None:
+        """``POST /tasks/{id}/fail``: paged reads of the task answer "failed" from now on."""
+        self._http.request("POST", f"{task_path(supervisor_task_id)}/fail",
+                           handle=lambda resp: resp.read(),
+                           what=f"fail {supervisor_task_id}")
+
+    def task_state(self, supervisor_task_id: str, *, known: str | None = None,
+                   max_wait: float = 0.0) -> dict[str, Any]:
+        """``GET /tasks/{id}/state``: ``state`` (none, running, sealed, failed) and a
+        ``tag`` that changes with every commit, seal or failure. With ``known`` (a tag) and
+        ``max_wait``, the daemon answers once the tag differs or the wait is over."""
+        query = []
+        if known is not None:
+            query.append(("known", known))
+        if max_wait > 0:
+            query.append(("maxWait", f"{max_wait:g}"))
+        return self._http.request("GET", f"{task_path(supervisor_task_id)}/state",
+                                  query=query, handle=_json_dict,
+                                  what=f"state of {supervisor_task_id}")
+
+    # -- tasks (listing) ------------------------------------------------------------------
 
     def list_tasks(self) -> dict[str, Any]:
         """``GET /tasks``: the supervisor tasks held here with bytes, files, expiry."""

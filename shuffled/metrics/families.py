@@ -5,8 +5,18 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from shuffled import __version__
+from shuffled.errors import error_codes
 
 # Request latency buckets from 1 ms to 2 min: small GETs up to 256 MiB transfers.
+# The outcome label of shuffled_overlord_requests_total (shuffled.cleanup.overlord counts them).
+OVERLORD_OUTCOMES = ("ok", "unreachable", "timeout", "http_error", "bad_answer")
+# Statuses of shuffled_http_requests_total exported at zero for every route (export_routes).
+ROUTE_STATUSES = ("200", "500")
+# Rejected-request reasons besides the domain errors' codes: aiohttp's own refusals (its
+# reason phrase, snake-cased), the drain on shutdown and unexpected failures.
+OTHER_REASONS = ("draining", "internal", "method_not_allowed", "not_found",
+                 "request_entity_too_large", "bad_request")
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                    10.0, 30.0, 60.0, 120.0)
 
@@ -67,9 +77,37 @@ class Metrics:
         self.sweep_period = Gauge(
             "shuffled_sweep_period_seconds",
             "How often the expiry sweeper is scheduled (0 while it is not).", registry=registry)
-        for route in ("partial", "partition"):
+        self.long_polls = Counter(
+            "shuffled_long_polls", "Requests that waited for news, by how the wait ended "
+            "(early: news came; timeout: maxWait passed).", ["outcome"], registry=registry)
+        self.long_poll_waiters = Gauge(
+            "shuffled_long_poll_waiters", "Requests waiting for news right now.",
+            registry=registry)
+        self.page_acks = Counter(
+            "shuffled_page_acks", "Paged-read tokens acknowledged by readers.",
+            registry=registry)
+        # Every label value known in advance is exported at zero from the first scrape, so
+        # rate() and the shipped alert rules work before the first event (Prometheus' advice
+        # on missing metrics); routes are added by the app (export_routes).
+        for outcome in ("early", "timeout"):
+            self.long_polls.labels(outcome)
+        for reason in sorted(set(error_codes()) | set(OTHER_REASONS)):
+            self.rejected.labels(reason)
+        for outcome in OVERLORD_OUTCOMES:
+            self.overlord_requests.labels(outcome)
+        for route in ("partial", "partition", "pages"):
             self.served_bytes.labels(route)
             self.served_requests.labels(route)
         for cause in ("request", "expired", "max_age"):
             self.deleted_tasks.labels(cause)
             self.deleted_bytes.labels(cause)
+
+    def export_routes(self, routes: list[tuple[str, str]]) -> None:
+        """Export the latency histogram and the 200 and 500 counts of every (route template,
+        method) at zero. 500 (an unexpected failure) can answer any route and is what the
+        error-rate alert watches (``status=~"5..", status!="503"``), so its first occurrence
+        is counted by rate(); other statuses appear as they happen."""
+        for route, method in routes:
+            self.latency.labels(route, method)
+            for status in ROUTE_STATUSES:
+                self.requests.labels(route, method, status)

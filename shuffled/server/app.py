@@ -13,13 +13,14 @@ from shuffled.cleanup.scheduler import sweeper_ctx
 from shuffled.config import Settings
 from shuffled.metrics import Metrics, StoreCollector
 from shuffled.protocol import API_PREFIX
-from shuffled.server import bulk, handlers, partitions
+from shuffled.server import bulk, handlers, pages, partitions, ui
 from shuffled.server.errors import error_middleware
 from shuffled.server.limits import Limiter
 from shuffled.server.middleware import (
     Drain, add_request_id, auth_middleware, metrics_middleware,
 )
 from shuffled.server.state import STATE, DaemonState
+from shuffled.server.waiters import TaskWatch
 from shuffled.storage import Store
 
 CleanupCtx = Callable[[web.Application], AsyncIterator[None]]
@@ -59,9 +60,18 @@ def make_app(settings: Settings, *, registry: CollectorRegistry | None = None,
     app.router.add_get(f"{API_PREFIX}/tasks", handlers.list_tasks)
     app.router.add_get(task, handlers.get_task)
     app.router.add_delete(task, handlers.delete_task)
+    watch = TaskWatch(settings.long_poll_waiters, settings.expiry_timeout)
+    store.listeners.append(watch.notify)
+    metrics.long_poll_waiters.set_function(lambda: watch.waiting)
+    pages.install(app, task, watch)
     app.router.add_get("/status/health", handlers.health)
     app.router.add_get("/status", handlers.status)
     app.router.add_get("/metrics", handlers.metrics)
+    app.router.add_get("/ui", ui.page)  # the status page; same auth as /status
+    app.router.add_get("/", ui.page)
+
+    metrics.export_routes([(r.resource.canonical, r.method) for r in app.router.routes()
+                           if r.resource is not None])
 
     async def store_ctx(app: web.Application) -> AsyncIterator[None]:
         await store.open()

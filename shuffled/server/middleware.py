@@ -88,6 +88,8 @@ class AccessLog(AbstractAccessLogger):
             parts.append(f"interval={_field(interval)}")
         if "partitionId" in query:
             parts.append(f"partitionId={_field(query['partitionId'])}")
+        if "token" in query:  # paged reads: a reader's progress, token by token
+            parts.append(f"token={_field(query['token'])}")
         reason = request.get(REJECT_REASON)
         if reason is not None:
             parts.append(f"err={_field(reason)}")

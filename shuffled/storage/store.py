@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from typing import IO, Any, TypeVar
 
 from shuffled.config import Settings
-from shuffled.errors import InsufficientStorage, InvalidBody, ShuffleError
+from shuffled.errors import Conflict, InsufficientStorage, InvalidBody, ShuffleError
 from shuffled.protocol import PartialKey
-from shuffled.storage import packs, recovery
+from shuffled.storage import packs, recovery, seals
 from shuffled.storage.append import Written
 from shuffled.storage.catalog import Catalog, Row
 from shuffled.storage.commit import GroupCommit, Landed
@@ -89,6 +89,15 @@ class Store(Queries):
         self._last_pack = 0
         self.recovered_partials = 0
         self.dropped_on_recovery = 0
+        # Generations handed to partials whose group commit has not landed yet. Commits of
+        # two locations land in any order, so a partial with a lower generation can become
+        # visible after a higher one: readers in commit order stop below these (horizon).
+        self._in_flight: set[int] = set()
+        # Supervisor task -> its committed subtasks, once sealed (see :mod:`.seals`).
+        self.seals: dict[str, frozenset[str]] = {}
+        # Called on the loop with a supervisor task id whenever its data or state changes
+        # (a commit landed, a seal, a delete): long-polling readers wait on this.
+        self.listeners: list[Callable[[str], None]] = []
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -136,6 +145,10 @@ class Store(Queries):
             for sup, keys in (await self.on_writer(loc.index, catalog.slot_keys)).items():
                 entry = self._tasks[sup]
                 entry.slots = keys if not entry.slots else entry.slots | keys
+        for loc in self.locations:
+            for sup, subs in (await self.run(seals.read_seals, loc.path)).items():
+                self.seals.setdefault(sup, subs)
+                self._tasks.setdefault(sup, TaskEntry(sup, now))
         if self.recovered_partials or self.dropped_on_recovery:
             log.info("recovered %d partial segments of %d tasks (%d dropped)",
                      self.recovered_partials, len(self._tasks), self.dropped_on_recovery)
@@ -246,6 +259,7 @@ class Store(Queries):
                 body_crc=facts.body_crc, has_dictionaries=facts.has_dictionaries,
                 created=time.time(), pack=w.pack.number))
         sup = metas[0].key.supervisor_task_id
+        self._in_flight.update(m.generation for m in metas)
         self._sessions(sup)
         writes = self._writes[sup]
         writes.committing += 1
@@ -264,6 +278,7 @@ class Store(Queries):
                    outcome: asyncio.Future[list[int | None]]) -> None:
         """A group landed (or failed): update the task's figures, then resolve ``outcome``
         with the size each partial replaced, wherever it was. Runs on the loop."""
+        self._in_flight.difference_update(m.generation for m in metas)
         writes = self._writes[sup]
         writes.committing -= 1
         if not writes.committing:
@@ -299,6 +314,50 @@ class Store(Queries):
         entry.last_access = self.clock()
         entry.accesses += 1
         outcome.set_result(olds)
+        self._notify(sup)
+
+    @property
+    def horizon(self) -> int | None:
+        """The lowest generation still being committed (None: none is): every partial below
+        it that will ever be visible already is."""
+        return min(self._in_flight) if self._in_flight else None
+
+    def _notify(self, sup: str) -> None:
+        for listener in self.listeners:
+            listener(sup)
+
+    async def seal(self, supervisor_task_id: str, sub_task_ids: Sequence[str]) -> bool:
+        """Record that exactly ``sub_task_ids`` of the task are committed, durably on every
+        healthy location. True if new, False if the same seal was already there (a retry);
+        Conflict if a different one was. A task not held yet is held from now on (empty),
+        so that expiry and DELETE remove its seal like any data."""
+        sup = supervisor_task_id
+        subs = frozenset(sub_task_ids)
+        async with self._lock(sup):
+            known = self.seals.get(sup)
+            if known is not None:
+                if known != subs:
+                    raise Conflict(f"{sup} is already sealed with {len(known)} other subtasks",
+                                   sealed=sorted(known)[:100])
+                return False
+            written = 0
+            failure: OSError | None = None
+            for loc in self.locations:
+                if not loc.healthy:
+                    continue
+                try:
+                    await self.run(seals.write_seal, loc.path, sup, subs, self.settings.fsync)
+                    written += 1
+                except OSError as exc:
+                    failure = failure or exc
+            if not written:
+                raise translate(failure or OSError("no healthy location"), "locations",
+                                f"sealing supervisor task {sup}")
+            self.seals[sup] = subs
+            self._tasks.setdefault(sup, TaskEntry(sup, last_access=self.clock()))
+            self.touch(sup)
+        self._notify(sup)
+        return True
 
     def _forget(self, entry: TaskEntry, index: int, row: Row) -> int:
         """An older copy of a key just replaced in another location: forget it there
@@ -404,6 +463,14 @@ class Store(Queries):
                 log.error("could not delete all of %s on %s: %s", sup, loc.path, exc)
                 raise translate(exc, str(loc.path), f"deleting supervisor task {sup}")
             self._leftovers.pop(sup, None)
+            if self.seals.pop(sup, None) is not None:
+                for loc in self.locations:
+                    try:
+                        await self.run(seals.remove_seal, loc.path, sup)
+                    except OSError as exc:  # a stale seal is harmless: the data is gone
+                        log.warning("could not remove the seal of %s at %s: %s",
+                                    sup, loc.path, exc)
+        self._notify(sup)
         return entry
 
     async def _remove_at(self, loc: Location, sup: str) -> None:

@@ -76,9 +76,10 @@ class JobContext:
         s = self.spec
         return Phase1Config(self.task_id, self.servers, self.layout, s.segment_granularity,
                             s.max_rows_in_memory, s.max_saved_parse_exceptions,
-                            self.auth.token, self.auth.ca_file, self.fault)
+                            self.auth.token, self.auth.ca_file, self.fault,
+                            s.partial_compression, s.max_bytes_in_memory)
 
     def phase2_config(self) -> Phase2Config:
         """What a phase-2 Spark task needs (pickled into its closure)."""
         return Phase2Config(self.task_id, self.layout, self.staging, self.auth.token,
-                            self.auth.ca_file)
+                            self.auth.ca_file, self.spec.max_bytes_in_memory)

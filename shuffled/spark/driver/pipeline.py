@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from pyspark.sql import functions as F
 from shuffled.client import ShuffleClient
 from shuffled.errors import ShuffleError
 from shuffled.protocol import format_instant
+from shuffled.spark.fs import remote
 from shuffled.spark.phase1 import native
 from shuffled.spark.phase1 import tasks as phase1
 from shuffled.spark.phase2 import merge as phase2
@@ -93,14 +95,20 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
     servers = [u.strip().rstrip("/") for u in shuffle_servers if u.strip()]
     if not servers:
         raise ValueError("at least one shuffle server URL is needed")
+    _check_reachable(servers, token, ca_file)
     say = progress or (lambda _msg: None)
     task_id = _task_id(s)
     version = format_instant(int(time.time() * 1000))
-    ds_dir = os.path.abspath(os.path.join(output_dir, s.data_source))
-    os.makedirs(ds_dir, exist_ok=True)
+    if remote.scheme(output_dir) == "s3":
+        # Segments are staged on local disk and uploaded when published (phase2.publish).
+        ds_dir = f"{output_dir.rstrip('/')}/{s.data_source}"
+        local_dir = tempfile.mkdtemp(prefix=f"shuffled-{s.data_source}-")
+    else:
+        ds_dir = local_dir = os.path.abspath(os.path.join(output_dir, s.data_source))
+        os.makedirs(ds_dir, exist_ok=True)
     report = TaskReport(task_id, s.data_source, version, servers)
     spark, created = get_session(master)
-    staging = os.path.join(ds_dir, f".staging-{task_id}")
+    staging = os.path.join(local_dir, f".staging-{task_id}")
     ctx = JobContext(spark, s, files, tuple(servers), task_id, report, staging,
                      Auth(token, ca_file), reader, say, fault or {})
     monitor = Monitor(task_id, servers, token=token, ca_file=ca_file,
@@ -123,10 +131,13 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
                 monitor.stop()
                 _cleanup(servers, task_id, token, ca_file, report)
                 shutil.rmtree(staging, ignore_errors=True)
+                if local_dir != ds_dir:
+                    shutil.rmtree(local_dir, ignore_errors=True)
     except BaseException as exc:
         report.status = "FAILED"
         report.error = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
-        _write_report(ds_dir, report)
+        path = _write_report(ds_dir, report)
+        exc.add_note(f"task report: {path}")  # the CLI names it in its one paragraph
         say(report.summary())
         raise
     finally:
@@ -136,12 +147,31 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
     summary = report.summary()
     say(summary)
     return IngestResult(task_id, s.data_source, version, report.segments,
-                        os.path.join(ds_dir, "manifest.json"), report_path, report.to_json(),
-                        summary)
+                        f"{ds_dir}/manifest.json", report_path, report.to_json(), summary)
+
+
+def _check_reachable(servers: list[str], token: str | None, ca_file: str | None) -> None:
+    """Refuse to start when a shuffle server does not answer its health check: found here,
+    it is one clear error; found by phase 1, it would be every task failing in turn."""
+    down = []
+    for server in servers:
+        with ShuffleClient(server, token=token, ca_file=ca_file, timeout=10.0) as client:
+            if not client.health():
+                down.append(server)
+    if down:
+        raise IngestionFailed(
+            f"shuffle server{'s' if len(down) > 1 else ''} {', '.join(down)} did not answer "
+            "its health check (GET /status/health); start it (`shuffled serve`), fix the "
+            "URL, or leave out --shuffle-server to use an embedded one", servers=down)
 
 
 def _write_report(ds_dir: str, report: TaskReport) -> str:
     body = report.to_json()
+    if remote.scheme(ds_dir) == "s3":
+        data = (json.dumps(body, indent=2) + "\n").encode()
+        remote.write_bytes(f"{ds_dir}/reports/{report.task_id}.json", data)
+        remote.write_bytes(f"{ds_dir}/task-report.json", data)
+        return f"{ds_dir}/task-report.json"
     os.makedirs(os.path.join(ds_dir, "reports"), exist_ok=True)
     write_json_atomic(os.path.join(ds_dir, "reports", f"{report.task_id}.json"), body)
     path = os.path.join(ds_dir, "task-report.json")
@@ -182,6 +212,7 @@ class _Job:
                  + (f"{chunks} time chunks, {sum(plan.shards(c) for c in card)} partitions"
                     if card else f"numShards {plan.num_shards}"))
         partials = self.phase1(prepared, plan)
+        self.seal(partials)
         staged = self.phase2(partials)
         return staged, plan
 
@@ -252,6 +283,12 @@ class _Job:
         r = self.report.rows
         self.report.phase("partialSegmentGeneration", started, subtasks=len(self.report.subtasks),
                           partials=len(partials), bytesShuffled=self.report.bytes_shuffled,
+                          bytesBeforeCompression=self.report.bytes_before_compression,
+                          # the combiner: rows sent after each task's local rollup
+                          rowsShipped=self.report.rows_shipped,
+                          peakTaskRssBytes=self.report.peak_rss,
+                          peakTaskRssGrowthBytes=self.report.peak_rss_growth,
+                          compression=self.spec.partial_compression,
                           reader=reader, readerReason=reason)
         self.say(f"phase 1 done: {len(self.report.subtasks)} subtasks, {r['processed']} rows, "
                  f"{r['unparseable']} unparseable, {r['thrownAway']} thrown away, "
@@ -263,6 +300,17 @@ class _Job:
                 f"Max parse exceptions [{s.max_parse_exceptions}] exceeded: "
                 f"{r['unparseable']} unparseable rows{where}", unparseable=r["unparseable"])
         return partials
+
+    def seal(self, partials: list[dict[str, Any]]) -> None:
+        """Tell each daemon which subtasks committed partials there (the seal): its paged
+        reads then serve only those and say when a partition is complete."""
+        committed: dict[str, set[str]] = {}
+        for p in partials:
+            committed.setdefault(p["server"], set()).add(p["sub"])
+        auth = self.ctx.auth
+        for server, subs in sorted(committed.items()):
+            with ShuffleClient(server, token=auth.token, ca_file=auth.ca_file) as client:
+                client.seal(self.ctx.task_id, sorted(subs))
 
     def phase2(self, partials: list[dict[str, Any]]) -> list[dict[str, Any]]:
         self.ctx.phase = "phase 2 (merge)"
@@ -293,7 +341,16 @@ class _Job:
         self.report.bytes_fetched = sum(r["bytesFetched"] for r in results)
         spent = {f"{k}Seconds": round(sum(r.get(f"{k}Ms", 0.0) for r in results) / 1000, 3)
                  for k in ("fetch", "merge", "write")}  # summed over the merge tasks
+        spilled = [r for r in results if "spillFiles" in r]
         self.report.phase("partialSegmentMerge", started, tasks=len(groups),
-                          partitions=len(results), rowsOut=self.report.rows_out, **spent)
+                          partitions=len(results), rowsOut=self.report.rows_out, **spent,
+                          memoryBudgetBytes=self.spec.max_bytes_in_memory or None,
+                          peakTaskRssBytes=max((r.get("peakRss", 0) for r in results), default=0),
+                          # what a task added to its worker: the budget's measure
+                          peakTaskRssGrowthBytes=max(
+                              (r.get("peakRss", 0) - r.get("rssAtStart", 0) for r in results),
+                              default=0),
+                          partitionsSpilled=len(spilled),
+                          spillBytes=sum(r["spillBytes"] for r in spilled))
         self.say(f"phase 2 done: {len(results)} segments, {self.report.rows_out} rows")
         return results

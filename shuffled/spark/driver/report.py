@@ -23,6 +23,10 @@ class TaskReport:
         "processed": 0, "processedBytes": 0, "processedWithError": 0, "unparseable": 0,
         "thrownAway": 0})
     bytes_shuffled: int = 0
+    bytes_before_compression: int = 0
+    rows_shipped: int = 0
+    peak_rss: int = 0  # the largest phase-1 Python worker's peak RSS (VmHWM)
+    peak_rss_growth: int = 0  # the most one phase-1 task added to its worker
     bytes_fetched: int = 0
     rows_out: int = 0
     subtasks: list[dict[str, Any]] = field(default_factory=list)
@@ -45,6 +49,11 @@ class TaskReport:
                          ("unparseable", "unparseable"), ("thrownAway", "thrownAway")):
             self.rows[key] += int(stats[src])
         self.bytes_shuffled += int(stats["bytesShuffled"])
+        self.bytes_before_compression += int(stats.get("bytesBeforeCompression", 0))
+        self.rows_shipped += int(stats.get("rowsShipped", 0))
+        self.peak_rss = max(self.peak_rss, int(stats.get("peakRss", 0)))
+        self.peak_rss_growth = max(self.peak_rss_growth,
+                                   int(stats.get("peakRss", 0)) - int(stats.get("rssAtStart", 0)))
 
     def to_json(self) -> dict[str, Any]:
         elapsed = int((time.time() - self.started) * 1000)
@@ -59,6 +68,7 @@ class TaskReport:
             "ingest/task/time": elapsed,
             "ingest/task/bytes/processed": self.rows["processedBytes"],
             "bytesShuffled": self.bytes_shuffled,
+            "bytesShuffledBeforeCompression": self.bytes_before_compression,
             "bytesFetched": self.bytes_fetched,
             "rowsOut": self.rows_out,
             "ingestionStatsAndErrors": {

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from shuffled.spark.spec.granularity import FIXED, MONDAY_OFFSET, MONTHS, WEEK, truncate
+from shuffled.spark.fs import remote
 from shuffled.spark.spec.model import IngestSpec, PartitionPlan
 from shuffled.spark.phase1.prepare import metric_column
 from shuffled.spark.rows.rollup import BAD, CHUNK, TIME
@@ -160,9 +161,14 @@ def _bad_flags(ts_col: pa.ChunkedArray, valid: np.ndarray, keep: np.ndarray, pat
     return pa.array(out, pa.string())
 
 
+def _source(path: str) -> str | pa.NativeFile:
+    """A local path as is; an object-store URI opened for random access (pyarrow.fs)."""
+    return remote.open_random(path) if remote.is_remote(path) else path
+
+
 def read_split(split: Split, spec: NativeInput, columns: list[str]) -> Iterator[pa.Table]:
     """The phase-1 rows of ``split``, one table per row group."""
-    pf = pq.ParquetFile(split.path, read_dictionary=list(split.dictionary))
+    pf = pq.ParquetFile(_source(split.path), read_dictionary=list(split.dictionary))
     present = [c for c in columns if c in pf.schema_arrow.names]
     offsets = np.cumsum([0] + [pf.metadata.row_group(i).num_rows
                                for i in range(pf.metadata.num_row_groups)])
@@ -226,7 +232,7 @@ def plan_native(spec: IngestSpec, plan: PartitionPlan, files: list[str],
     row_groups: list[Split] = []
     for path in files:
         try:
-            pf = pq.ParquetFile(path)
+            pf = pq.ParquetFile(_source(path))
         except (OSError, pa.ArrowException) as exc:
             return f"cannot read the footer of {path}: {exc}"
         problem = _schema_problem(pf.schema_arrow, spec)

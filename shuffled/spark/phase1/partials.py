@@ -24,16 +24,43 @@ SLAB = 1 << 16  # rows put in order at a time
 EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # IPC end-of-stream: continuation marker, length 0
 
 
-class Encoder:
-    """Arrow IPC streams of record batches of one schema (its message serialized once)."""
+CODECS = ("none", "lz4", "zstd")  # Arrow IPC buffer compression (LZ4 frame, ZSTD)
+# Smaller batches go uncompressed: a compressed stream costs a writer and a codec context
+# per partial (~250 us to encode and ~175 us to decode 200 rows, 5x the bytes' own cost)
+# and saves little. Compression is marked per batch, so a partition may mix both.
+COMPRESS_MIN_BYTES = 64 << 10
 
-    def __init__(self, schema: pa.Schema) -> None:
+
+class Encoder:
+    """Arrow IPC streams of record batches of one schema (its message serialized once),
+    their buffers compressed with ``compression`` (``lz4``, ``zstd``) or not (``none``);
+    batches under :data:`COMPRESS_MIN_BYTES` are never compressed.
+
+    ``raw_bytes`` counts what the streams would have taken uncompressed (the schema
+    message, the batches' Arrow buffers, the end marker), for the task report.
+    """
+
+    def __init__(self, schema: pa.Schema, compression: str = "none") -> None:
+        if compression not in CODECS:
+            raise ValueError(f"compression must be one of {CODECS}, not {compression!r}")
         self.schema = schema
+        self.compression = compression
         self.head = schema.serialize().to_pybytes()
+        self._options = (pa.ipc.IpcWriteOptions(compression=compression)
+                         if compression != "none" else None)
+        self.raw_bytes = 0
 
     def encode(self, batch: pa.RecordBatch) -> bytes:
-        """One IPC stream holding ``batch`` (at least one row), as ``new_stream`` writes it."""
-        return b"".join((self.head, batch.serialize(), EOS))
+        """One IPC stream holding ``batch`` (at least one row), as ``new_stream`` writes it
+        (the schema message is the same with or without compression: only the batch's
+        buffers are compressed, each marked so in its own metadata)."""
+        self.raw_bytes += len(self.head) + batch.nbytes + len(EOS)
+        if self._options is None or batch.nbytes < COMPRESS_MIN_BYTES:
+            return b"".join((self.head, batch.serialize(), EOS))
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, self.schema, options=self._options) as writer:
+            writer.write_batch(batch)
+        return sink.getvalue().to_pybytes()
 
 
 def _sorted(a: np.ndarray) -> bool:
@@ -91,7 +118,8 @@ def split_partials(table: pa.Table, layout: Layout, buckets: np.ndarray | None =
     bucket_of = np.asarray(buckets if buckets is not None else table.column(BUCKET).to_numpy())
     order, starts = run_order(chunks, bucket_of)
     schema = layout.schema()
-    enc = encoder if encoder is not None and encoder.schema.equals(schema) else Encoder(schema)
+    enc = (encoder if encoder is not None and encoder.schema.equals(schema)
+           else Encoder(schema, encoder.compression if encoder is not None else "none"))
     columns = [table.column(f.name).combine_chunks() for f in schema]
     firsts = starts[:-1] if order is None else order[starts[:-1]]
     run_chunks, run_buckets = chunks[firsts].tolist(), bucket_of[firsts].tolist()

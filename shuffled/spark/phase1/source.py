@@ -13,11 +13,14 @@ from __future__ import annotations
 import fnmatch
 import os
 from collections.abc import Iterable
+from typing import Any
+
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from shuffled.spark.fs import remote
 from shuffled.spark.spec.model import IngestSpec
 from shuffled.spark.spec.parse import SpecError
 
@@ -34,6 +37,8 @@ def resolve_files(spec: IngestSpec, cwd: str | None = None) -> list[str]:
     src = spec.input_source
     if src.type == "inline":
         return []
+    if src.type in ("s3", "http"):
+        return _remote_files(spec)
     root = cwd or os.getcwd()
     out: list[str] = []
     for i, name in enumerate(src.files):
@@ -52,6 +57,28 @@ def resolve_files(spec: IngestSpec, cwd: str | None = None) -> list[str]:
                     out.append(os.path.join(dirpath, fn))
         if not out:
             raise SpecError(f"{SRC}.filter", f"no file under {base} matches {src.filter!r}")
+    return sorted(dict.fromkeys(out))
+
+
+def _remote_files(spec: IngestSpec) -> list[str]:
+    """The object-store URIs to read: ``uris`` as listed (S3 ones checked to exist) and
+    every object under each ``prefixes`` entry matching ``filter``."""
+    src = spec.input_source
+    out = list(src.uris)
+    try:
+        if src.type == "s3":
+            for i, uri in enumerate(src.uris):
+                if not remote.exists(uri):
+                    raise SpecError(f"{SRC}.uris[{i}]", f"{uri} is not an object in the store")
+            for i, prefix in enumerate(src.prefixes):
+                found = remote.list_s3(prefix, src.filter)
+                if not found:
+                    raise SpecError(f"{SRC}.prefixes[{i}]",
+                                    f"no object under {prefix} matches {src.filter or '*'!r}")
+                out.extend(found)
+    except OSError as exc:  # the store refused or is unreachable: say which and why
+        raise SpecError(SRC, f"cannot list the input in the object store: {exc} (credentials "
+                        "and endpoint come from AWS_* environment variables)") from exc
     return sorted(dict.fromkeys(out))
 
 
@@ -79,10 +106,9 @@ def _first_lines(spec: IngestSpec, files: list[str]) -> list[str]:
         return lines[:1]
     out = []
     for path in files:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            line = fh.readline().rstrip("\r\n")
-            if line:
-                out.append(line)
+        line = next(iter(remote.read_lines(path)), "")
+        if line:
+            out.append(line)
     return out
 
 
@@ -92,9 +118,20 @@ def _text_lines(spark: SparkSession, spec: IngestSpec, files: list[str]) -> Data
         rows = [(line, "inline", i + 1) for i, line in enumerate(lines)]
         schema = "value string, __file string, __line bigint"
         return spark.createDataFrame(rows, schema)
+    if any(remote.is_remote(f) for f in files):
+        # Object stores are read on the executors through pyarrow.fs / HTTP (Spark's own
+        # s3a needs hadoop-aws, which pyspark does not ship), one task per object, lines
+        # numbered as they come, then parsed by Spark as local files are.
+        rdd = spark.sparkContext.parallelize(files, len(files)).flatMap(_numbered_lines)
+        return spark.createDataFrame(rdd, "value string, __file string, __line bigint")
     df = spark.read.text(files)
     return df.select("value", F.col("_metadata.file_path").alias("__file"),
                      F.lit(None).cast("bigint").alias("__line"))
+
+
+def _numbered_lines(uri: str) -> Iterable[tuple[str, str, int]]:
+    for n, line in enumerate(remote.read_lines(uri), 1):
+        yield line, uri, n
 
 
 def load_input(spark: SparkSession, spec: IngestSpec, files: list[str]) -> DataFrame:
@@ -152,7 +189,8 @@ def _root_fields(spec: IngestSpec, fields: list[str]) -> list[str]:
 
 
 def _parquet(spark: SparkSession, files: list[str], fields: list[str]) -> DataFrame:
-    df = spark.read.parquet(*files)
+    df = (_remote_parquet(spark, files, fields) if any(remote.is_remote(f) for f in files)
+          else spark.read.parquet(*files))
     present = set(df.columns)
     cols: list[Column] = [F.col(f"`{f}`") if f in present else F.lit(None).cast("string").alias(f)
                           for f in fields]
@@ -161,6 +199,55 @@ def _parquet(spark: SparkSession, files: list[str], fields: list[str]) -> DataFr
     # for the rare bad row.
     return df.select(*cols, F.lit(None).cast("bigint").alias("__line"),
                      F.lit(None).cast("string").alias("__raw"), F.lit(False).alias("__corrupt"))
+
+
+def _spark_type(t: Any) -> T.DataType:
+    """The Spark type a remote Parquet column is handed over as (anything else: string)."""
+    import pyarrow as pa
+
+    if pa.types.is_integer(t):
+        return T.LongType()
+    if pa.types.is_floating(t):
+        return T.DoubleType()
+    if pa.types.is_boolean(t):
+        return T.BooleanType()
+    if pa.types.is_timestamp(t):
+        return T.TimestampType()
+    if pa.types.is_date(t):
+        return T.DateType()
+    return T.StringType()
+
+
+def _remote_parquet(spark: SparkSession, files: list[str], fields: list[str]) -> DataFrame:
+    """Parquet objects read by the executors with pyarrow (one task per object), typed as
+    the first object's footer says. Only the JVM path uses it (the native reader reads
+    object stores itself); Spark's own reader would need hadoop-aws, which pyspark does not
+    ship."""
+    import pyarrow.parquet as pq
+
+    schema = pq.ParquetFile(remote.open_random(files[0])).schema_arrow
+    wanted = [f for f in schema if f.name in set(fields)]
+    struct = T.StructType([T.StructField(f.name, _spark_type(f.type)) for f in wanted])
+    names = [f.name for f in wanted]
+    strings = {f.name for f, s in zip(wanted, struct.fields) if isinstance(s.dataType, T.StringType)}
+
+    def rows(uri: str) -> Iterable[tuple[Any, ...]]:
+        pf = pq.ParquetFile(remote.open_random(uri))
+        present = [n for n in names if n in pf.schema_arrow.names]
+        for rg in range(pf.metadata.num_row_groups):
+            table = pf.read_row_group(rg, columns=present)
+            cols = []
+            for n in names:
+                if n not in present:
+                    cols.append([None] * table.num_rows)
+                    continue
+                col = table.column(n)
+                cols.append((col.cast("string") if n in strings and col.type != "string"
+                             else col).to_pylist())
+            yield from zip(*cols)
+
+    return spark.createDataFrame(
+        spark.sparkContext.parallelize(files, len(files)).flatMap(rows), struct)
 
 
 def resolve_lines(bad: Iterable[dict[str, object]]) -> None:
@@ -179,6 +266,8 @@ def resolve_lines(bad: Iterable[dict[str, object]]) -> None:
         wanted: dict[str, list[dict[str, object]]] = {}
         for rec in recs:
             wanted.setdefault(str(rec.get("raw", "")), []).append(rec)
+        if remote.is_remote(uri):
+            continue  # object-store lines were numbered as they were read
         try:
             with open(path, encoding="utf-8", errors="replace") as fh:
                 for n, line in enumerate(fh, 1):

@@ -13,10 +13,13 @@ its commit message; Spark's commit coordinator lets exactly one attempt per part
 commit and hands only those messages to the driver-side ``commit``, so the driver's list
 names exactly the committed attempts (docs/exactly-once.md).
 
-Memory per task is bounded: raw rows are buffered up to ``max_rows`` (maxRowsInMemory) and
-rolled up together; rolled-up rows are kept up to ``max_rows``, then compacted, and flushed
-as additional partial segments (new flush number) if still more than half that. A flush
-being uploaded is held until its answer, so a task holds at most about twice that.
+Memory per task is bounded, and the rollup combines as much as that bound allows (the seed's
+"combiner"): raw rows are buffered up to ``max_rows`` (maxRowsInMemory) and rolled up
+together; rolled-up rows are kept, across buffers, up to a quarter of ``max_bytes``
+(maxBytesInMemory; a combine of them peaks at about three times their size), then
+compacted, and flushed as additional partial segments (new flush number) only if still
+more than half that. So a task whose distinct keys fit ships each key once, as one node's
+full rollup of its input would. A flush being uploaded is held until its answer.
 This module runs on executors: it imports shuffled.client/protocol, the native reader,
 pyarrow and pyspark's data source API.
 """
@@ -45,6 +48,7 @@ from shuffled.protocol import Interval, PartialKey
 from shuffled.spark.spec.granularity import bucket_end
 from shuffled.spark.phase1.native import Bucketer, NativeInput, Split, read_split
 from shuffled.spark.phase1.partials import Encoder, split_partials
+from shuffled.spark.rows.memory import peak_rss, release_free_memory, reset_peak_rss, rss
 from shuffled.spark.rows.rollup import BAD, BUCKET, CHUNK, Layout, combine, rollup_input
 
 
@@ -61,6 +65,13 @@ class Phase1Config:
     token: str | None = None
     ca_file: str | None = None
     fault: dict[str, Any] = field(default_factory=dict)  # tests only: see _maybe_fail
+    compression: str = "none"  # Arrow IPC buffer compression of partials (tuningConfig)
+    max_bytes: int = 256 << 20  # maxBytesInMemory (0: unbounded): bounds rolled-up rows held
+
+    @property
+    def pending_limit(self) -> int:
+        """Bytes of rolled-up rows held before they are compacted (and maybe flushed)."""
+        return self.max_bytes // 4 if self.max_bytes else 1 << 62
 
 
 class _Task:
@@ -81,12 +92,13 @@ class _Task:
         self.flushes = 0
         self.uploads: list[dict[str, Any]] = []
         self.stats = {"rowsIn": 0, "processed": 0, "unparseable": 0, "thrownAway": 0,
-                      "bytesProcessed": 0, "bytesShuffled": 0}
+                      "bytesProcessed": 0, "bytesShuffled": 0, "bytesBeforeCompression": 0,
+                      "rowsShipped": 0}
         self.bad: list[dict[str, Any]] = []
         # JVM rows carry their partition (__bucket); native rows get it after the rollup.
         self.bucketer = bucketer
         self.extra = [CHUNK] if bucketer else [CHUNK, BUCKET]
-        self.encoder = Encoder(cfg.layout.schema())
+        self.encoder = Encoder(cfg.layout.schema(), cfg.compression)
         # Uploads run here, one at a time, while the task reads and rolls up on.
         self._uploader = ThreadPoolExecutor(1, thread_name_prefix="phase1-upload")
         self._uploading: Future[None] | None = None
@@ -111,12 +123,15 @@ class _Task:
 
     def _rollup_raw(self) -> None:
         self._rollup_raw_only()
-        if self.pending_rows > self.cfg.max_rows:
+        if len(self.pending) > 1 and self._pending_bytes() > self.cfg.pending_limit:
             # One rolled-up table has nothing left to combine: only merge several.
             merged = self._pending_table()
             self.pending, self.pending_rows = [merged], merged.num_rows
-            if merged.num_rows > self.cfg.max_rows // 2:
+            if merged.nbytes > self.cfg.pending_limit // 2:
                 self.flush()
+
+    def _pending_bytes(self) -> int:
+        return sum(t.nbytes for t in self.pending)
 
     def _pending_table(self) -> pa.Table:
         if len(self.pending) == 1:
@@ -186,9 +201,12 @@ class _Task:
                 made.append((key, rows, len(body)))
                 yield key, body
 
+        raw_before = self.encoder.raw_bytes
         answers = self.client.put_partials(self.cfg.supervisor_task_id, partials())
+        self.stats["bytesBeforeCompression"] += self.encoder.raw_bytes - raw_before
         for (key, rows, size), answer in zip(made, answers, strict=True):
             self.stats["bytesShuffled"] += size
+            self.stats["rowsShipped"] += rows
             self.uploads.append({"kind": "partial", "server": self.server, "sub": sub,
                                  "start": key.interval.start, "end": key.interval.end,
                                  "partition": key.partition_id, "rows": rows, "bytes": size,
@@ -222,6 +240,9 @@ def run_task(cfg: Phase1Config, batches: Iterator[pa.RecordBatch | pa.Table],
              bucketer: Bucketer | None = None) -> list[str]:
     """Run one phase-1 subtask over its input batches; returns its JSON result lines."""
     started = time.monotonic()
+    release_free_memory()  # what earlier tasks of this worker freed, so RSS shows ours
+    reset_peak_rss()
+    baseline = rss()
     task = _Task(cfg, bucketer)
     try:
         for batch in batches:
@@ -232,7 +253,8 @@ def run_task(cfg: Phase1Config, batches: Iterator[pa.RecordBatch | pa.Table],
         task.close()
     stats = {"kind": "stats", "partition": task.partition, "attempt": task.attempt,
              "attemptNumber": task.attempt_number, "server": task.server,
-             "ms": int((time.monotonic() - started) * 1000), "bad": task.bad, **task.stats}
+             "ms": int((time.monotonic() - started) * 1000), "bad": task.bad,
+             "peakRss": peak_rss(), "rssAtStart": baseline, **task.stats}
     return [json.dumps(u) for u in task.uploads] + [json.dumps(stats)]
 
 

@@ -28,6 +28,8 @@ import pyarrow.parquet as pq
 from shuffled.client import ShuffleClient
 from shuffled.protocol import Interval, PartitionKey
 from shuffled.spark.phase2.durable import sync_files
+from shuffled.spark.rows.memory import peak_rss, release_free_memory, reset_peak_rss, rss
+from shuffled.spark.phase2.spill import WORK_FACTOR, SpillStats, merge_bounded, merge_in_memory
 from shuffled.spark.rows.rollup import TIME, Layout, combine, from_ipc, sort_segment
 
 _IDS_PER_REQUEST = 64
@@ -39,11 +41,33 @@ BATCH_ROWS = 500_000  # about this many rows per batch (bounds a merge task's me
 
 @dataclass(frozen=True)
 class Phase2Config:
+    """Everything a merge task needs; pickled into the Spark closure. ``memory_budget`` is
+    the spec's maxBytesInMemory (0: unbounded); ``spill_dir`` where a partition bigger
+    than it spills (None: the system's temporary directory)."""
+
     supervisor_task_id: str
     layout: Layout
     staging_dir: str
     token: str | None = None
     ca_file: str | None = None
+    memory_budget: int = 0
+    spill_dir: str | None = None
+
+    def streams(self, a: Assignment) -> bool:
+        """Whether ``a`` is merged by streaming within the budget, not in one piece."""
+        return bool(self.memory_budget) and a.nbytes > self.memory_budget // WORK_FACTOR
+
+    @property
+    def page_bytes(self) -> int:
+        """Page size of a streamed partition's paged reads: a page and its table are held
+        while the merge works, so a small share of the budget."""
+        return max(1 << 20, min(8 << 20, self.memory_budget // (4 * WORK_FACTOR)))
+
+    @property
+    def batch_bytes(self) -> int:
+        """Bytes of partials fetched per batch: one batch is merged while the next is
+        fetched, and a merge peaks at WORK_FACTOR times its input."""
+        return self.memory_budget // (2 * WORK_FACTOR) if self.memory_budget else 1 << 62
 
 
 @dataclass(frozen=True)
@@ -54,6 +78,7 @@ class Assignment:
     end: int
     partition: int
     sources: tuple[tuple[str, tuple[str, ...], int], ...]  # (server, sub ids, rows there)
+    nbytes: int = 0  # bytes of its partials as phase 1 shipped them
 
     @property
     def rows(self) -> int:
@@ -97,25 +122,45 @@ def _fetch(clients: dict[str, ShuffleClient], cfg: Phase2Config,
 
 
 def batches(assignments: Iterable[Assignment], partitions: int = BATCH_PARTITIONS,
-            rows: int = BATCH_ROWS) -> Iterator[list[Assignment]]:
-    """Consecutive assignments in batches of at most ``partitions`` and about ``rows``."""
+            rows: int = BATCH_ROWS, nbytes: int = 1 << 62) -> Iterator[list[Assignment]]:
+    """Consecutive assignments in batches of at most ``partitions`` and about ``rows``
+    rows and ``nbytes`` bytes."""
     batch: list[Assignment] = []
-    held = 0
+    held = size = 0
     for a in assignments:
-        if batch and (len(batch) >= partitions or held + a.rows > rows):
+        if batch and (len(batch) >= partitions or held + a.rows > rows
+                      or size + a.nbytes > nbytes):
             yield batch
-            batch, held = [], 0
+            batch, held, size = [], 0, 0
         batch.append(a)
         held += a.rows
+        size += a.nbytes
     if batch:
         yield batch
 
 
-def merge_partition(tables: list[pa.Table], layout: Layout) -> pa.Table:
-    """All partials of one partition -> the final, sorted, perfectly rolled-up rows."""
-    schema = layout.schema()
-    table = pa.concat_tables([t.select(schema.names).cast(schema) for t in tables])
-    return sort_segment(combine(table, layout), layout)
+def _stream(clients: dict[str, ShuffleClient], cfg: Phase2Config,
+            a: Assignment) -> Iterator[pa.RecordBatch]:
+    """The record batches of one partition, read in pages of at most :attr:`page_bytes`
+    (paged reads: a partial bigger than a page comes in several), row counts checked per
+    daemon as in :func:`_fetch`. The driver sealed each daemon before phase 2, so a
+    partition reads as complete exactly when every committed partial has been read."""
+    key = PartitionKey(cfg.supervisor_task_id, Interval(a.start, a.end), a.partition)
+    for server, subs, expected in a.sources:
+        got = 0
+        for page in _client(clients, cfg, server).pages(
+                key, max_bytes=cfg.page_bytes, sub_task_ids=list(subs), poll=5.0,
+                deadline=120.0):
+            table = from_ipc(page)
+            del page
+            got += table.num_rows
+            yield from table.to_batches()
+        if got != expected:
+            raise RuntimeError(f"{Interval(a.start, a.end)} partition {a.partition} on "
+                               f"{server}: expected {expected} rows, got {got}")
+
+
+merge_partition = merge_in_memory  # all partials of one partition -> its segment's rows
 
 
 def merge_partitions(parts: Sequence[list[pa.Table]], layout: Layout) -> list[pa.Table]:
@@ -139,11 +184,15 @@ def merge_partitions(parts: Sequence[list[pa.Table]], layout: Layout) -> list[pa
     return [table.slice(int(starts[n]), int(counts[n])) for n in range(len(parts))]
 
 
+def _segment_table(table: pa.Table) -> pa.Table:
+    ts = table.column(TIME).cast(pa.timestamp("ms", tz="UTC"))
+    return table.set_column(0, pa.field(TIME, pa.timestamp("ms", tz="UTC"), nullable=False), ts)
+
+
 def _write(table: pa.Table, path: str) -> int:
     """Write one staged segment, not synced (the task syncs its files together at its end;
     the per-attempt name means a torn file of a failed attempt is never published)."""
-    ts = table.column(TIME).cast(pa.timestamp("ms", tz="UTC"))
-    out = table.set_column(0, pa.field(TIME, pa.timestamp("ms", tz="UTC"), nullable=False), ts)
+    out = _segment_table(table)
     # Encoded in memory, then one write: Arrow's file output stream costs ~0.3 ms more per
     # file, which is most of a small segment's write.
     sink = pa.BufferOutputStream()
@@ -152,6 +201,23 @@ def _write(table: pa.Table, path: str) -> int:
     with open(path, "wb") as fh:
         fh.write(data)
     return data.size
+
+
+def _write_streamed(cfg: Phase2Config, clients: dict[str, ShuffleClient], a: Assignment,
+                    path: str) -> tuple[int, int, SpillStats]:
+    """Merge a partition too big for one piece within the budget, writing its segment as
+    the sorted rows come: returns (rows, bytes written, spill stats)."""
+    schema = _segment_table(cfg.layout.schema().empty_table()).schema
+    rows = 0
+    with pq.ParquetWriter(path, schema, compression="zstd") as writer:
+        def sink(table: pa.Table) -> None:
+            nonlocal rows
+            rows += table.num_rows
+            writer.write_table(_segment_table(table), row_group_size=1 << 20)
+
+        stats = merge_bounded(_stream(clients, cfg, a), cfg.layout, cfg.memory_budget, sink,
+                              cfg.spill_dir)
+    return rows, os.path.getsize(path), stats
 
 
 def _prefetched(clients: dict[str, ShuffleClient], cfg: Phase2Config,
@@ -167,7 +233,7 @@ def _prefetched(clients: dict[str, ShuffleClient], cfg: Phase2Config,
 
     ahead: deque[Future[tuple[list[Assignment], list[list[pa.Table]], float]]] = deque()
     try:
-        for batch in batches(assignments):
+        for batch in batches(assignments, nbytes=cfg.batch_bytes):
             ahead.append(pool.submit(fetch, batch))
             if len(ahead) > PREFETCH:
                 yield ahead.popleft().result()
@@ -178,6 +244,10 @@ def _prefetched(clients: dict[str, ShuffleClient], cfg: Phase2Config,
             f.cancel()
 
 
+def _name(a: Assignment, attempt: int) -> str:
+    return f"{a.start}_{a.end}_{a.partition}.a{attempt}.parquet"
+
+
 def make_phase2(cfg: Phase2Config):  # type: ignore[no-untyped-def]
     """The ``mapPartitions`` function of phase 2 (input: Assignments; output: JSON lines)."""
 
@@ -186,33 +256,47 @@ def make_phase2(cfg: Phase2Config):  # type: ignore[no-untyped-def]
 
         ctx = TaskContext.get()
         attempt = ctx.taskAttemptId() if ctx else 0
+        release_free_memory()
+        reset_peak_rss()
+        baseline = rss()  # the worker before this task: the interpreter, pyarrow, ...
         clients: dict[str, ShuffleClient] = {}
         written: list[str] = []
+        todo = list(assignments)
+        large = [a for a in todo if cfg.streams(a)]
         pool = ThreadPoolExecutor(1, thread_name_prefix="phase2-fetch")
+
+        def result(a: Assignment, path: str, rows: int, size: int, fetched: int,
+                   fetch_s: float, merge_s: float, write_s: float, peak: int,
+                   **extra: Any) -> str:
+            written.append(path)
+            return json.dumps({
+                "start": a.start, "end": a.end, "partition": a.partition, "rows": rows,
+                "rowsIn": a.rows, "bytes": size, "path": path, "bytesFetched": fetched,
+                # Where the partition's time went (summed in the task report).
+                "fetchMs": fetch_s * 1000, "mergeMs": merge_s * 1000, "writeMs": write_s * 1000,
+                "ms": int((fetch_s + merge_s + write_s) * 1000), "attempt": attempt,
+                "peakRss": peak, "rssAtStart": baseline, **extra})
+
         try:
-            for batch, tables, fetch_s in _prefetched(clients, cfg, assignments, pool):
+            small = (a for a in todo if not cfg.streams(a))
+            for batch, tables, fetch_s in _prefetched(clients, cfg, small, pool):
                 merge_started = time.monotonic()
                 merged_all = merge_partitions(tables, cfg.layout)
                 merge_s = (time.monotonic() - merge_started) / len(batch)
+                peak = peak_rss()  # once a batch: /proc reads were 3% of tiny partitions' time
                 for a, parts, merged in zip(batch, tables, merged_all, strict=True):
                     write_started = time.monotonic()
-                    name = f"{a.start}_{a.end}_{a.partition}.a{attempt}.parquet"
-                    path = os.path.join(cfg.staging_dir, name)
+                    path = os.path.join(cfg.staging_dir, _name(a, attempt))
                     size = _write(merged, path)
-                    written.append(path)
-                    write_s = time.monotonic() - write_started
-                    result: dict[str, Any] = {
-                        "start": a.start, "end": a.end, "partition": a.partition,
-                        "rows": merged.num_rows, "rowsIn": a.rows, "bytes": size, "path": path,
-                        "bytesFetched": sum(t.nbytes for t in parts),
-                        # Where the partition's time went (its share of its batch's fetch
-                        # and merge; summed in the task report).
-                        "fetchMs": fetch_s / len(batch) * 1000, "mergeMs": merge_s * 1000,
-                        "writeMs": write_s * 1000,
-                        "ms": int((fetch_s / len(batch) + merge_s + write_s) * 1000),
-                        "attempt": attempt,
-                    }
-                    yield json.dumps(result)
+                    yield result(a, path, merged.num_rows, size, sum(t.nbytes for t in parts),
+                                 fetch_s / len(batch), merge_s, time.monotonic() - write_started,
+                                 peak)
+            for a in large:  # one at a time, streamed: fetch, merge and write interleave
+                started = time.monotonic()
+                path = os.path.join(cfg.staging_dir, _name(a, attempt))
+                rows, size, spilled = _write_streamed(cfg, clients, a, path)
+                yield result(a, path, rows, size, a.nbytes, 0.0, time.monotonic() - started,
+                             0.0, peak_rss(), spillFiles=spilled.files, spillBytes=spilled.bytes)
             # Durable before the task ends, so before the driver can publish any of them:
             # Spark hands the driver a task's results only once the task has succeeded.
             if written:
@@ -228,16 +312,19 @@ def make_phase2(cfg: Phase2Config):  # type: ignore[no-untyped-def]
 def assign(partials: list[dict[str, Any]]) -> list[Assignment]:
     """Group committed partials by (interval, partition), sources per server."""
     by_part: dict[tuple[int, int, int], dict[str, tuple[list[str], int]]] = {}
+    sizes: dict[tuple[int, int, int], int] = {}
     for p in partials:
-        servers = by_part.setdefault((p["start"], p["end"], p["partition"]), {})
+        key = (p["start"], p["end"], p["partition"])
+        servers = by_part.setdefault(key, {})
         subs, rows = servers.get(p["server"], ([], 0))
         subs.append(p["sub"])
         servers[p["server"]] = (subs, rows + p["rows"])
+        sizes[key] = sizes.get(key, 0) + int(p.get("bytes", 0))
     out = []
-    for (start, end, part), servers in sorted(by_part.items()):
+    for key, servers in sorted(by_part.items()):
         sources = tuple((srv, tuple(sorted(set(subs))), rows)
                         for srv, (subs, rows) in sorted(servers.items()))
-        out.append(Assignment(start, end, part, sources))
+        out.append(Assignment(*key, sources, sizes[key]))
     return out
 
 

@@ -23,7 +23,7 @@ class SpecError(BadRequest):
 # Keys Druid accepts that only tune Druid's own processes: accepted and ignored here.
 IGNORED: dict[str, set[str]] = {
     "tuningConfig": {
-        "maxRowsInMemory", "maxBytesInMemory", "maxTotalRows", "maxRowsPerSegment",
+        "maxRowsInMemory", "maxTotalRows", "maxRowsPerSegment",
         "numShards", "partitionDimensions", "indexSpec", "indexSpecForIntermediatePersists",
         "maxPendingPersists", "reportParseExceptions", "pushTimeout",
         "segmentWriteOutMediumFactory", "maxRetry", "taskStatusCheckPeriodMs",

@@ -108,7 +108,12 @@ def _rows() -> list[Field]:
         Field(f"{IO}.type", "index_parallel", S), Field(f"{IO}.firehose", {"type": "local"}, R),
         *[Field(f"{SRC}.type", t, S, parent=p) for t, p in (
             ("local", {"baseDir": "d", "filter": "*.json"}), ("inline", {"data": "{}"}))],
-        *[Field(f"{SRC}.type", t, R) for t in ("s3", "http", "hdfs", "google", "azure", "druid", "combining", "sql")],
+        Field(f"{SRC}.type", "s3", S, "uris, prefixes (+ filter) or objects; credentials from the AWS environment",
+              parent={"uris": ["s3://bucket/a.json"]}),
+        Field(f"{SRC}.type", "http", S, "uris; no credentials in specs", parent={"uris": ["http://host/a.json"]}),
+        Field(f"{SRC}.properties", {"accessKeyId": "x"}, R, "credentials in specs",
+              parent={"type": "s3", "uris": ["s3://bucket/a.json"]}),
+        *[Field(f"{SRC}.type", t, R) for t in ("hdfs", "google", "azure", "druid", "combining", "sql")],
         Field(f"{SRC}.files", ["a.json"], S, parent={"type": "local"}),
         *[Field(f"{FMT}.type", t, S) for t in ("json", "parquet")],
         Field(f"{FMT}.type", "csv", S, parent={"columns": ["timestamp", "animal", "location", "number"]}),
@@ -153,6 +158,9 @@ def _rows() -> list[Field]:
         *[Field(f"{TUN}.{k}", v, S) for k, v in (
             ("maxNumConcurrentSubTasks", 2), ("totalNumMergeTasks", 2), ("maxParseExceptions", 0),
             ("maxRowsInMemory", 1000), ("maxSavedParseExceptions", 5))],
+        Field(f"{TUN}.maxBytesInMemory", 1 << 20, S, "a task's memory budget (Druid's meaning: 0 default, -1 unbounded)"),
+        *[Field(f"{TUN}.partialCompression", c, S, "ours: Arrow IPC compression of partials" if c == "lz4" else "")
+          for c in ("lz4", "zstd", "none")],
     ]
     done = {r.path[len(TUN) + 1:].split(".")[0] for r in rows if r.path.startswith(f"{TUN}.")}
     rows += [Field(f"{TUN}.{k}", _IGNORED_SAMPLES.get(k, 1), I) for k in sorted(IGNORED["tuningConfig"] - done)]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from shuffled.spark.spec.model import IngestSpec, InputFormat, InputSource, PartitionsSpec
+from shuffled.spark.spec.model import (DEFAULT_BYTES_IN_MEMORY, DEFAULT_PARTIAL_COMPRESSION,
+                                        PARTIAL_CODECS, IngestSpec, InputFormat,
+                                        InputSource, PartitionsSpec)
 from shuffled.spark.spec.base import IGNORED, SpecError, JsonObject, choice, col_name
 from shuffled.spark.spec.flatten import parse_flatten
 
@@ -14,10 +16,12 @@ def io_config(o: JsonObject) -> dict[str, Any]:
     if o.value.get("firehose") is not None:
         raise SpecError(o.at("firehose"), "is not supported (use inputSource)")
     src = o.obj("inputSource")
-    kind = choice(src, "type", ("local", "inline"), None)
+    kind = choice(src, "type", ("local", "inline", "s3", "http"), None)
     if kind == "inline":
         data = src.str_("data", required=True)
         source = InputSource("inline", data=data)
+    elif kind in ("s3", "http"):
+        source = _remote_source(src, kind)
     else:
         files = src.get("files", [])
         if not isinstance(files, list) or not all(isinstance(f, str) and f for f in files):
@@ -39,6 +43,47 @@ def io_config(o: JsonObject) -> dict[str, Any]:
         raise SpecError(o.at("dropExisting"), "is not supported")
     o.done()
     return {"input_source": source, "input_format": fmt, "append_to_existing": append}
+
+
+def _uri_list(src: JsonObject, key: str, schemes: tuple[str, ...]) -> tuple[str, ...]:
+    value = src.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(u, str) for u in value):
+        raise SpecError(src.at(key), "must be a list of URIs")
+    for i, uri in enumerate(value):
+        if not any(uri.startswith(f"{s}://") and len(uri) > len(s) + 3 for s in schemes):
+            raise SpecError(f"{src.at(key)}[{i}]", f"{uri!r} is not a {' or '.join(schemes)} URI")
+    return tuple(value)
+
+
+def _remote_source(src: JsonObject, kind: str) -> InputSource:
+    """Druid's ``s3`` (uris, prefixes, objects) and ``http`` (uris) input sources.
+    Credentials come from the standard AWS environment and config files, never the spec."""
+    if kind == "http":
+        uris = _uri_list(src, "uris", ("http", "https"))
+        if not uris:
+            raise SpecError(src.at("uris"), "needs at least one URI")
+        for key in ("httpAuthenticationUsername", "httpAuthenticationPassword"):
+            if src.value.get(key) is not None:
+                raise SpecError(src.at(key), "is not supported (no credentials in specs)")
+        src.done()
+        return InputSource("http", uris=uris)
+    uris = _uri_list(src, "uris", ("s3",))
+    prefixes = _uri_list(src, "prefixes", ("s3",))
+    objects = src.get("objects", [])
+    if not isinstance(objects, list):
+        raise SpecError(src.at("objects"), "must be a list of {bucket, path}")
+    for i, obj in enumerate(objects):
+        if not isinstance(obj, dict) or not obj.get("bucket") or not obj.get("path"):
+            raise SpecError(f"{src.at('objects')}[{i}]", "needs bucket and path")
+    uris += tuple(f"s3://{o['bucket']}/{str(o['path']).lstrip('/')}" for o in objects)
+    if sum(bool(x) for x in (src.value.get("uris"), prefixes, objects)) != 1:
+        raise SpecError(src.path, "needs exactly one of uris, prefixes or objects (as Druid)")
+    if src.value.get("properties") is not None:
+        raise SpecError(src.at("properties"), "is not supported: credentials come from the "
+                        "AWS environment (AWS_ACCESS_KEY_ID, ...), never the spec")
+    flt = src.str_("filter") or src.str_("objectGlob")
+    src.done()
+    return InputSource("s3", filter=flt, uris=uris, prefixes=prefixes)
 
 
 def input_format(f: JsonObject) -> InputFormat:
@@ -104,9 +149,20 @@ def parse_tuning(o: JsonObject) -> dict[str, Any]:
         "max_parse_exceptions": o.int_("maxParseExceptions", 2**31 - 1, minimum=0),
         "max_rows_in_memory": max(1000, o.int_("maxRowsInMemory", 1_000_000) or 1_000_000),
         "max_saved_parse_exceptions": o.int_("maxSavedParseExceptions", 20, minimum=0),
+        "max_bytes_in_memory": _bytes_in_memory(o.int_("maxBytesInMemory", 0, minimum=-1)),
+        # ours, not Druid's: how phase 1 compresses partials on the wire and on disk
+        "partial_compression": choice(o, "partialCompression", PARTIAL_CODECS,
+                                      DEFAULT_PARTIAL_COMPRESSION),
     }
     o.done(IGNORED["tuningConfig"])
     return out
+
+
+def _bytes_in_memory(value: int | None) -> int:
+    """Druid's maxBytesInMemory: 0 (or absent) is the default, -1 lifts the bound."""
+    if not value:
+        return DEFAULT_BYTES_IN_MEMORY
+    return 0 if value < 0 else max(value, 1 << 16)
 
 
 def check_consistency(s: IngestSpec) -> None:

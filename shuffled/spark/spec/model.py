@@ -41,6 +41,13 @@ COMBINE: dict[str, str] = {
     "floatMax": "max",
 }
 
+#: maxBytesInMemory when the spec leaves it at 0 or out: a phase-2 merge task's memory budget.
+DEFAULT_BYTES_IN_MEMORY = 256 << 20
+
+#: tuningConfig.partialCompression: Arrow IPC buffer compression of phase-1 partials.
+PARTIAL_CODECS = ("none", "lz4", "zstd")
+DEFAULT_PARTIAL_COMPRESSION = "lz4"  # measured: see README, "Compressed partials"
+
 DIMENSION_TYPES = ("string", "long", "float", "double")
 TIMESTAMP_FORMATS = ("iso", "millis", "posix", "auto", "micro", "nano")
 
@@ -95,13 +102,17 @@ class PartitionsSpec:
 
 @dataclass(frozen=True)
 class InputSource:
-    """``local`` (``base_dir`` + ``filter`` or ``files``) or ``inline`` (``data``)."""
+    """``local`` (``base_dir`` + ``filter`` or ``files``), ``inline`` (``data``), ``s3``
+    (``uris``, ``prefixes`` + ``filter``, ``objects`` as ``s3://bucket/path``) or ``http``
+    (``uris``)."""
 
     type: str
     base_dir: str | None = None
     filter: str | None = None
     files: tuple[str, ...] = ()
     data: str | None = None
+    uris: tuple[str, ...] = ()
+    prefixes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -138,6 +149,8 @@ class IngestSpec:
     max_parse_exceptions: int = 2**31 - 1
     max_rows_in_memory: int = 1_000_000
     max_saved_parse_exceptions: int = 20
+    max_bytes_in_memory: int = 256 << 20  # a merge task's budget; 0: unbounded (Druid's -1)
+    partial_compression: str = DEFAULT_PARTIAL_COMPRESSION
     transform: TransformSpec = field(default_factory=TransformSpec)
     task_id: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)

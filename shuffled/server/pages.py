@@ -1,0 +1,254 @@
+"""Paged partition reads, seals, failed tasks and task-state polls (Presto's data plane).
+
+``GET  .../tasks/{sup}/partition/pages?start&end&partitionId&token[&maxBytes][&maxWait]
+[&subTaskId...]`` answers the page at ``token`` (:mod:`.pageplan`) with the headers of
+:mod:`shuffled.protocol` (this token, the next, complete, bytes pending, task state). The
+daemon keeps no per-reader state: a token is a position in the partition's commit order,
+so asking again with the same token returns the same bytes, and ``DELETE`` of a token
+(Presto's acknowledge) only records that the reader is done with it. The data stays until
+the supervisor's DELETE, deliberately unlike Presto's delete-on-ack: a failed phase-2
+task must be able to read the partition again.
+
+A partition is complete once its task is sealed (``PUT .../tasks/{sup}/seal``) and the
+reader has passed every partial of the sealed subtasks in it. Before the seal, every
+partial held is served and complete is false. A task marked failed (``POST .../fail`` or
+its DELETE) answers every page empty, complete=false, after ``failed_read_delay``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from typing import Any
+
+from aiohttp import web
+
+from shuffled.crc import crc32c
+from shuffled.errors import BadRequest, Conflict, InvalidBody, NotFound
+from shuffled.protocol import (
+    ARROW_STREAM, COMPLETE_HEADER, CONTENT_DIGEST, NEXT_TOKEN_HEADER, PAGE_TOKEN_HEADER,
+    PENDING_BYTES_HEADER, TASK_STATE_HEADER, PartitionKey, format_crc32c, validate_id,
+)
+from shuffled.server.handlers import _partition_key
+from shuffled.server.middleware import SENT_BYTES
+from shuffled.server.pageplan import MAX_TOKEN, Page, plan_page
+from shuffled.server.state import DaemonState, state_of
+from shuffled.server.waiters import WATCH, TaskWatch
+from shuffled.storage.index import PartialMeta
+
+DEFAULT_PAGE_BYTES = 8 << 20
+MAX_PAGE_BYTES = 256 << 20
+MAX_SEAL_IDS = 1_000_000
+MAX_WAIT = 86_400  # seconds a caller may ask for; the daemon waits at most long_poll_max
+
+
+def _int(request: web.Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequest(f"{name} must be an integer, not {raw[:32]!r}", field=name) from None
+    if not low <= value <= high:
+        raise BadRequest(f"{name} must be in [{low}, {high}], not {value}", field=name)
+    return value
+
+
+def _wait(request: web.Request, state: DaemonState) -> float:
+    raw = request.query.get("maxWait")
+    if raw is None:
+        return 0.0
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise BadRequest(f"maxWait must be seconds, not {raw[:32]!r}", field="maxWait") from None
+    if not 0 <= seconds <= MAX_WAIT:  # also refuses NaN
+        raise BadRequest(f"maxWait must be in [0, {MAX_WAIT}] seconds", field="maxWait")
+    return min(seconds, state.settings.long_poll_max)
+
+
+def task_state(state: DaemonState, watch: TaskWatch, sup: str) -> str:
+    if watch.failed(sup):
+        return "failed"
+    if sup in state.store.seals:
+        return "sealed"
+    return "running" if state.store.task(sup) is not None else "none"
+
+
+def _partials(state: DaemonState, key: PartitionKey, subs: list[str] | None,
+              ) -> tuple[list[PartialMeta], bool]:
+    """The partials a paged read walks: held, of the sealed subtasks once sealed, of the
+    named ones if named, in commit order, and below the store's horizon: a partial is
+    served only once every partial with a lower generation has landed or failed, so a
+    token never steps past one that becomes visible later. Also says whether the horizon
+    held any back (then the partition cannot read as complete yet)."""
+    try:
+        metas = state.store.partition(key)
+    except NotFound:
+        return [], False
+    horizon = state.store.horizon
+    held_back = False
+    if horizon is not None:
+        below = [m for m in metas if m.generation < horizon]
+        held_back = len(below) < len(metas)
+        metas = below
+    sealed = state.store.seals.get(key.supervisor_task_id)
+    if sealed is not None:
+        metas = [m for m in metas if m.key.sub_task_id in sealed]
+    if subs is not None:
+        named = set(subs)
+        metas = [m for m in metas if m.key.sub_task_id in named]
+    return sorted(metas, key=lambda m: m.generation), held_back
+
+
+async def _plan(state: DaemonState, key: PartitionKey, subs: list[str] | None, token: int,
+                max_bytes: int) -> tuple[Page, list[PartialMeta], bool]:
+    sealed = key.supervisor_task_id in state.store.seals
+    metas, held_back = _partials(state, key, subs)
+    page = await state.store.run(plan_page, metas, token, max_bytes)
+    return page, metas, sealed and page.at_end and not held_back
+
+
+def _read(files: dict[int, Any], page: Page) -> bytes:
+    """The page's bytes, read on an I/O thread (a page is bounded by maxBytes, and reading
+    it whole lets it carry a digest the reader checks)."""
+    parts = []
+    for piece in page.pieces:
+        if isinstance(piece, bytes):
+            parts.append(piece)
+        else:
+            index, offset, length = piece
+            data = os.pread(files[index].fileno(), length, offset)
+            if len(data) != length:
+                raise OSError(f"short read of a pack: {len(data)} of {length} bytes")
+            parts.append(data)
+    return b"".join(parts)
+
+
+async def get_pages(request: web.Request) -> web.StreamResponse:
+    state = state_of(request)
+    watch = request.app[WATCH]
+    key = _partition_key(request)
+    sup = key.supervisor_task_id
+    token = _int(request, "token", 0, 0, MAX_TOKEN)
+    max_bytes = _int(request, "maxBytes", DEFAULT_PAGE_BYTES, 1, MAX_PAGE_BYTES)
+    wait = _wait(request, state)
+    subs = request.query.getall("subTaskId", None)
+    if subs is not None:
+        subs = [validate_id(s, "subTaskId") for s in subs]
+    # An empty answer is an empty Arrow stream body too: no schema, no batches.
+    headers = {PAGE_TOKEN_HEADER: str(token), "Content-Type": ARROW_STREAM}
+    if watch.failed(sup):
+        await asyncio.sleep(state.settings.failed_read_delay)
+        return _failed(headers, token)
+    changed = watch.event(sup)  # before looking: a commit in between still wakes us
+    page, metas, complete = await _plan(state, key, subs, token, max_bytes)
+    if not page.batches and not complete and wait > 0:
+        early = await watch.wait(changed, wait)
+        state.metrics.long_polls.labels("early" if early else "timeout").inc()
+        if watch.failed(sup):
+            return _failed(headers, token)
+        page, metas, complete = await _plan(state, key, subs, token, max_bytes)
+    headers.update({
+        NEXT_TOKEN_HEADER: str(page.next_token), COMPLETE_HEADER: str(complete).lower(),
+        PENDING_BYTES_HEADER: str(page.pending_bytes),
+        TASK_STATE_HEADER: task_state(state, watch, sup),
+    })
+    if not page.batches:
+        return web.Response(status=200, headers=headers)
+    with state.downloads.slot():
+        used = sorted({p[0] for p in page.pieces if isinstance(p, tuple)})
+        opened = await state.store.open_many([metas[i] for i in used])
+        try:
+            body = await state.store.run(_read, dict(zip(used, opened)), page)
+        finally:
+            for fh in opened:
+                fh.close()
+    state.store.touch(sup)
+    headers[CONTENT_DIGEST] = format_crc32c(crc32c(body))
+    request[SENT_BYTES] = len(body)
+    state.metrics.served_bytes.labels("pages").inc(len(body))
+    state.metrics.served_requests.labels("pages").inc()
+    state.store.record_served(sup, len(body))
+    return web.Response(body=body, headers=headers)
+
+
+def _failed(headers: dict[str, str], token: int) -> web.Response:
+    headers.update({NEXT_TOKEN_HEADER: str(token), COMPLETE_HEADER: "false",
+                    PENDING_BYTES_HEADER: "0", TASK_STATE_HEADER: "failed"})
+    return web.Response(status=200, headers=headers)
+
+
+async def ack_pages(request: web.Request) -> web.Response:
+    """Presto's acknowledge: nothing is held per reader, so nothing is released; counted
+    and logged (the access log names the token) so a reader's progress can be followed."""
+    _partition_key(request)
+    _int(request, "token", 0, 0, MAX_TOKEN)
+    state_of(request).metrics.page_acks.inc()
+    return web.Response(status=204)
+
+
+async def put_seal(request: web.Request) -> web.Response:
+    state = state_of(request)
+    watch = request.app[WATCH]
+    sup = validate_id(request.match_info["sup"], "supervisorTaskId")
+    try:
+        body = await request.json()
+        subs = body["subTaskIds"]
+        if not isinstance(subs, list) or len(subs) > MAX_SEAL_IDS:
+            raise TypeError
+    except (ValueError, KeyError, TypeError):
+        raise InvalidBody('the body must be JSON {"subTaskIds": [ids...]} with at most '
+                          f"{MAX_SEAL_IDS} ids") from None
+    subs = [validate_id(s, "subTaskId") for s in subs]
+    if watch.failed(sup):
+        raise Conflict(f"{sup} was marked failed (or deleted): it cannot be sealed")
+    new = await state.store.seal(sup, subs)
+    return web.json_response({"supervisorTaskId": sup, "sealed": True, "new": new,
+                              "subTaskIds": len(set(subs))})
+
+
+async def post_fail(request: web.Request) -> web.Response:
+    sup = validate_id(request.match_info["sup"], "supervisorTaskId")
+    request.app[WATCH].mark_failed(sup)
+    return web.json_response({"supervisorTaskId": sup, "failed": True})
+
+
+def _state_body(state: DaemonState, watch: TaskWatch, sup: str) -> dict[str, Any]:
+    entry = state.store.task(sup)
+    current = task_state(state, watch, sup)
+    received = entry.received_partials if entry else 0
+    return {"supervisorTaskId": sup, "state": current,
+            # changes exactly when a partial commits, the task is sealed or fails
+            "tag": f"{current}.{received}.{entry.files if entry else 0}",
+            "partials": entry.files if entry else 0,
+            "sealedSubTasks": len(state.store.seals.get(sup, ()))}
+
+
+async def get_state(request: web.Request) -> web.Response:
+    """The task's state; with ``known=<tag>&maxWait=<s>``, answers when it differs from
+    ``known`` or when the wait is over, whichever comes first."""
+    state = state_of(request)
+    watch = request.app[WATCH]
+    sup = validate_id(request.match_info["sup"], "supervisorTaskId")
+    known = request.query.get("known")
+    wait = _wait(request, state)
+    changed = watch.event(sup)
+    body = _state_body(state, watch, sup)
+    if known is not None and known == body["tag"] and wait > 0:
+        early = await watch.wait(changed, wait)
+        state.metrics.long_polls.labels("early" if early else "timeout").inc()
+        body = _state_body(state, watch, sup)
+    return web.Response(text=json.dumps(body), content_type="application/json")
+
+
+def install(app: web.Application, task: str, watch: TaskWatch) -> None:
+    """Add the routes under ``task`` (the task path template) and wire the watch."""
+    app[WATCH] = watch
+    app.router.add_get(f"{task}/partition/pages", get_pages)
+    app.router.add_delete(f"{task}/partition/pages", ack_pages)
+    app.router.add_put(f"{task}/seal", put_seal)
+    app.router.add_post(f"{task}/fail", post_fail)
+    app.router.add_get(f"{task}/state", get_state)
