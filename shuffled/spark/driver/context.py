@@ -71,15 +71,18 @@ class JobContext:
             raise ValueError(f"reader must be auto, native or jvm, not {self.reader!r}")
         self.layout = layout_of(self.spec)
 
-    def phase1_config(self) -> Phase1Config:
-        """What a phase-1 Spark task needs (pickled into its closure)."""
+    def phase1_config(self, multi_value: tuple[str, ...] = ()) -> Phase1Config:
+        """What a phase-1 Spark task needs (pickled into its closure); ``multi_value``: the
+        string dimensions that may carry multi-values."""
         s = self.spec
         return Phase1Config(self.task_id, self.servers, self.layout, s.segment_granularity,
                             s.max_rows_in_memory, s.max_saved_parse_exceptions,
                             self.auth.token, self.auth.ca_file, self.fault,
-                            s.partial_compression, s.max_bytes_in_memory)
+                            s.partial_compression, s.max_bytes_in_memory, multi_value)
 
-    def phase2_config(self) -> Phase2Config:
-        """What a phase-2 Spark task needs (pickled into its closure)."""
+    def phase2_config(self, multi_value: tuple[str, ...] = ()) -> Phase2Config:
+        """What a phase-2 Spark task needs (pickled into its closure); ``multi_value``: the
+        string dimensions phase 1 saw holding multi-values (stored as list<string>)."""
         return Phase2Config(self.task_id, self.layout, self.staging, self.auth.token,
-                            self.auth.ca_file, self.spec.max_bytes_in_memory)
+                            self.auth.ca_file, self.spec.max_bytes_in_memory,
+                            multi_value=multi_value)

@@ -32,7 +32,8 @@ from shuffled.spark.phase2 import merge as phase2
 from shuffled.spark.phase1.determine import determine
 from shuffled.spark.spec.model import IngestSpec, PartitionPlan
 from shuffled.spark.driver.monitor import Monitor, stage_status
-from shuffled.spark.phase1.prepare import bucket_column, metric_column, prepare
+from shuffled.spark.phase1.prepare import (bucket_column, metric_column,
+                                            multi_value_dimensions, prepare)
 from shuffled.spark.phase2.publish import publish, write_json_atomic
 from shuffled.spark.driver.context import READERS, Auth, JobContext
 from shuffled.spark.driver.report import TaskReport
@@ -198,10 +199,14 @@ class _Job:
     def __init__(self, ctx: JobContext) -> None:
         self.ctx = ctx
         self.spark, self.spec, self.report, self.say = ctx.spark, ctx.spec, ctx.report, ctx.say
+        self.may_be_multi: tuple[str, ...] = ()  # string dimensions whose input may hold arrays
+        self.multi_value: set[str] = set()  # those phase 1 saw holding multi-values
 
     def run(self) -> tuple[list[dict[str, Any]], PartitionPlan]:
         s = self.spec
-        prepared = prepare(load_input(self.spark, s, self.ctx.files), s)
+        rows = load_input(self.spark, s, self.ctx.files)
+        self.may_be_multi = multi_value_dimensions(rows, s)
+        prepared = prepare(rows, s)
         self.ctx.phase = "determine partitions"
         started = time.monotonic()
         plan, card = determine(prepared, s)
@@ -221,7 +226,7 @@ class _Job:
         self.ctx.phase = "phase 1 (partial segments)"
         self.say("phase 1: rolling up and shuffling partial segments")
         started = time.monotonic()
-        cfg = self.ctx.phase1_config()
+        cfg = self.ctx.phase1_config(self.may_be_multi)
         why_not = "the JVM reader was asked for"
         if self.ctx.reader != "jvm":
             conf = self.spark.conf
@@ -275,6 +280,7 @@ class _Job:
             else:
                 self.report.add_subtask(item)
                 bad.extend(item["bad"])
+                self.multi_value.update(item.get("multiValue", ()))
         bad = bad[: s.max_saved_parse_exceptions]
         resolve_lines(bad)
         for b in bad:
@@ -289,7 +295,8 @@ class _Job:
                           peakTaskRssBytes=self.report.peak_rss,
                           peakTaskRssGrowthBytes=self.report.peak_rss_growth,
                           compression=self.spec.partial_compression,
-                          reader=reader, readerReason=reason)
+                          reader=reader, readerReason=reason,
+                          multiValueDimensions=sorted(self.multi_value))
         self.say(f"phase 1 done: {len(self.report.subtasks)} subtasks, {r['processed']} rows, "
                  f"{r['unparseable']} unparseable, {r['thrownAway']} thrown away, "
                  f"{len(partials)} partials, {self.report.bytes_shuffled} bytes shuffled")
@@ -329,7 +336,7 @@ class _Job:
         self.say(f"phase 2: merging {len(assignments)} partitions in {len(groups)} tasks"
                  + (" (sized from phase 1's rows and bytes)" if sized else ""))
         os.makedirs(self.ctx.staging, exist_ok=True)
-        cfg = self.ctx.phase2_config()
+        cfg = self.ctx.phase2_config(tuple(sorted(self.multi_value)))
         fn = phase2.make_phase2(cfg)
         rdd = self.spark.sparkContext.parallelize(groups, len(groups))
         results = [json.loads(x) for x in rdd.mapPartitions(lambda it: fn(a for g in it for a in g)).collect()]

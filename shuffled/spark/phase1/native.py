@@ -190,6 +190,9 @@ def _schema_problem(schema: pa.Schema, spec: IngestSpec) -> str | None:
         t = types.get(d.name)
         if t is None:
             continue
+        if d.type == "string" and (pa.types.is_list(t) or pa.types.is_large_list(t)):
+            return (f"dimension {d.name} is a list (multi-value dimensions are encoded "
+                    "by Spark SQL expressions)")
         if d.type == "string" and not (pa.types.is_string(t) or pa.types.is_large_string(t)):
             return f"dimension {d.name} of type {t}"
         if d.type == "long" and not pa.types.is_integer(t):

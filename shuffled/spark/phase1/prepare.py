@@ -19,6 +19,7 @@ from shuffled.spark.spec.granularity import spark_truncate, truncate
 from shuffled.spark.spec.model import IngestSpec, PartitionPlan
 from shuffled.spark.spec.transform import TIME as DRUID_TIME
 from shuffled.spark.phase1.filters import filter_column
+from shuffled.spark.phase1.multivalue import can_hold_arrays, string_dimension
 from shuffled.spark.phase1.transform import LONG, Translator, Val, as_value, input_val
 from shuffled.spark.rows.rollup import BAD, BUCKET, CHUNK, TIME
 
@@ -29,6 +30,17 @@ _TRANSFORMS = "$.spec.dataSchema.transformSpec"
 _NUMERIC = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType,
             T.DecimalType)
 _SQL_TYPES = {"long": "bigint", "double": "double", "float": "float", "string": "string"}
+
+
+def multi_value_dimensions(df: DataFrame, spec: IngestSpec) -> tuple[str, ...]:
+    """The string dimensions of ``df`` (:func:`load_input`'s rows) that may carry
+    multi-values: JSON string dimensions read as VARIANT and Parquet list columns, unless a
+    transform produces the dimension."""
+    types = {f.name: f.dataType for f in df.schema.fields}
+    produced = {t.name for t in spec.transform.transforms}
+    return tuple(d.name for d in spec.dimensions
+                 if d.type == "string" and d.name not in produced
+                 and can_hold_arrays(types.get(d.name, T.StringType())))
 
 
 def metric_column(i: int) -> str:
@@ -86,7 +98,9 @@ def apply_transforms(df: DataFrame, spec: IngestSpec) -> DataFrame:
     """
     before: dict[str, Val] = {DRUID_TIME: Val(F.col(_TS), LONG)}
     for f in df.schema.fields:
-        if f.name in spec.input_fields:
+        # A field only a dimension reads may hold arrays (multi-values): not an expression input.
+        if f.name in spec.input_fields and (f.name in spec.transform.reads
+                                            or not can_hold_arrays(f.dataType)):
             before[f.name] = input_val(F.col(f"`{f.name}`"), f.dataType, f.name, _TRANSFORMS)
     after = dict(before)
     for i, t in enumerate(spec.transform.transforms):
@@ -125,8 +139,15 @@ def prepare(df: DataFrame, spec: IngestSpec) -> DataFrame:
         time_col, keep = _TS_OUT, F.col(_KEEP)
         problems.append((F.col(_TS_OUT).isNull(), F.lit("the __time transform gave null")))
     cols: list[Column] = []
+    single = spec.partitions.dimensions if spec.partitions.type in ("range", "single_dim") else ()
     for d in spec.dimensions:
         src = F.col(f"`{d.name}`")
+        if d.type == "string" and can_hold_arrays(types[d.name]):
+            value, why = string_dimension(src, types[d.name], d.name, d.multi_value_handling,
+                                          d.name in single)
+            cols.append(value.alias(d.name))
+            problems.append((why.isNotNull(), why))
+            continue
         value, bad = _typed(src, types[d.name], d.type)
         cols.append(value.alias(d.name))
         if bad is not None:

@@ -21,6 +21,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from shuffled.spark.fs import remote
+from shuffled.spark.phase1.multivalue import variant_fields
 from shuffled.spark.spec.model import IngestSpec
 from shuffled.spark.spec.parse import SpecError
 
@@ -143,8 +144,11 @@ def load_input(spark: SparkSession, spec: IngestSpec, files: list[str]) -> DataF
     lines = lines.where(F.length(F.trim("value")) > 0)
     flat = spec.input_format.flatten
     roots = _root_fields(spec, fields)
-    schema = T.StructType([T.StructField(f, T.StringType()) for f in roots]
-                          + [T.StructField(_CORRUPT, T.StringType())])
+    # String dimensions as VARIANT: a JSON array (a multi-value) stays an array, apart from
+    # a JSON string holding the same text (see phase1.multivalue).
+    variants = variant_fields(spec)
+    schema = T.StructType([T.StructField(f, T.VariantType() if f in variants else T.StringType())
+                           for f in roots] + [T.StructField(_CORRUPT, T.StringType())])
     opts = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
     if spec.input_format.type == "json":
         parsed = F.from_json("value", schema, opts)

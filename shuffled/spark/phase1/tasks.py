@@ -48,6 +48,7 @@ from shuffled.protocol import Interval, PartialKey
 from shuffled.spark.spec.granularity import bucket_end
 from shuffled.spark.phase1.native import Bucketer, NativeInput, Split, read_split
 from shuffled.spark.phase1.partials import Encoder, split_partials
+from shuffled.spark.rows.multivalue import has_multi
 from shuffled.spark.rows.memory import peak_rss, release_free_memory, reset_peak_rss, rss
 from shuffled.spark.rows.rollup import BAD, BUCKET, CHUNK, Layout, combine, rollup_input
 
@@ -67,6 +68,9 @@ class Phase1Config:
     fault: dict[str, Any] = field(default_factory=dict)  # tests only: see _maybe_fail
     compression: str = "none"  # Arrow IPC buffer compression of partials (tuningConfig)
     max_bytes: int = 256 << 20  # maxBytesInMemory (0: unbounded): bounds rolled-up rows held
+    # String dimensions that may carry multi-values (rows.multivalue's one-string form):
+    # the task reports which of them did, so phase 2 stores those as list<string>.
+    multi_value: tuple[str, ...] = ()
 
     @property
     def pending_limit(self) -> int:
@@ -95,6 +99,7 @@ class _Task:
                       "bytesProcessed": 0, "bytesShuffled": 0, "bytesBeforeCompression": 0,
                       "rowsShipped": 0}
         self.bad: list[dict[str, Any]] = []
+        self.multi: set[str] = set()  # dimensions seen holding a multi-value
         # JVM rows carry their partition (__bucket); native rows get it after the rollup.
         self.bucketer = bucketer
         self.extra = [CHUNK] if bucketer else [CHUNK, BUCKET]
@@ -189,6 +194,8 @@ class _Task:
     def _upload(self, table: pa.Table, sub: str) -> None:
         """On the upload thread: partition, cut and send one flush's partials."""
         buckets = self.bucketer(table) if self.bucketer is not None else None
+        self.multi.update(d for d in self.cfg.multi_value
+                          if d not in self.multi and has_multi(table.column(d)))
         made: list[tuple[PartialKey, int, int]] = []  # key, rows, bytes
         sup, gran = self.cfg.supervisor_task_id, self.cfg.segment_granularity
 
@@ -254,7 +261,8 @@ def run_task(cfg: Phase1Config, batches: Iterator[pa.RecordBatch | pa.Table],
     stats = {"kind": "stats", "partition": task.partition, "attempt": task.attempt,
              "attemptNumber": task.attempt_number, "server": task.server,
              "ms": int((time.monotonic() - started) * 1000), "bad": task.bad,
-             "peakRss": peak_rss(), "rssAtStart": baseline, **task.stats}
+             "peakRss": peak_rss(), "rssAtStart": baseline, "multiValue": sorted(task.multi),
+             **task.stats}
     return [json.dumps(u) for u in task.uploads] + [json.dumps(stats)]
 
 

@@ -30,6 +30,7 @@ from shuffled.protocol import Interval, PartitionKey
 from shuffled.spark.phase2.durable import sync_files
 from shuffled.spark.rows.memory import peak_rss, release_free_memory, reset_peak_rss, rss
 from shuffled.spark.phase2.spill import WORK_FACTOR, SpillStats, merge_bounded, merge_in_memory
+from shuffled.spark.rows.multivalue import LIST_TYPE, decode
 from shuffled.spark.rows.rollup import TIME, Layout, combine, from_ipc, sort_segment
 
 _IDS_PER_REQUEST = 64
@@ -52,6 +53,7 @@ class Phase2Config:
     ca_file: str | None = None
     memory_budget: int = 0
     spill_dir: str | None = None
+    multi_value: tuple[str, ...] = ()  # dimensions written as list<string> (rows.multivalue)
 
     def streams(self, a: Assignment) -> bool:
         """Whether ``a`` is merged by streaming within the budget, not in one piece."""
@@ -184,15 +186,21 @@ def merge_partitions(parts: Sequence[list[pa.Table]], layout: Layout) -> list[pa
     return [table.slice(int(starts[n]), int(counts[n])) for n in range(len(parts))]
 
 
-def _segment_table(table: pa.Table) -> pa.Table:
+def _segment_table(table: pa.Table, multi_value: Sequence[str] = ()) -> pa.Table:
+    """Merged rows as the segment stores them: ``__time`` a UTC timestamp, multi-value
+    dimensions ``list<string>`` (each single value a one-element list)."""
     ts = table.column(TIME).cast(pa.timestamp("ms", tz="UTC"))
-    return table.set_column(0, pa.field(TIME, pa.timestamp("ms", tz="UTC"), nullable=False), ts)
+    table = table.set_column(0, pa.field(TIME, pa.timestamp("ms", tz="UTC"), nullable=False), ts)
+    for name in multi_value:
+        i = table.schema.get_field_index(name)
+        table = table.set_column(i, pa.field(name, LIST_TYPE), decode(table.column(i)))
+    return table
 
 
-def _write(table: pa.Table, path: str) -> int:
+def _write(table: pa.Table, path: str, multi_value: Sequence[str] = ()) -> int:
     """Write one staged segment, not synced (the task syncs its files together at its end;
     the per-attempt name means a torn file of a failed attempt is never published)."""
-    out = _segment_table(table)
+    out = _segment_table(table, multi_value)
     # Encoded in memory, then one write: Arrow's file output stream costs ~0.3 ms more per
     # file, which is most of a small segment's write.
     sink = pa.BufferOutputStream()
@@ -207,13 +215,13 @@ def _write_streamed(cfg: Phase2Config, clients: dict[str, ShuffleClient], a: Ass
                     path: str) -> tuple[int, int, SpillStats]:
     """Merge a partition too big for one piece within the budget, writing its segment as
     the sorted rows come: returns (rows, bytes written, spill stats)."""
-    schema = _segment_table(cfg.layout.schema().empty_table()).schema
+    schema = _segment_table(cfg.layout.schema().empty_table(), cfg.multi_value).schema
     rows = 0
     with pq.ParquetWriter(path, schema, compression="zstd") as writer:
         def sink(table: pa.Table) -> None:
             nonlocal rows
             rows += table.num_rows
-            writer.write_table(_segment_table(table), row_group_size=1 << 20)
+            writer.write_table(_segment_table(table, cfg.multi_value), row_group_size=1 << 20)
 
         stats = merge_bounded(_stream(clients, cfg, a), cfg.layout, cfg.memory_budget, sink,
                               cfg.spill_dir)
@@ -287,7 +295,7 @@ def make_phase2(cfg: Phase2Config):  # type: ignore[no-untyped-def]
                 for a, parts, merged in zip(batch, tables, merged_all, strict=True):
                     write_started = time.monotonic()
                     path = os.path.join(cfg.staging_dir, _name(a, attempt))
-                    size = _write(merged, path)
+                    size = _write(merged, path, cfg.multi_value)
                     yield result(a, path, merged.num_rows, size, sum(t.nbytes for t in parts),
                                  fetch_s / len(batch), merge_s, time.monotonic() - write_started,
                                  peak)

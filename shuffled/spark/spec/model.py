@@ -49,15 +49,20 @@ PARTIAL_CODECS = ("none", "lz4", "zstd")
 DEFAULT_PARTIAL_COMPRESSION = "lz4"  # measured: see README, "Compressed partials"
 
 DIMENSION_TYPES = ("string", "long", "float", "double")
+#: dimensionsSpec.dimensions[].multiValueHandling (Druid's MultiValueHandling; the default first)
+MULTI_VALUE_HANDLING = ("SORTED_ARRAY", "SORTED_SET", "ARRAY")
 TIMESTAMP_FORMATS = ("iso", "millis", "posix", "auto", "micro", "nano")
 
 
 @dataclass(frozen=True)
 class Dimension:
-    """One dimension: its column name and value type (``string`` unless typed)."""
+    """One dimension: its column name, value type (``string`` unless typed) and, for a
+    string dimension, how a multi-value (an array) is stored: ``SORTED_ARRAY`` (Druid's
+    default), ``SORTED_SET`` or ``ARRAY``."""
 
     name: str
     type: str = "string"
+    multi_value_handling: str = "SORTED_ARRAY"
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from shuffled.protocol import Interval, parse_instant, validate_id
 from shuffled.spark.spec.granularity import GRANULARITIES
 from shuffled.spark.spec.model import (
     DIMENSION_TYPES,
+    MULTI_VALUE_HANDLING,
     METRIC_TYPES,
     TIMESTAMP_FORMATS,
     Dimension,
@@ -115,9 +116,13 @@ def _dimensions(o: JsonObject) -> tuple[Dimension, ...]:
             continue
         d = JsonObject(item, path)
         kind = choice(d, "type", DIMENSION_TYPES, "string")
-        if d.get("multiValueHandling") not in (None, "SORTED_ARRAY", "sorted_array"):
-            raise SpecError(d.at("multiValueHandling"), "is not supported")
-        out.append(Dimension(col_name(d.get("name"), d.at("name")), kind))
+        handling = d.get("multiValueHandling", "SORTED_ARRAY")
+        if not isinstance(handling, str) or handling.upper() not in MULTI_VALUE_HANDLING:
+            raise SpecError(d.at("multiValueHandling"),
+                            f"must be one of {', '.join(MULTI_VALUE_HANDLING)}, not {handling!r}")
+        if kind != "string" and d.value.get("multiValueHandling") is not None:
+            raise SpecError(d.at("multiValueHandling"), f"applies to string dimensions, not {kind}")
+        out.append(Dimension(col_name(d.get("name"), d.at("name")), kind, handling.upper()))
         d.done({"createBitmapIndex"})
     names = [d.name for d in out]
     if len(set(names)) != len(names):
