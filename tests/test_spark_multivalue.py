@@ -190,3 +190,19 @@ def test_range_partitioning_refuses_multi_value_rows_of_its_dimension(spark: Any
     _manifest, out = read_output(tmp_path / "out", "mv")
     assert sorted(out.column("tags").to_pylist(), key=lambda v: (v is not None, v or "")) == [None, "a", "c"]
     assert out.schema.field("atags").type == pa.string()  # no multi-value reached phase 2
+
+
+def test_native_reader_declines_a_list_dimension_and_says_why(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    from shuffled.spark.phase1.native import SplitSizing, plan_native
+    from shuffled.spark.spec.model import PartitionPlan
+
+    pq.write_table(pa.table({"ts": [BASE], "country": ["X"], "n": [1], "tags": [["a", "b"]],
+                             "stags": ["a"], "atags": ["a"]}), tmp_path / "a.parquet")
+    spec = _spec(str(tmp_path), {"type": "hashed", "numShards": 2})
+    spec["spec"]["ioConfig"]["inputSource"]["filter"] = "*.parquet"
+    spec["spec"]["ioConfig"]["inputFormat"] = {"type": "parquet"}
+    why = plan_native(parse_spec(spec), PartitionPlan("hashed", (), num_shards=2),
+                      [str(tmp_path / "a.parquet")], SplitSizing(1 << 20, 0, 2, 2))
+    assert isinstance(why, str) and "dimension tags is a list (multi-value" in why

@@ -15,14 +15,15 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from shuffled.spark.driver.report import TaskReport
-from shuffled.spark.phase1.prepare import metric_column
+from shuffled.spark.phase1.prepare import metric_column, metric_time_column
 from shuffled.spark.phase1.tasks import Phase1Config
 from shuffled.spark.phase2.merge import Phase2Config
 from shuffled.spark.rows.rollup import Layout
 from shuffled.spark.spec.model import IngestSpec
 
 READERS = ("auto", "native", "jvm")
-_PHASE1_AGG = {"count": "count", "sum": "sum", "min": "min", "max": "max"}
+_PHASE1_AGG = {"count": "count", "sum": "sum", "min": "min", "max": "max", "first": "first",
+               "last": "last"}
 
 
 def layout_of(spec: IngestSpec) -> Layout:
@@ -33,7 +34,10 @@ def layout_of(spec: IngestSpec) -> Layout:
         agg = "count" if m.type == "count" else _PHASE1_AGG[m.combine]
         metrics.append((m.name, agg, m.combine, m.value_type,
                         metric_column(i) if m.field else None))
-    return Layout(tuple((d.name, d.type) for d in spec.dimensions), tuple(metrics), spec.rollup)
+    times = tuple((m.name, metric_time_column(i)) for i, m in enumerate(spec.metrics)
+                  if m.first_last)
+    return Layout(tuple((d.name, d.type) for d in spec.dimensions), tuple(metrics), spec.rollup,
+                  times)
 
 
 @dataclass(frozen=True)

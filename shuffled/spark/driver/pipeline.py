@@ -32,7 +32,7 @@ from shuffled.spark.phase2 import merge as phase2
 from shuffled.spark.phase1.determine import determine
 from shuffled.spark.spec.model import IngestSpec, PartitionPlan
 from shuffled.spark.driver.monitor import Monitor, stage_status
-from shuffled.spark.phase1.prepare import (bucket_column, metric_column,
+from shuffled.spark.phase1.prepare import (bucket_column, metric_column, metric_time_column,
                                             multi_value_dimensions, prepare)
 from shuffled.spark.phase2.publish import publish, write_json_atomic
 from shuffled.spark.driver.context import READERS, Auth, JobContext
@@ -257,7 +257,8 @@ class _Job:
     def _jvm(self, prepared: DataFrame, plan: PartitionPlan, cfg: phase1.Phase1Config) -> list[str]:
         s = self.spec
         cols = [CHUNK, BUCKET, TIME, *[F.col(f"`{d}`") for d in s.dimension_names],
-                *[metric_column(i) for i, m in enumerate(s.metrics) if m.field], BAD]
+                *[metric_column(i) for i, m in enumerate(s.metrics) if m.field],
+                *[metric_time_column(i) for i, m in enumerate(s.metrics) if m.first_last], BAD]
         handoff = prepared.withColumn(BUCKET, bucket_column(plan, s)).select(*cols)
         limit = s.max_concurrent_subtasks
         if limit > 1 and handoff.rdd.getNumPartitions() > limit:

@@ -232,6 +232,10 @@ def plan_native(spec: IngestSpec, plan: PartitionPlan, files: list[str],
         return "the spec has a transformSpec (transforms and filters run as Spark SQL expressions)"
     if plan.kind != "hashed":
         return f"{plan.kind} partitioning"
+    first_last = [m.name for m in spec.metrics if m.first_last]
+    if first_last:
+        return (f"first/last aggregators ({', '.join(first_last)}) pick by time columns "
+                "Spark SQL prepares")
     row_groups: list[Split] = []
     for path in files:
         try:

@@ -48,6 +48,11 @@ def metric_column(i: int) -> str:
     return f"__m{i}"
 
 
+def metric_time_column(i: int) -> str:
+    """Name of the phase-1 time input column of first/last metric ``i``."""
+    return f"__mt{i}"
+
+
 def _is(dtype: T.DataType, kinds: tuple[type, ...]) -> bool:
     return isinstance(dtype, kinds)
 
@@ -158,7 +163,11 @@ def prepare(df: DataFrame, spec: IngestSpec) -> DataFrame:
             continue
         src = F.col(f"`{m.field}`")
         value, bad = _typed(src, types[m.field], m.value_type)
+        if m.value_type == "string":  # Druid's loose chop: characters, not bytes
+            value = F.substring(value, 1, m.max_string_bytes)
         cols.append(value.alias(metric_column(i)))
+        if m.first_last:
+            cols.append(_first_last_time(m.time_column, time_col, types).alias(metric_time_column(i)))
         if bad is not None:
             problems.append((bad, F.concat(F.lit(f"field [{m.field}] of metric [{m.name}]: not a number ["),
                                            src.cast("string"), F.lit("]"))))
@@ -176,6 +185,16 @@ def prepare(df: DataFrame, spec: IngestSpec) -> DataFrame:
         F.expr(spark_truncate(time_col, spec.query_granularity)).alias(TIME),
         chunk.alias(CHUNK), *cols, bad.alias(BAD),
     )
+
+
+def _first_last_time(column: str, time_col: str, types: dict[str, T.DataType]) -> Column:
+    """The time a first/last aggregator picks by: ``__time`` is the row's timestamp in
+    epoch millis before queryGranularity (as Druid's aggregators see the row); any other
+    column is read as epoch millis (a number, or a Parquet timestamp), null when it is not
+    one: such a row is never picked."""
+    if column == DRUID_TIME:
+        return F.col(time_col)
+    return _timestamp(F.col(f"`{column}`"), types[column], "millis")
 
 
 def _in_intervals(chunk: Column, spec: IngestSpec) -> Column:

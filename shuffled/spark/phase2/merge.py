@@ -186,9 +186,13 @@ def merge_partitions(parts: Sequence[list[pa.Table]], layout: Layout) -> list[pa
     return [table.slice(int(starts[n]), int(counts[n])) for n in range(len(parts))]
 
 
-def _segment_table(table: pa.Table, multi_value: Sequence[str] = ()) -> pa.Table:
+def _segment_table(table: pa.Table, multi_value: Sequence[str] = (),
+                   hidden: Sequence[str] = ()) -> pa.Table:
     """Merged rows as the segment stores them: ``__time`` a UTC timestamp, multi-value
-    dimensions ``list<string>`` (each single value a one-element list)."""
+    dimensions ``list<string>`` (each single value a one-element list), without the
+    ``hidden`` columns (first/last metrics' times)."""
+    if hidden:
+        table = table.drop_columns(list(hidden))
     ts = table.column(TIME).cast(pa.timestamp("ms", tz="UTC"))
     table = table.set_column(0, pa.field(TIME, pa.timestamp("ms", tz="UTC"), nullable=False), ts)
     for name in multi_value:
@@ -197,10 +201,10 @@ def _segment_table(table: pa.Table, multi_value: Sequence[str] = ()) -> pa.Table
     return table
 
 
-def _write(table: pa.Table, path: str, multi_value: Sequence[str] = ()) -> int:
+def _write(table: pa.Table, path: str, cfg: Phase2Config) -> int:
     """Write one staged segment, not synced (the task syncs its files together at its end;
     the per-attempt name means a torn file of a failed attempt is never published)."""
-    out = _segment_table(table, multi_value)
+    out = _segment_table(table, cfg.multi_value, cfg.layout.hidden)
     # Encoded in memory, then one write: Arrow's file output stream costs ~0.3 ms more per
     # file, which is most of a small segment's write.
     sink = pa.BufferOutputStream()
@@ -215,13 +219,15 @@ def _write_streamed(cfg: Phase2Config, clients: dict[str, ShuffleClient], a: Ass
                     path: str) -> tuple[int, int, SpillStats]:
     """Merge a partition too big for one piece within the budget, writing its segment as
     the sorted rows come: returns (rows, bytes written, spill stats)."""
-    schema = _segment_table(cfg.layout.schema().empty_table(), cfg.multi_value).schema
+    schema = _segment_table(cfg.layout.schema().empty_table(), cfg.multi_value,
+                            cfg.layout.hidden).schema
     rows = 0
     with pq.ParquetWriter(path, schema, compression="zstd") as writer:
         def sink(table: pa.Table) -> None:
             nonlocal rows
             rows += table.num_rows
-            writer.write_table(_segment_table(table, cfg.multi_value), row_group_size=1 << 20)
+            writer.write_table(_segment_table(table, cfg.multi_value, cfg.layout.hidden),
+                               row_group_size=1 << 20)
 
         stats = merge_bounded(_stream(clients, cfg, a), cfg.layout, cfg.memory_budget, sink,
                               cfg.spill_dir)
@@ -295,7 +301,7 @@ def make_phase2(cfg: Phase2Config):  # type: ignore[no-untyped-def]
                 for a, parts, merged in zip(batch, tables, merged_all, strict=True):
                     write_started = time.monotonic()
                     path = os.path.join(cfg.staging_dir, _name(a, attempt))
-                    size = _write(merged, path, cfg.multi_value)
+                    size = _write(merged, path, cfg)
                     yield result(a, path, merged.num_rows, size, sum(t.nbytes for t in parts),
                                  fetch_s / len(batch), merge_s, time.monotonic() - write_started,
                                  peak)

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from shuffled.spark.rows.firstlast import FIRST_LAST, Picker, hidden_time
 from shuffled.spark.rows.grouping import aggregate, group, key_columns, take_keys
 
 TIME = "__time"
@@ -32,21 +33,31 @@ class Layout:
     """Column names and types of the rolled-up rows; picklable, shipped to executors.
 
     ``dims`` are (name, type) pairs; ``metrics`` are (name, agg, combine, type, input) with
-    ``agg`` one of count/sum/min/max applied to the ``input`` column in phase 1.
+    ``agg`` one of count/sum/min/max/first/last applied to the ``input`` column in phase 1;
+    ``times`` gives each first/last metric's phase-1 time input column. Each first/last
+    metric carries its time in a hidden column (:func:`.firstlast.hidden_time`) after the
+    metrics.
     """
 
     dims: tuple[tuple[str, str], ...]
     metrics: tuple[tuple[str, str, str, str, str | None], ...]
     rollup: bool = True
+    times: tuple[tuple[str, str], ...] = ()
 
     @property
     def keys(self) -> list[str]:
         return [TIME, *(d for d, _ in self.dims)]
 
+    @property
+    def hidden(self) -> list[str]:
+        """The hidden time columns of the first/last metrics (not in the segment)."""
+        return [hidden_time(m[0]) for m in self.metrics if m[2] in FIRST_LAST]
+
     def schema(self) -> pa.Schema:
         fields = [pa.field(TIME, pa.int64())]
         fields += [pa.field(d, _ARROW_TYPES[t]) for d, t in self.dims]
         fields += [pa.field(m[0], _ARROW_TYPES[m[3]]) for m in self.metrics]
+        fields += [pa.field(h, pa.int64()) for h in self.hidden]
         return pa.schema(fields)
 
 
@@ -91,6 +102,7 @@ def rollup_input(batch: pa.Table, layout: Layout, extra_keys: list[str],
     """
     keys = extra_keys + layout.keys
     names = [m[0] for m in layout.metrics]
+    time_of = dict(layout.times)
     if not layout.rollup:
         cols = [batch.column(k) for k in keys]
         for name, agg, _, typ, src in layout.metrics:
@@ -98,15 +110,37 @@ def rollup_input(batch: pa.Table, layout: Layout, extra_keys: list[str],
                 cols.append(pa.array(np.ones(batch.num_rows, dtype=np.int64)))
             else:
                 cols.append(batch.column(src))
+        cols += [batch.column(time_of[m[0]]) for m in layout.metrics if m[2] in FIRST_LAST]
         # Nothing groups these rows: dictionaries would only be unified (copied) again.
-        return _cast(pa.Table.from_arrays(cols, names=keys + names), layout, extra_keys)
-    aggs = [(None if agg == "count" else src, "count_all" if agg == "count" else agg)
-            for _, agg, _, _, src in layout.metrics]
-    grouped = _sorted_group(batch, keys, aggs, names)
+        return _cast(pa.Table.from_arrays(cols, names=keys + names + layout.hidden), layout,
+                     extra_keys)
+    pickers = {m[0]: Picker(batch.column(time_of[m[0]]), batch.column(m[4] or ""), m[1] == "last")
+               for m in layout.metrics if m[1] in FIRST_LAST}
+    return _grouped(batch, layout, extra_keys, pickers, dictionaries,
+                    [(None if agg == "count" else src, "count_all" if agg == "count" else agg)
+                     for _, agg, _, _, src in layout.metrics])
+
+
+def _grouped(table: pa.Table, layout: Layout, extra_keys: list[str], pickers: dict[str, Picker],
+             dictionaries: bool, aggs: list[tuple[str | None, str]]) -> pa.Table:
+    """Group ``table`` by the extra and layout keys with ``aggs`` (one per metric); the
+    first/last metrics through their :class:`.firstlast.Picker`'s ranks."""
+    keys = extra_keys + layout.keys
+    names = [m[0] for m in layout.metrics]
+    for i, name in enumerate(names):
+        if name in pickers:
+            rank = f"__rank{i}"
+            table = table.append_column(rank, pickers[name].rank_column())
+            aggs[i] = (rank, pickers[name].how)
+    grouped = _sorted_group(table, keys, aggs, names)
     if grouped is None:
         acero: list[tuple[str | list[str], str]] = [
             ([], "count_all") if a == "count_all" else (src or "", a) for src, a in aggs]
-        grouped = _group_acero(_plain(batch), keys, acero, names)
+        grouped = _group_acero(_plain(table), keys, acero, names)
+    for name, picker in pickers.items():
+        values, times = picker.resolve(grouped.column(name))
+        i = grouped.schema.get_field_index(name)
+        grouped = grouped.set_column(i, name, values).append_column(hidden_time(name), times)
     return _cast(grouped, layout, extra_keys, dictionaries)
 
 
@@ -115,14 +149,10 @@ def combine(table: pa.Table, layout: Layout, extra_keys: list[str] = (),  # type
     """Merge already rolled-up rows with the combining aggregators (idempotent)."""
     if not layout.rollup:
         return table
-    keys = list(extra_keys) + layout.keys
-    names = [m[0] for m in layout.metrics]
-    aggs: list[tuple[str | None, str]] = [(m[0], m[2]) for m in layout.metrics]
-    grouped = _sorted_group(table, keys, aggs, names)
-    if grouped is None:
-        grouped = _group_acero(_plain(table), keys, [(m[0], m[2]) for m in layout.metrics],
-                               names)
-    return _cast(grouped, layout, list(extra_keys), dictionaries)
+    pickers = {m[0]: Picker(table.column(hidden_time(m[0])), table.column(m[0]), m[2] == "last")
+               for m in layout.metrics if m[2] in FIRST_LAST}
+    return _grouped(table, layout, list(extra_keys), pickers, dictionaries,
+                    [(m[0], m[2]) for m in layout.metrics])
 
 
 def _plain(table: pa.Table) -> pa.Table:

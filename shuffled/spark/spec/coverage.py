@@ -84,9 +84,18 @@ def _rows() -> list[Field]:
         *[Field(f"{MET}.type", t, S, parent={"name": "m", "fieldName": "number"}) for t in (
             "longSum", "doubleSum", "floatSum", "longMin", "longMax", "doubleMin", "doubleMax",
             "floatMin", "floatMax")],
-        *[Field(f"{MET}.type", t, R, parent={"name": "m", "fieldName": "number"}) for t in (
+        *[Field(f"{MET}.type", t, S, "" if t != "longFirst" else "see First/last aggregators",
+                parent={"name": "m", "fieldName": "number"}) for t in (
             "longFirst", "longLast", "doubleFirst", "doubleLast", "floatFirst", "floatLast", "stringFirst",
-            "stringLast", "HLLSketchBuild", "thetaSketch", "quantilesDoublesSketch", "hyperUnique",
+            "stringLast")],
+        Field(f"{MET}.timeColumn", "number", S, "first/last: default __time (the row's timestamp)",
+              parent={"type": "longLast", "name": "m", "fieldName": "number"}),
+        Field(f"{MET}.maxStringBytes", 16, S, "stringFirst/stringLast: default 1024, counted in characters as Druid's chop",
+              parent={"type": "stringFirst", "name": "m", "fieldName": "animal"}),
+        Field(f"{MET}.maxStringBytes", 1, R, "string first/last only",
+              parent={"type": "longFirst", "name": "m", "fieldName": "number"}),
+        *[Field(f"{MET}.type", t, R, parent={"name": "m", "fieldName": "number"}) for t in (
+            "HLLSketchBuild", "thetaSketch", "quantilesDoublesSketch", "hyperUnique",
             "cardinality", "javascript")],
         Field(f"{MET}.expression", "number * 2", R, "use a transform", parent={"type": "longSum", "name": "m", "fieldName": "number"}),
         Field(f"{GRAN}.type", "uniform", S), Field(f"{GRAN}.type", "arbitrary", R),

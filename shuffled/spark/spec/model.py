@@ -25,6 +25,14 @@ METRIC_TYPES: dict[str, str] = {
     "doubleMax": "double",
     "floatMin": "float",
     "floatMax": "float",
+    "longFirst": "long",
+    "longLast": "long",
+    "doubleFirst": "double",
+    "doubleLast": "double",
+    "floatFirst": "float",
+    "floatLast": "float",
+    "stringFirst": "string",
+    "stringLast": "string",
 }
 
 #: How a metric is combined across partial results: count becomes a sum.
@@ -39,7 +47,12 @@ COMBINE: dict[str, str] = {
     "doubleMax": "max",
     "floatMin": "min",
     "floatMax": "max",
+    **{f"{t}{end}": end.lower() for t in ("long", "double", "float", "string")
+       for end in ("First", "Last")},
 }
+
+#: stringFirst/stringLast's maxStringBytes when the spec leaves it out (Druid's default).
+DEFAULT_MAX_STRING_BYTES = 1024
 
 #: maxBytesInMemory when the spec leaves it at 0 or out: a phase-2 merge task's memory budget.
 DEFAULT_BYTES_IN_MEMORY = 256 << 20
@@ -67,11 +80,19 @@ class Dimension:
 
 @dataclass(frozen=True)
 class Metric:
-    """One aggregator of ``metricsSpec``; ``field`` is None only for ``count``."""
+    """One aggregator of ``metricsSpec``; ``field`` is None only for ``count``. First/last
+    aggregators pick by ``time_column`` (``__time``: the row's timestamp) and string ones
+    keep at most ``max_string_bytes`` characters of the value."""
 
     type: str
     name: str
     field: str | None
+    time_column: str = "__time"
+    max_string_bytes: int = DEFAULT_MAX_STRING_BYTES
+
+    @property
+    def first_last(self) -> bool:
+        return self.combine in ("first", "last")
 
     @property
     def value_type(self) -> str:
@@ -172,6 +193,8 @@ class IngestSpec:
         names = [self.timestamp.column, *sorted(self.transform.reads)]
         names += [n for n in self.dimension_names if n not in produced]
         names += [m.field for m in self.metrics if m.field is not None and m.field not in produced]
+        names += [m.time_column for m in self.metrics
+                  if m.first_last and m.time_column != "__time" and m.time_column not in produced]
         return tuple(dict.fromkeys(names))
 
 

@@ -14,6 +14,7 @@ from shuffled.errors import ShuffleError
 from shuffled.protocol import Interval, parse_instant, validate_id
 from shuffled.spark.spec.granularity import GRANULARITIES
 from shuffled.spark.spec.model import (
+    DEFAULT_MAX_STRING_BYTES,
     DIMENSION_TYPES,
     MULTI_VALUE_HANDLING,
     METRIC_TYPES,
@@ -143,8 +144,16 @@ def _metrics(raw: Any, path: str) -> tuple[Metric, ...]:
             fld = col_name(m.get("fieldName"), m.at("fieldName"))
         if m.get("expression") is not None:
             raise SpecError(m.at("expression"), "is not supported")
+        metric = Metric(kind, name, fld)
+        if metric.first_last:
+            time_col = m.get("timeColumn", "__time")
+            if time_col != "__time":
+                time_col = col_name(time_col, m.at("timeColumn"))
+            metric = Metric(kind, name, fld, time_col,
+                            int(m.int_("maxStringBytes", DEFAULT_MAX_STRING_BYTES) or 1)
+                            if kind.startswith("string") else DEFAULT_MAX_STRING_BYTES)
         m.done()
-        out.append(Metric(kind, name, fld))
+        out.append(metric)
     return tuple(out)
 
 
