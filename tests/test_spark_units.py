@@ -59,7 +59,7 @@ def test_tutorial_spec_parses() -> None:
 
 @pytest.mark.parametrize("path,value,where", [
     ("type", "index", "$.type"),
-    ("spec.dataSchema.metricsSpec", [{"type": "thetaSketch", "name": "x", "fieldName": "y"}],
+    ("spec.dataSchema.metricsSpec", [{"type": "hyperUnique", "name": "x", "fieldName": "y"}],
      "$.spec.dataSchema.metricsSpec[0].type"),
     ("spec.dataSchema.metricsSpec", [{"type": "longSum", "name": "x"}],
      "$.spec.dataSchema.metricsSpec[0].fieldName"),

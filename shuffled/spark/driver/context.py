@@ -23,7 +23,7 @@ from shuffled.spark.spec.model import IngestSpec
 
 READERS = ("auto", "native", "jvm")
 _PHASE1_AGG = {"count": "count", "sum": "sum", "min": "min", "max": "max", "first": "first",
-               "last": "last"}
+               "last": "last", "hll": "hll", "theta": "theta", "quantiles": "quantiles"}
 
 
 def layout_of(spec: IngestSpec) -> Layout:
@@ -36,8 +36,9 @@ def layout_of(spec: IngestSpec) -> Layout:
                         metric_column(i) if m.field else None))
     times = tuple((m.name, metric_time_column(i)) for i, m in enumerate(spec.metrics)
                   if m.first_last)
+    sketches = tuple((m.name, m.sketch_size, m.hll_type) for m in spec.metrics if m.sketch_size)
     return Layout(tuple((d.name, d.type) for d in spec.dimensions), tuple(metrics), spec.rollup,
-                  times)
+                  times, sketches)
 
 
 @dataclass(frozen=True)

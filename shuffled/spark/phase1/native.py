@@ -232,6 +232,9 @@ def plan_native(spec: IngestSpec, plan: PartitionPlan, files: list[str],
         return "the spec has a transformSpec (transforms and filters run as Spark SQL expressions)"
     if plan.kind != "hashed":
         return f"{plan.kind} partitioning"
+    sketches = [m.name for m in spec.metrics if m.sketch_size]
+    if sketches:
+        return f"sketch metrics ({', '.join(sketches)}) are built from values Spark SQL types"
     first_last = [m.name for m in spec.metrics if m.first_last]
     if first_last:
         return (f"first/last aggregators ({', '.join(first_last)}) pick by time columns "

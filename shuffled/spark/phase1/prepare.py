@@ -162,8 +162,8 @@ def prepare(df: DataFrame, spec: IngestSpec) -> DataFrame:
         if m.field is None:
             continue
         src = F.col(f"`{m.field}`")
-        value, bad = _typed(src, types[m.field], m.value_type)
-        if m.value_type == "string":  # Druid's loose chop: characters, not bytes
+        value, bad = _typed(src, types[m.field], m.input_type)
+        if m.first_last and m.value_type == "string":  # Druid's loose chop: characters, not bytes
             value = F.substring(value, 1, m.max_string_bytes)
         cols.append(value.alias(metric_column(i)))
         if m.first_last:

@@ -184,11 +184,15 @@ def group(columns: list[pa.Array], n: int, relative: dict[int, int] | None = Non
 
 
 def aggregate(col: pa.Array | pa.ChunkedArray | None, how: str, g: Groups) -> pa.Array:
-    """``how`` (count_all, sum, min, max) of ``col`` per group, as Arrow would."""
+    """``how`` (count_all, sum, min, max, list) of ``col`` per group, as Arrow would
+    (``list``: each group's values, in row order)."""
     if how == "count_all":
         return pa.array(g.sizes(), pa.int64())
     assert col is not None
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if how == "list":
+        offsets = pa.array(np.append(g.starts, g.rows), pa.int32())
+        return pa.ListArray.from_arrays(offsets, arr.take(pa.array(g.order)))
     floating = pa.types.is_floating(arr.type)
     if how == "sum":
         arr = arr.cast(pa.float64() if floating else pa.int64())

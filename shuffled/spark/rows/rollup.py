@@ -3,7 +3,9 @@
 A *layout* describes the rows of a partial or final segment: ``__time`` (int64 epoch
 millis, already truncated to queryGranularity), the dimensions, then one column per metric.
 Rolling up groups by (``__time``, dimensions) and aggregates the metrics; merging partial
-results uses the combining form of each aggregator (count becomes a sum, min/max stay).
+results uses the combining form of each aggregator (count becomes a sum, min/max stay,
+first/last pick again by their hidden time, :mod:`.firstlast`, sketches are unioned,
+:mod:`.sketches`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from shuffled.spark.rows.firstlast import FIRST_LAST, Picker, hidden_time
+from shuffled.spark.rows import sketches
 from shuffled.spark.rows.grouping import aggregate, group, key_columns, take_keys
 
 TIME = "__time"
@@ -25,7 +28,8 @@ BAD = "__bad"
 SMALL = 1 << 16  # fewer rows than this are grouped by Acero, more by :mod:`.grouping`
 
 _ARROW_TYPES = {"string": pa.string(), "long": pa.int64(), "double": pa.float64(),
-                "float": pa.float32()}
+                "float": pa.float32(), "binary": pa.binary()}
+_ROWS = "__rows"  # row numbers, aggregated as a list per group for the sketch metrics
 
 
 @dataclass(frozen=True)
@@ -36,13 +40,14 @@ class Layout:
     ``agg`` one of count/sum/min/max/first/last applied to the ``input`` column in phase 1;
     ``times`` gives each first/last metric's phase-1 time input column. Each first/last
     metric carries its time in a hidden column (:func:`.firstlast.hidden_time`) after the
-    metrics.
+    metrics. ``sketches`` gives each sketch metric's (:mod:`.sketches`) size and HLL type.
     """
 
     dims: tuple[tuple[str, str], ...]
     metrics: tuple[tuple[str, str, str, str, str | None], ...]
     rollup: bool = True
     times: tuple[tuple[str, str], ...] = ()
+    sketches: tuple[tuple[str, int, str], ...] = ()  # (metric, lgK or k, tgtHllType)
 
     @property
     def keys(self) -> list[str]:
@@ -111,6 +116,13 @@ def rollup_input(batch: pa.Table, layout: Layout, extra_keys: list[str],
             else:
                 cols.append(batch.column(src))
         cols += [batch.column(time_of[m[0]]) for m in layout.metrics if m[2] in FIRST_LAST]
+        if layout.sketches:  # each row its own sketch
+            each = pa.ListArray.from_arrays(pa.array(np.arange(batch.num_rows + 1), pa.int32()),
+                                            pa.array(np.arange(batch.num_rows)))
+            names_at = {m[0]: i for i, m in enumerate(layout.metrics)}
+            for name, size, tgt in layout.sketches:
+                i = len(keys) + names_at[name]
+                cols[i] = sketches.build(layout.metrics[names_at[name]][2], size, tgt, cols[i], each)
         # Nothing groups these rows: dictionaries would only be unified (copied) again.
         return _cast(pa.Table.from_arrays(cols, names=keys + names + layout.hidden), layout,
                      extra_keys)
@@ -118,13 +130,15 @@ def rollup_input(batch: pa.Table, layout: Layout, extra_keys: list[str],
                for m in layout.metrics if m[1] in FIRST_LAST}
     return _grouped(batch, layout, extra_keys, pickers, dictionaries,
                     [(None if agg == "count" else src, "count_all" if agg == "count" else agg)
-                     for _, agg, _, _, src in layout.metrics])
+                     for _, agg, _, _, src in layout.metrics], build=True)
 
 
 def _grouped(table: pa.Table, layout: Layout, extra_keys: list[str], pickers: dict[str, Picker],
-             dictionaries: bool, aggs: list[tuple[str | None, str]]) -> pa.Table:
+             dictionaries: bool, aggs: list[tuple[str | None, str]], build: bool = False,
+             ) -> pa.Table:
     """Group ``table`` by the extra and layout keys with ``aggs`` (one per metric); the
-    first/last metrics through their :class:`.firstlast.Picker`'s ranks."""
+    first/last metrics through their :class:`.firstlast.Picker`'s ranks, the sketch
+    metrics built (``build``: from input values) or merged from their groups' row lists."""
     keys = extra_keys + layout.keys
     names = [m[0] for m in layout.metrics]
     for i, name in enumerate(names):
@@ -132,11 +146,24 @@ def _grouped(table: pa.Table, layout: Layout, extra_keys: list[str], pickers: di
             rank = f"__rank{i}"
             table = table.append_column(rank, pickers[name].rank_column())
             aggs[i] = (rank, pickers[name].how)
+    sketch_of = {name: (size, tgt) for name, size, tgt in layout.sketches}
+    sources: dict[str, pa.ChunkedArray] = {}
+    if sketch_of:
+        table = table.append_column(_ROWS, pa.array(np.arange(table.num_rows, dtype=np.int64)))
+        for i, m in enumerate(layout.metrics):
+            if m[0] in sketch_of:
+                sources[m[0]] = table.column(m[4] if build else m[0])
+                aggs[i] = (_ROWS, "list")
     grouped = _sorted_group(table, keys, aggs, names)
     if grouped is None:
         acero: list[tuple[str | list[str], str]] = [
             ([], "count_all") if a == "count_all" else (src or "", a) for src, a in aggs]
         grouped = _group_acero(_plain(table), keys, acero, names)
+    for m in layout.metrics:
+        if m[0] in sketch_of:
+            fn = sketches.build if build else sketches.merge
+            made = fn(m[2], *sketch_of[m[0]], sources[m[0]], grouped.column(m[0]).combine_chunks())
+            grouped = grouped.set_column(grouped.schema.get_field_index(m[0]), m[0], made)
     for name, picker in pickers.items():
         values, times = picker.resolve(grouped.column(name))
         i = grouped.schema.get_field_index(name)

@@ -94,9 +94,28 @@ def _rows() -> list[Field]:
               parent={"type": "stringFirst", "name": "m", "fieldName": "animal"}),
         Field(f"{MET}.maxStringBytes", 1, R, "string first/last only",
               parent={"type": "longFirst", "name": "m", "fieldName": "number"}),
+        *[Field(f"{MET}.type", t, S, note, parent={"name": "m", "fieldName": "number"}) for t, note in (
+            ("HLLSketchBuild", "see Sketch metrics"), ("thetaSketch", ""), ("quantilesDoublesSketch", ""))],
+        Field(f"{MET}.lgK", 14, S, "HLL: 4 to 21, default 12", parent={"type": "HLLSketchBuild", "name": "m",
+                                                                       "fieldName": "animal"}),
+        *[Field(f"{MET}.tgtHllType", t, S, parent={"type": "HLLSketchBuild", "name": "m", "fieldName": "animal"})
+          for t in ("HLL_4", "HLL_6", "HLL_8")],
+        Field(f"{MET}.stringEncoding", "UTF8", S, "values hashed as UTF-8", parent={
+            "type": "HLLSketchBuild", "name": "m", "fieldName": "animal"}),
+        Field(f"{MET}.stringEncoding", "UTF16LE", R, "Druid's default; see Sketch metrics", parent={
+            "type": "HLLSketchBuild", "name": "m", "fieldName": "animal"}),
+        *[Field(f"{MET}.{k}", True, I, "query-time", parent={"type": "HLLSketchBuild", "name": "m",
+                                                            "fieldName": "animal"})
+          for k in ("round", "shouldFinalize")],
+        Field(f"{MET}.size", 4096, S, "theta: a power of 2, default 16384", parent={
+            "type": "thetaSketch", "name": "m", "fieldName": "animal"}),
+        Field(f"{MET}.size", 1000, R, parent={"type": "thetaSketch", "name": "m", "fieldName": "animal"}),
+        Field(f"{MET}.isInputThetaSketch", True, R, "raw values only", parent={
+            "type": "thetaSketch", "name": "m", "fieldName": "animal"}),
+        Field(f"{MET}.k", 256, S, "quantiles: a power of 2 from 2 to 32768, default 128", parent={
+            "type": "quantilesDoublesSketch", "name": "m", "fieldName": "number"}),
         *[Field(f"{MET}.type", t, R, parent={"name": "m", "fieldName": "number"}) for t in (
-            "HLLSketchBuild", "thetaSketch", "quantilesDoublesSketch", "hyperUnique",
-            "cardinality", "javascript")],
+            "hyperUnique", "cardinality", "javascript", "HLLSketchMerge", "quantilesDoublesSketchMerge")],
         Field(f"{MET}.expression", "number * 2", R, "use a transform", parent={"type": "longSum", "name": "m", "fieldName": "number"}),
         Field(f"{GRAN}.type", "uniform", S), Field(f"{GRAN}.type", "arbitrary", R),
         Field(f"{GRAN}.segmentGranularity", "hour", S, "none is refused"),

@@ -33,7 +33,14 @@ METRIC_TYPES: dict[str, str] = {
     "floatLast": "float",
     "stringFirst": "string",
     "stringLast": "string",
+    "HLLSketchBuild": "binary",
+    "thetaSketch": "binary",
+    "quantilesDoublesSketch": "binary",
 }
+
+#: The sketch metrics: the input type their values are read as and how rows combine.
+SKETCH_INPUT: dict[str, str] = {"HLLSketchBuild": "string", "thetaSketch": "string",
+                                "quantilesDoublesSketch": "double"}
 
 #: How a metric is combined across partial results: count becomes a sum.
 COMBINE: dict[str, str] = {
@@ -49,6 +56,9 @@ COMBINE: dict[str, str] = {
     "floatMax": "max",
     **{f"{t}{end}": end.lower() for t in ("long", "double", "float", "string")
        for end in ("First", "Last")},
+    "HLLSketchBuild": "hll",
+    "thetaSketch": "theta",
+    "quantilesDoublesSketch": "quantiles",
 }
 
 #: stringFirst/stringLast's maxStringBytes when the spec leaves it out (Druid's default).
@@ -82,17 +92,25 @@ class Dimension:
 class Metric:
     """One aggregator of ``metricsSpec``; ``field`` is None only for ``count``. First/last
     aggregators pick by ``time_column`` (``__time``: the row's timestamp) and string ones
-    keep at most ``max_string_bytes`` characters of the value."""
+    keep at most ``max_string_bytes`` characters of the value. Sketches have a size
+    (``sketch_size``) and HLL ones a target type."""
 
     type: str
     name: str
     field: str | None
     time_column: str = "__time"
     max_string_bytes: int = DEFAULT_MAX_STRING_BYTES
+    sketch_size: int = 0  # HLL and theta: lgK; quantiles: k
+    hll_type: str = "HLL_4"
 
     @property
     def first_last(self) -> bool:
         return self.combine in ("first", "last")
+
+    @property
+    def input_type(self) -> str:
+        """The type the input field is read as (a sketch's values, else the stored type)."""
+        return SKETCH_INPUT.get(self.type, self.value_type)
 
     @property
     def value_type(self) -> str:

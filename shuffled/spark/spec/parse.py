@@ -8,6 +8,7 @@ limits, push timeouts, ...) are accepted and ignored; they are listed in ``IGNOR
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from shuffled.errors import ShuffleError
@@ -18,6 +19,7 @@ from shuffled.spark.spec.model import (
     DIMENSION_TYPES,
     MULTI_VALUE_HANDLING,
     METRIC_TYPES,
+    SKETCH_INPUT,
     TIMESTAMP_FORMATS,
     Dimension,
     IngestSpec,
@@ -152,9 +154,44 @@ def _metrics(raw: Any, path: str) -> tuple[Metric, ...]:
             metric = Metric(kind, name, fld, time_col,
                             int(m.int_("maxStringBytes", DEFAULT_MAX_STRING_BYTES) or 1)
                             if kind.startswith("string") else DEFAULT_MAX_STRING_BYTES)
+        if kind in SKETCH_INPUT:
+            metric = _sketch(m, metric)
         m.done()
         out.append(metric)
     return tuple(out)
+
+
+def _power_of_two(m: JsonObject, key: str, default: int, lo: int, hi: int) -> int:
+    value = m.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi \
+            or value & (value - 1):
+        raise SpecError(m.at(key), f"must be a power of 2 from {lo} to {hi}, not {value!r}")
+    return value
+
+
+def _sketch(m: JsonObject, metric: Metric) -> Metric:
+    """A sketch aggregator's parameters (Druid's names and defaults); see rows.sketches."""
+    try:
+        import datasketches  # noqa: F401
+    except ImportError:
+        raise SpecError(m.at("type"), "needs the datasketches package (pip install datasketches)") from None
+    m.get("shouldFinalize")  # query-time: whether results are estimates or sketches
+    if metric.type == "HLLSketchBuild":
+        lg_k = m.int_("lgK", 12, minimum=4)
+        if lg_k is None or lg_k > 21:
+            raise SpecError(m.at("lgK"), f"must be an integer from 4 to 21, not {lg_k!r}")
+        tgt = choice(m, "tgtHllType", ("HLL_4", "HLL_6", "HLL_8"), "HLL_4")
+        if m.get("stringEncoding", "UTF8") != "UTF8":
+            raise SpecError(m.at("stringEncoding"), "only UTF8 is supported (values are hashed "
+                            "as UTF-8; Druid's default UTF16LE hashes UTF-16 code units)")
+        m.get("round")  # query-time rounding of the estimate: nothing to store
+        return replace(metric, sketch_size=lg_k, hll_type=tgt or "HLL_4")
+    if metric.type == "thetaSketch":
+        size = _power_of_two(m, "size", 16384, 16, 1 << 26)
+        if m.get("isInputThetaSketch", False):
+            raise SpecError(m.at("isInputThetaSketch"), "is not supported (raw values only)")
+        return replace(metric, sketch_size=size.bit_length() - 1)
+    return replace(metric, sketch_size=_power_of_two(m, "k", 128, 2, 32768))
 
 
 def _granularity(o: JsonObject, key: str, default: str) -> str:
