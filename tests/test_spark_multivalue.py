@@ -206,3 +206,45 @@ def test_native_reader_declines_a_list_dimension_and_says_why(tmp_path: Path) ->
     why = plan_native(parse_spec(spec), PartitionPlan("hashed", (), num_shards=2),
                       [str(tmp_path / "a.parquet")], SplitSizing(1 << 20, 0, 2, 2))
     assert isinstance(why, str) and "dimension tags is a list (multi-value" in why
+
+
+def test_parquet_list_dimension_goes_through_the_jvm_like_duckdb(spark: Any, tmp_path: Path) -> None:
+    import duckdb
+    import pyarrow.parquet as pq
+
+    rng = random.Random(5)
+    n = 300
+    table = pa.table({
+        "ts": pa.array([BASE + rng.randrange(6 * HOUR) for _ in range(n)], pa.int64()),
+        "country": [rng.choice("XY") for _ in range(n)],
+        "n": pa.array([rng.randint(0, 9) for _ in range(n)], pa.int64()),
+        "tags": pa.array([None if rng.random() < 0.1 else
+                          [rng.choice(["a", "b", "c", None]) for _ in range(rng.randint(0, 3))]
+                          for _ in range(n)], pa.list_(pa.string())),
+    })
+    (tmp_path / "in").mkdir()
+    pq.write_table(table, tmp_path / "in/a.parquet")
+    spec = _spec(str(tmp_path / "in"), {"type": "hashed", "numShards": 2})
+    spec["spec"]["dataSchema"]["dimensionsSpec"]["dimensions"] = ["tags", "country"]
+    spec["spec"]["ioConfig"]["inputSource"]["filter"] = "*.parquet"
+    spec["spec"]["ioConfig"]["inputFormat"] = {"type": "parquet"}
+    daemon = start_daemon(tmp_path / "loc")
+    try:
+        result = run_ingestion(spec, shuffle_servers=[daemon.url], output_dir=str(tmp_path / "out"))
+    finally:
+        daemon.stop()
+    phase = result.report["phases"]["partialSegmentGeneration"]
+    assert phase["reader"] == "jvm" and "dimension tags is a list" in phase["readerReason"]
+    _manifest, out = read_output(tmp_path / "out", "mv")
+    ms = pc.cast(pc.cast(out.column("__time"), pa.timestamp("ms")), pa.int64()).to_pylist()
+    got = sorted(((t, r["tags"], r["country"], r["count"], r["n"])
+                  for t, r in zip(ms, out.drop_columns(["__time"]).to_pylist())), key=_key)
+    h = "list_sort(tags, 'ASC', 'NULLS FIRST')"
+    with duckdb.connect() as con:
+        con.register("input_rows", table)
+        want = con.execute(f"""
+            SELECT ts - ts % {HOUR},
+                   CASE WHEN len({h}) = 0 OR (len({h}) = 1 AND {h}[1] IS NULL) THEN NULL ELSE {h} END,
+                   country, count(*), sum(n)
+            FROM input_rows GROUP BY ALL""").fetchall()
+    assert got == sorted(want, key=_key)

@@ -34,13 +34,13 @@ _SQL_TYPES = {"long": "bigint", "double": "double", "float": "float", "string": 
 
 def multi_value_dimensions(df: DataFrame, spec: IngestSpec) -> tuple[str, ...]:
     """The string dimensions of ``df`` (:func:`load_input`'s rows) that may carry
-    multi-values: JSON string dimensions read as VARIANT and Parquet list columns, unless a
-    transform produces the dimension."""
+    multi-values: JSON string dimensions with their array column beside them
+    (:func:`.multivalue.json_arrays`) and Parquet list columns, unless a transform produces
+    the dimension."""
     types = {f.name: f.dataType for f in df.schema.fields}
     produced = {t.name for t in spec.transform.transforms}
     return tuple(d.name for d in spec.dimensions
-                 if d.type == "string" and d.name not in produced
-                 and can_hold_arrays(types.get(d.name, T.StringType())))
+                 if d.type == "string" and d.name not in produced and can_hold_arrays(d.name, types))
 
 
 def metric_column(i: int) -> str:
@@ -103,9 +103,9 @@ def apply_transforms(df: DataFrame, spec: IngestSpec) -> DataFrame:
     """
     before: dict[str, Val] = {DRUID_TIME: Val(F.col(_TS), LONG)}
     for f in df.schema.fields:
-        # A field only a dimension reads may hold arrays (multi-values): not an expression input.
+        # A Parquet list only a dimension reads (a multi-value) is not an expression input.
         if f.name in spec.input_fields and (f.name in spec.transform.reads
-                                            or not can_hold_arrays(f.dataType)):
+                                            or not isinstance(f.dataType, T.ArrayType)):
             before[f.name] = input_val(F.col(f"`{f.name}`"), f.dataType, f.name, _TRANSFORMS)
     after = dict(before)
     for i, t in enumerate(spec.transform.transforms):
@@ -147,9 +147,8 @@ def prepare(df: DataFrame, spec: IngestSpec) -> DataFrame:
     single = spec.partitions.dimensions if spec.partitions.type in ("range", "single_dim") else ()
     for d in spec.dimensions:
         src = F.col(f"`{d.name}`")
-        if d.type == "string" and can_hold_arrays(types[d.name]):
-            value, why = string_dimension(src, types[d.name], d.name, d.multi_value_handling,
-                                          d.name in single)
+        if d.type == "string" and can_hold_arrays(d.name, types):
+            value, why = string_dimension(d.name, types, d.multi_value_handling, d.name in single)
             cols.append(value.alias(d.name))
             problems.append((why.isNotNull(), why))
             continue

@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from shuffled.spark.fs import remote
-from shuffled.spark.phase1.multivalue import variant_fields
+from shuffled.spark.phase1.multivalue import json_arrays, json_fields
 from shuffled.spark.spec.model import IngestSpec
 from shuffled.spark.spec.parse import SpecError
 
@@ -144,11 +144,8 @@ def load_input(spark: SparkSession, spec: IngestSpec, files: list[str]) -> DataF
     lines = lines.where(F.length(F.trim("value")) > 0)
     flat = spec.input_format.flatten
     roots = _root_fields(spec, fields)
-    # String dimensions as VARIANT: a JSON array (a multi-value) stays an array, apart from
-    # a JSON string holding the same text (see phase1.multivalue).
-    variants = variant_fields(spec)
-    schema = T.StructType([T.StructField(f, T.VariantType() if f in variants else T.StringType())
-                           for f in roots] + [T.StructField(_CORRUPT, T.StringType())])
+    schema = T.StructType([T.StructField(f, T.StringType()) for f in roots]
+                          + [T.StructField(_CORRUPT, T.StringType())])
     opts = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
     if spec.input_format.type == "json":
         parsed = F.from_json("value", schema, opts)
@@ -173,9 +170,11 @@ def load_input(spark: SparkSession, spec: IngestSpec, files: list[str]) -> DataF
             cols.append(F.col("__p").getField(f).alias(f))
         else:  # useFieldDiscovery false: only the listed fields exist
             cols.append(F.lit(None).cast("string").alias(f))
+    # JSON arrays of string dimensions beside their text: multi-values (phase1.multivalue).
+    arrays = json_arrays(F.col("value"), F.col("__p"), json_fields(spec))
     corrupt = F.col("__p").isNull() | F.col("__p").getField(_CORRUPT).isNotNull()
-    return df.select(*cols, F.col("__file"), F.col("__line"), F.col("value").alias("__raw"),
-                     corrupt.alias("__corrupt"))
+    return df.select(*cols, *arrays, F.col("__file"), F.col("__line"),
+                     F.col("value").alias("__raw"), corrupt.alias("__corrupt"))
 
 
 def _root_fields(spec: IngestSpec, fields: list[str]) -> list[str]:
