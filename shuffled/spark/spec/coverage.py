@@ -74,7 +74,7 @@ def _rows() -> list[Field]:
         Field(f"{DIM}.dimensions[].multiValueHandling", "array", S, "as they come; case-insensitive (as Druid)",
               parent={"name": "animal"}),
         Field(f"{DIM}.dimensions[].multiValueHandling", "SORTED", R, parent={"name": "animal"}),
-        Field(f"{DIM}.dimensions[].multiValueHandling", "ARRAY", R, "string dimensions only",
+        Field(f"{DIM}.dimensions[].multiValueHandling", "ARRAY", R, "on a long, float or double dimension",
               parent={"name": "number", "type": "long"}),
         Field(f"{DIM}.dimensions[].createBitmapIndex", False, I, parent={"name": "animal"}),
         Field(f"{DIM}.dimensionExclusions", ["x"], R), Field(f"{DIM}.spatialDimensions", [{"dimName": "x"}], R),
