@@ -123,7 +123,7 @@ def test_complete_only_after_the_seal_and_the_zombie_is_left_out(daemon: str) ->
             list(c.pages(key, poll=0.1, deadline=0.3))
         c.seal("unsealed", ["a", "b"])
         assert c.seal("unsealed", ["b", "a"])["new"] is False  # a retry is fine
-        with pytest.raises(Conflict):
+        with pytest.raises(Conflict):  # a committed subtask is never taken back
             c.seal("unsealed", ["a"])
         pages = list(c.pages(key, poll=0.1, deadline=5))
         assert sum(t.num_rows for t in _decode(pages)) == 60  # a and b, not the zombie

@@ -147,7 +147,8 @@ class Store(Queries):
                 entry.slots = keys if not entry.slots else entry.slots | keys
         for loc in self.locations:
             for sup, subs in (await self.run(seals.read_seals, loc.path)).items():
-                self.seals.setdefault(sup, subs)
+                # Seals only grow: a location that missed an extension has a subset.
+                self.seals[sup] = self.seals.get(sup, frozenset()) | subs
                 self._tasks.setdefault(sup, TaskEntry(sup, now))
         if self.recovered_partials or self.dropped_on_recovery:
             log.info("recovered %d partial segments of %d tasks (%d dropped)",
@@ -329,17 +330,21 @@ class Store(Queries):
     async def seal(self, supervisor_task_id: str, sub_task_ids: Sequence[str]) -> bool:
         """Record that exactly ``sub_task_ids`` of the task are committed, durably on every
         healthy location. True if new, False if the same seal was already there (a retry);
-        Conflict if a different one was. A task not held yet is held from now on (empty),
-        so that expiry and DELETE remove its seal like any data."""
+        a seal that adds subtasks to the known one extends it (a supervisor that recomputed
+        lost subtasks seals their replacements, docs/failover.md); any other different one
+        is a Conflict: a committed subtask is never taken back. A task not held yet is held
+        from now on (empty), so that expiry and DELETE remove its seal like any data."""
         sup = supervisor_task_id
         subs = frozenset(sub_task_ids)
         async with self._lock(sup):
             known = self.seals.get(sup)
             if known is not None:
-                if known != subs:
-                    raise Conflict(f"{sup} is already sealed with {len(known)} other subtasks",
-                                   sealed=sorted(known)[:100])
-                return False
+                if not known <= subs:
+                    raise Conflict(f"{sup} is already sealed with {len(known - subs)} "
+                                   "subtasks this seal leaves out; a seal may only add "
+                                   "subtasks", sealed=sorted(known)[:100])
+                if known == subs:
+                    return False
             written = 0
             failure: OSError | None = None
             for loc in self.locations:
