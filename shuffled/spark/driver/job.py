@@ -108,10 +108,19 @@ class Job:
         """Re-run the phase-1 subtasks ``only`` names, each on its own input split, for
         only their lost keys, on the surviving daemons; returns their partials."""
         subtasks = sorted(only)
-        cfg = self.ctx.phase1_config(partition_ids=tuple(subtasks), only_keys=only)
         if self._native_input is not None:
             ninput, tasks = self._native_input
-            lines = self._native(cfg, ninput, [tasks[t] for t in subtasks])
+            # A subtask's splits may be cut into several Spark tasks, so that a recompute of
+            # fewer subtasks than cores uses every core: each piece uploads all of its rows
+            # of the lost keys, and the pieces together are the subtask's rows.
+            pieces = max(1, self.spark.sparkContext.defaultParallelism // len(subtasks))
+            ids, work = [], []
+            for t in subtasks:
+                for part in recovery.cut(tasks[t], pieces):
+                    ids.append(t)
+                    work.append(part)
+            cfg = self.ctx.phase1_config(partition_ids=tuple(ids), only_keys=only)
+            lines = self._native(cfg, ninput, work)
         else:
             from pyspark.sql.pandas.types import to_arrow_schema
 

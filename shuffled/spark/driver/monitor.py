@@ -49,7 +49,7 @@ class Timing:
     ``restart_seconds`` (tuningConfig shuffleRetrySeconds) to come back."""
 
     heartbeat_seconds: float = 2.0
-    lost_after: float = 5.0
+    lost_after: float = 2.0
     restart_seconds: float = 30.0
 
 
@@ -79,7 +79,7 @@ class Monitor:
 
     def _client(self, server: str) -> ShuffleClient:
         return ShuffleClient(server, token=self.token, ca_file=self.ca_file,
-                             timeout=max(2.0, self.timing.lost_after))
+                             timeout=max(5.0, self.timing.lost_after))
 
     def start(self) -> None:
         """One heartbeat to every daemon now (they answered their health check), then the

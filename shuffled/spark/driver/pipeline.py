@@ -20,7 +20,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 
-from shuffled.client import ShuffleClient
+from shuffled.client import RetryPolicy, ShuffleClient
+from shuffled.client.http import NO_RETRY
 from shuffled.protocol import format_instant
 from shuffled.spark.fs import remote
 from shuffled.spark.spec.model import IngestSpec
@@ -126,9 +127,7 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
                     job.recovery.lost.update(ctx.lost)
                     report.recovery = job.recovery.to_json()
                 monitor.stop()
-                _cleanup(ctx.survivors, task_id, token, ca_file, report)
-                for server in ctx.lost:
-                    report.cleanup[server] = "lost"
+                _cleanup(servers, task_id, token, ca_file, report, lost=set(ctx.lost))
                 shutil.rmtree(staging, ignore_errors=True)
                 if local_dir != ds_dir:
                     shutil.rmtree(local_dir, ignore_errors=True)
@@ -209,13 +208,20 @@ def _write_report(ds_dir: str, report: TaskReport) -> str:
 
 
 def _cleanup(servers: list[str], task_id: str, token: str | None, ca_file: str | None,
-             report: TaskReport) -> None:
-    """DELETE the supervisor task's shuffle data on every server (never raises)."""
+             report: TaskReport, lost: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+    """DELETE the supervisor task's shuffle data on every server (never raises). A daemon
+    found lost gets one quick try (it may have come back with the data after the job
+    stopped waiting for it); if it does not answer it is reported ``lost``."""
     for server in servers:
+        gone = server in lost
         try:
-            with ShuffleClient(server, token=token, ca_file=ca_file, timeout=30.0) as c:
+            with ShuffleClient(server, token=token, ca_file=ca_file, timeout=5.0 if gone else 30.0,
+                               retry=NO_RETRY if gone else RetryPolicy()) as c:
                 c.delete_task(task_id)
             report.cleanup[server] = "deleted"
         except Exception as exc:
+            if gone:
+                report.cleanup[server] = "lost"
+                continue
             log.warning("could not delete %s on %s: %s", task_id, server, exc)
             report.cleanup[server] = f"failed: {exc}"

@@ -13,9 +13,11 @@ row of those keys is counted exactly once (docs/exactly-once.md, "Lost daemons")
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 Key = tuple[int, int]  # (interval start, partitionId): a phase-2 partition
 PartitionId = tuple[int, int, int]  # (start, end, partitionId), as phase 2 names them
@@ -52,6 +54,18 @@ def replace(partials: list[dict[str, Any]], only: dict[int, frozenset[Key]],
     kept = [p for p in partials
             if (p["start"], p["partition"]) not in only.get(task_of(p), frozenset())]
     return kept + recomputed
+
+
+def cut(items: Sequence[T], pieces: int) -> list[list[T]]:
+    """``items`` in at most ``pieces`` consecutive, non-empty, nearly equal parts."""
+    pieces = max(1, min(pieces, len(items)))
+    size, extra = divmod(len(items), pieces)
+    out, at = [], 0
+    for n in range(pieces):
+        step = size + (1 if n < extra else 0)
+        out.append(list(items[at:at + step]))
+        at += step
+    return [p for p in out if p]
 
 
 def on_daemons(partials: Iterable[dict[str, Any]]) -> dict[str, set[str]]:
