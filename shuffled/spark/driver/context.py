@@ -14,7 +14,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from shuffled.spark.driver.monitor import Monitor
+from shuffled.spark.driver.monitor import Monitor, RowCount
 from shuffled.spark.driver.report import TaskReport
 from shuffled.spark.phase1.prepare import metric_column
 from shuffled.spark.phase1.tasks import Phase1Config
@@ -66,6 +66,7 @@ class JobContext:
     fault: dict[str, Any] = field(default_factory=dict)  # tests only: see phase1.tasks
     phase: str = "starting"
     monitor: Monitor | None = None  # heartbeats: which daemons are gone
+    rows: RowCount | None = None  # rows handled so far, for the progress line
     lost: dict[str, str] = field(default_factory=dict)  # daemons found gone, with why
     layout: Layout = field(init=False)
 

@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from pyspark.sql import DataFrame
@@ -73,6 +74,8 @@ class Job:
     def phase1(self, prepared: DataFrame, plan: PartitionPlan) -> list[dict[str, Any]]:
         s = self.spec
         self.ctx.phase = "phase 1 (partial segments)"
+        if self.ctx.rows is not None:
+            self.ctx.rows.start()
         self.say("phase 1: rolling up and shuffling partial segments")
         started = time.monotonic()
         cfg = self.ctx.phase1_config()
@@ -94,6 +97,8 @@ class Job:
         if self.ctx.reader == "native":
             raise IngestionFailed(f"the native phase-1 reader cannot read this input: {why_not}")
         log.info("phase 1 reads through the JVM: %s", why_not)
+        if self.ctx.rows is not None:
+            self.ctx.rows.start(jvm=True)
         return self._collect(self._jvm(prepared, plan, cfg), started, "jvm")
 
     def _native(self, cfg: phase1.Phase1Config, ninput: native.NativeInput,
@@ -101,8 +106,15 @@ class Job:
         """Each Spark task reads its row groups with pyarrow. ``collect`` keeps the result of
         exactly one successful attempt per task, as the data source commit does."""
         rdd = self.spark.sparkContext.parallelize(tasks, len(tasks))
-        return rdd.mapPartitions(
-            lambda it: phase1.run_native_task(cfg, ninput, (x for t in it for x in t))).collect()
+        rows = self.ctx.rows.acc if self.ctx.rows is not None else None
+
+        def run(it: Iterator[list[native.Split]]) -> list[str]:
+            lines = phase1.run_native_task(cfg, ninput, (x for t in it for x in t))
+            if rows is not None:  # the progress line's rows, once the task is done
+                rows.add(int(json.loads(lines[-1]).get("rowsIn", 0)))
+            return lines
+
+        return rdd.mapPartitions(run).collect()
 
     def _recompute(self, only: dict[int, frozenset[recovery.Key]]) -> list[dict[str, Any]]:
         """Re-run the phase-1 subtasks ``only`` names, each on its own input split, for
@@ -249,6 +261,8 @@ class Job:
 
     def phase2(self, partials: list[dict[str, Any]]) -> list[dict[str, Any]]:
         self.ctx.phase = "phase 2 (merge)"
+        if self.ctx.rows is not None:
+            self.ctx.rows.start()
         started = time.monotonic()
         assignments = phase2.assign(partials)
         if not assignments:
@@ -321,6 +335,13 @@ class Job:
         groups = phase2.balance(assignments, tasks)
         fn = phase2.make_phase2(self.ctx.phase2_config())
         rdd = self.spark.sparkContext.parallelize(groups, len(groups))
-        lines = [json.loads(x) for x in
-                 rdd.mapPartitions(lambda it: fn(a for g in it for a in g)).collect()]
+        rows = self.ctx.rows.acc if self.ctx.rows is not None else None
+
+        def run(it: Iterator[list[phase2.Assignment]]) -> Iterator[str]:
+            for line in fn(a for g in it for a in g):
+                if rows is not None:  # the progress line's rows, once the task is done
+                    rows.add(int(json.loads(line).get("rows", 0)))
+                yield line
+
+        lines = [json.loads(x) for x in rdd.mapPartitions(run).collect()]
         return [r for r in lines if "lost" not in r], [r for r in lines if "lost" in r]

@@ -26,7 +26,7 @@ from shuffled.protocol import format_instant
 from shuffled.spark.fs import remote
 from shuffled.spark.spec.model import IngestSpec
 from shuffled.spark.driver.job import IngestionFailed, Job
-from shuffled.spark.driver.monitor import Monitor, Timing, stage_status
+from shuffled.spark.driver.monitor import Monitor, RowCount, Timing, stage_status
 from shuffled.spark.phase2.publish import publish, write_json_atomic
 from shuffled.spark.driver.context import READERS, Auth, JobContext
 from shuffled.spark.driver.report import TaskReport
@@ -103,7 +103,8 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
     monitor = Monitor(task_id, servers, token=token, ca_file=ca_file,
                       timing=Timing(keepalive_seconds, restart_seconds=s.shuffle_retry_seconds),
                       progress_seconds=2.0, progress=progress)
-    monitor.status = stage_status(spark, lambda: ctx.phase, monitor.held)
+    ctx.rows = RowCount(spark)
+    monitor.status = stage_status(spark, lambda: ctx.phase, monitor.held, ctx.rows)
     ctx.monitor = monitor
     try:
         with job_conf(spark):
