@@ -140,3 +140,26 @@ def test_recompute_replaces_exactly_the_lost_keys_of_the_lost_subtasks() -> None
         (1, "p1-a11-f0", 1, 0), (2, "p2-a12-f0", 1, 1)]
     assert recovery.lost_keys(partials, {"A"}, wanted={(0, 1, 1)}) == {0: frozenset({(0, 1)})}
     assert recovery.on_daemons(after)["C"] == {"p0-a99-f0", "p1-a11-f0", "p2-a12-f0"}
+
+
+def test_a_recompute_keeps_exactly_the_rows_of_the_lost_keys() -> None:
+    import numpy as np
+
+    from shuffled.spark.phase1.tasks import _only
+    from shuffled.spark.rows.rollup import BUCKET, CHUNK
+
+    rng = np.random.default_rng(3)
+    n = 20_000
+    chunks = rng.integers(0, 50, n) * 86_400_000 + 1_420_070_400_000
+    parts = rng.integers(0, 3, n)
+    keep = frozenset((int(c) * 86_400_000 + 1_420_070_400_000, p)
+                     for c in range(0, 60, 2) for p in (0, 2))  # some chunks are absent
+    table = pa.table({CHUNK: chunks, BUCKET: parts.astype(np.int32), "i": np.arange(n)})
+    wanted = np.array([(int(c), int(p)) in keep for c, p in zip(chunks, parts)])
+    got, _ = _only(table, None, keep)  # partitions in the __bucket column (JVM rows)
+    assert got.column("i").to_pylist() == np.nonzero(wanted)[0].tolist()
+    other = rng.integers(0, 4, n)  # partitions computed after the rollup (native rows)
+    wanted = np.array([(int(c), int(p)) in keep for c, p in zip(chunks, other)])
+    got, buckets = _only(table, other, keep)
+    assert got.column("i").to_pylist() == np.nonzero(wanted)[0].tolist()
+    assert buckets.tolist() == other[wanted].tolist()

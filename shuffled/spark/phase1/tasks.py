@@ -240,14 +240,23 @@ class _Task:
 
 
 def _only(table: pa.Table, buckets: Any, keep: frozenset[tuple[int, int]]) -> tuple[pa.Table, Any]:
-    """The rows of ``table`` whose (chunk, partition) is in ``keep``."""
+    """The rows of ``table`` whose (chunk, partition) is in ``keep`` (vectorised: a
+    recompute may keep thousands of keys of millions of rows)."""
     import numpy as np
 
     chunks = table.column(CHUNK).to_numpy()
     of = np.asarray(buckets if buckets is not None else table.column(BUCKET).to_numpy())
-    mask = np.zeros(len(chunks), dtype=bool)
-    for chunk, bucket in keep:
-        mask |= (chunks == chunk) & (of == bucket)
+    kept_chunks = np.array(sorted({c for c, _ in keep}), dtype=chunks.dtype)
+    width = int(max(int(of.max(initial=0)), max(b for _, b in keep))) + 1 if keep else 1
+    # (chunk, partition) as one integer: the chunk's rank among the kept chunks, times width.
+    rank = np.searchsorted(kept_chunks, chunks)
+    known = (rank < len(kept_chunks)) & (kept_chunks[np.minimum(rank, len(kept_chunks) - 1)]
+                                          == chunks) if len(kept_chunks) else np.zeros(
+                                              len(chunks), dtype=bool)
+    codes = rank.astype(np.int64) * width + of.astype(np.int64)
+    wanted = np.array([int(np.searchsorted(kept_chunks, c)) * width + b for c, b in keep],
+                      dtype=np.int64)
+    mask = known & np.isin(codes, wanted)
     return table.filter(pa.array(mask)), (of[mask] if buckets is not None else None)
 
 
