@@ -11,6 +11,7 @@ already under way land, then removes the task's rows and packs under the task's 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import shutil
 import time
@@ -93,6 +94,9 @@ class Store(Queries):
         # two locations land in any order, so a partial with a lower generation can become
         # visible after a higher one: readers in commit order stop below these (horizon).
         self._in_flight: set[int] = set()
+        # The same generations as a min-heap: the horizon is its top once landed ones are
+        # dropped from it (amortised O(log n) per generation, not a min() per page read).
+        self._in_flight_heap: list[int] = []
         # Supervisor task -> its committed subtasks, once sealed (see :mod:`.seals`).
         self.seals: dict[str, frozenset[str]] = {}
         # Called on the loop with a supervisor task id whenever its data or state changes
@@ -260,7 +264,7 @@ class Store(Queries):
                 body_crc=facts.body_crc, has_dictionaries=facts.has_dictionaries,
                 created=time.time(), pack=w.pack.number))
         sup = metas[0].key.supervisor_task_id
-        self._in_flight.update(m.generation for m in metas)
+        self.hold([m.generation for m in metas])
         self._sessions(sup)
         writes = self._writes[sup]
         writes.committing += 1
@@ -279,7 +283,7 @@ class Store(Queries):
                    outcome: asyncio.Future[list[int | None]]) -> None:
         """A group landed (or failed): update the task's figures, then resolve ``outcome``
         with the size each partial replaced, wherever it was. Runs on the loop."""
-        self._in_flight.difference_update(m.generation for m in metas)
+        self.land([m.generation for m in metas])
         writes = self._writes[sup]
         writes.committing -= 1
         if not writes.committing:
@@ -321,7 +325,21 @@ class Store(Queries):
     def horizon(self) -> int | None:
         """The lowest generation still being committed (None: none is): every partial below
         it that will ever be visible already is."""
-        return min(self._in_flight) if self._in_flight else None
+        heap = self._in_flight_heap
+        return heap[0] if heap else None  # land() keeps a landed generation off the top
+
+    def hold(self, generations: Sequence[int]) -> None:
+        """Generations handed out whose commit has not landed: readers stop below them."""
+        self._in_flight.update(generations)
+        for g in generations:
+            heapq.heappush(self._in_flight_heap, g)
+
+    def land(self, generations: Sequence[int]) -> None:
+        """Those generations' commit landed (or failed): they no longer hold readers back."""
+        self._in_flight.difference_update(generations)
+        heap = self._in_flight_heap
+        while heap and heap[0] not in self._in_flight:
+            heapq.heappop(heap)  # pruned here too, so the heap holds about what is in flight
 
     def _notify(self, sup: str) -> None:
         for listener in self.listeners:
