@@ -35,6 +35,7 @@ class Liveness:
     last_ok: float | None = None
     failing_since: float | None = None
     draining: bool = False  # its last answer said it was shutting down
+    refused: bool = False  # the last try found nothing listening (no process on the port)
     instance: str | None = None
     restarts: int = 0
     bytes: int = 0  # of this task, held there at the last answer
@@ -45,12 +46,14 @@ class Liveness:
 
 @dataclass(frozen=True)
 class Timing:
-    """How the driver decides a daemon is gone: one that stopped answering without
-    draining is gone after ``lost_after`` seconds; one that said it was draining gets
+    """How the driver decides a daemon is gone: one whose port refuses connections (no
+    process there) after ``refused_after`` seconds, one that stopped answering otherwise
+    (timeouts, errors) after ``lost_after``, unless it said it was draining: then it gets
     ``restart_seconds`` (tuningConfig shuffleRetrySeconds) to come back."""
 
     heartbeat_seconds: float = 2.0
     lost_after: float = 2.0
+    refused_after: float = 0.5
     restart_seconds: float = 30.0
 
 
@@ -106,6 +109,7 @@ class Monitor:
                     live.failing_since = now
                     log.warning("shuffle daemon %s stopped answering heartbeats: %s", server, exc)
                 live.error = _short(exc)
+                live.refused = live.error == "connection refused"
             return False
         with self._lock:
             live = self.live[server]
@@ -131,8 +135,10 @@ class Monitor:
     def gone_for(self, server: str) -> float:
         """Seconds ``server`` must stay silent before it counts as gone."""
         with self._lock:
-            draining = self.live[server].draining
-        return self.timing.restart_seconds if draining else self.timing.lost_after
+            live = self.live[server]
+        if live.draining:
+            return self.timing.restart_seconds
+        return self.timing.refused_after if live.refused else self.timing.lost_after
 
     def verdict(self, servers: Sequence[str] | None = None) -> dict[str, str]:
         """The daemons (of ``servers``, default all) that are gone, with their last error.
@@ -150,7 +156,7 @@ class Monitor:
                 if silent >= self.gone_for(server):
                     gone[server] = error
                     break
-                if self._stop.wait(0.5):
+                if self._stop.wait(min(0.5, self.gone_for(server) / 2)):
                     break
         return gone
 
