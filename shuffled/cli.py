@@ -159,8 +159,9 @@ class _QuietStderr:
 
 
 class _Progress:
-    """Progress lines: on a terminal, the running phase's "N/M tasks done" is one live line
-    (a text bar rewritten in place); elsewhere, and for every other message, plain lines."""
+    """Progress lines: on a terminal, the running phase's "N/M tasks done, ..." (tasks,
+    rows and bytes so far) is one live line (a text bar rewritten in place); elsewhere,
+    and for every other message, plain lines."""
 
     def __init__(self, stream: Any) -> None:
         self.stream = stream
@@ -168,12 +169,12 @@ class _Progress:
         self.pending = False
 
     def __call__(self, line: str) -> None:
-        match = re.search(r"(\d+)/(\d+) tasks done$", line)
+        match = re.search(r"(\d+)/(\d+) tasks done(.*)$", line)
         if self.live and match:
             done, total = int(match.group(1)), int(match.group(2))
             filled = int(20 * done / total) if total else 0
             self.stream.write(f"\r\x1b[K{line[:match.start()]}[{'#' * filled}"
-                              f"{'.' * (20 - filled)}] {done}/{total} tasks")
+                              f"{'.' * (20 - filled)}] {done}/{total} tasks{match.group(3)}")
             self.pending = True
         else:
             if self.pending:

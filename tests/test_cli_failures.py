@@ -124,12 +124,14 @@ def test_progress_is_one_live_line_on_a_terminal(tty: bool) -> None:
     progress = _Progress(out)
     progress("phase 1: rolling up and shuffling partial segments")
     for done in (1, 2, 4):
-        progress(f"phase 1 (partial segments): {done}/4 tasks done")
+        progress(f"phase 1 (partial segments): {done}/4 tasks done, {done * 1000:,} rows, "
+                 f"{done / 2} MB shuffled")
     progress("phase 1 done: 4 subtasks, 100 rows")
     progress.close()
     text = out.getvalue()
     if tty:  # the ticks rewrite one line in place; the other messages are lines of their own
-        assert text.count("\r\x1b[K") == 3 and "[##########..........] 2/4 tasks" in text
+        assert text.count("\r\x1b[K") == 3
+        assert "[##########..........] 2/4 tasks, 2,000 rows, 1.0 MB shuffled" in text
         assert text.count("\n") == 3
     else:
         assert "\r" not in text and text.count("\n") == 5

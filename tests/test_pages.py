@@ -123,7 +123,7 @@ def test_complete_only_after_the_seal_and_the_zombie_is_left_out(daemon: str) ->
             list(c.pages(key, poll=0.1, deadline=0.3))
         c.seal("unsealed", ["a", "b"])
         assert c.seal("unsealed", ["b", "a"])["new"] is False  # a retry is fine
-        with pytest.raises(Conflict):
+        with pytest.raises(Conflict):  # a committed subtask is never taken back
             c.seal("unsealed", ["a"])
         pages = list(c.pages(key, poll=0.1, deadline=5))
         assert sum(t.num_rows for t in _decode(pages)) == 60  # a and b, not the zombie
@@ -238,10 +238,10 @@ async def test_reads_stop_below_a_commit_still_in_flight(start_daemon: Any,
     store = daemon.server.app[STATE].store
     lowest = min(m.generation for m in store.partition(key))
     url = f"{PREFIX}/tasks/horizon/partition/pages"
-    store._in_flight.add(lowest - 1)  # an earlier partial's commit, not landed yet
+    store.hold([lowest - 1])  # an earlier partial's commit, not landed yet
     held = await daemon.get(url, params={**key.query(), "token": "0"})
     assert await held.read() == b"" and held.headers["X-Shuffled-Complete"] == "false"
     assert held.headers["X-Shuffled-Page-Next-Token"] == "0"
-    store._in_flight.discard(lowest - 1)
+    store.land([lowest - 1])
     page = await daemon.get(url, params={**key.query(), "token": "0"})
     assert await page.read() and page.headers["X-Shuffled-Complete"] == "true"

@@ -28,7 +28,7 @@ import shuffled.spark.phase1.partials as partials_mod
 import shuffled.spark.rows.rollup as rollup_mod
 from shuffled.client import ShuffleClient
 from shuffled.protocol import Interval, PartialKey
-from shuffled.spark.phase1 import tasks as phase1
+from shuffled.spark.phase1 import placement
 from shuffled.spark.rows import grouping
 from shuffled.spark.phase1.partials import Encoder, split_partials
 from shuffled.spark.phase1.tasks import Phase1Config, run_task
@@ -310,7 +310,7 @@ def test_a_task_reads_on_while_its_flush_is_uploaded(tmp_path: Path,
                 released.set()  # asked for more input while an upload is under way
             yield batch
 
-    monkeypatch.setattr(phase1, "ShuffleClient", HeldClient)
+    monkeypatch.setattr(placement, "ShuffleClient", HeldClient)  # the task's uploads
     daemon = start_daemon(tmp_path / "loc")
     try:
         cfg = Phase1Config("overlap", (daemon.url,), LAYOUT, "day", max_rows=1500, max_saved_bad=5,

@@ -29,7 +29,7 @@ def test_phase2_reads_over_tls_with_ca_bundle_and_token(tmp_path: Path,
             for sub in ("s1", "s2"):
                 client.put_partial(PartialKey("sup", sub, interval, 0),
                                    arrow_bytes(sample_table(40)))
-        assignment = Assignment(interval.start, interval.end, 0, ((url, ("s1", "s2"), 80),))
+        assignment = Assignment(interval.start, interval.end, 0, (((url,), ("s1", "s2"), 80),))
         cfg = Phase2Config("sup", layout=None, staging_dir=str(tmp_path),  # type: ignore[arg-type]
                            token=token, ca_file=str(cert))
         clients: dict[str, ShuffleClient] = {}

@@ -3,6 +3,7 @@ pyspark's own launcher on loopback, with two shuffle daemons."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -43,8 +44,17 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             proc.wait(timeout=10)
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[str]:
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One cluster for every test that needs one (tests/test_failover.py too): starting
+    its JVMs is most of a small job's time."""
+    with standalone_cluster(tmp_path_factory.mktemp("cluster")) as master:
+        yield master
+
+
+@contextlib.contextmanager
+def standalone_cluster(tmp_path: Path) -> Iterator[str]:
+    """A master and two 1-core workers on loopback; stopped (by pid) on exit."""
     env = {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1",
            "PYSPARK_PYTHON": sys.executable, "SPARK_LOG_DIR": str(tmp_path / "logs")}
     launcher = str(SPARK_HOME / "bin" / "spark-class")

@@ -183,3 +183,25 @@ def test_pack_follows_sparks_split_sizing_and_caps_tasks() -> None:
     capped = pack(groups, SplitSizing(max_bytes=32 << 20, parallelism=2, max_tasks=2))
     assert len(capped) == 2 and [g for t in capped for g in t] == groups
     assert len(pack(groups, SplitSizing(max_bytes=1 << 30, parallelism=4))) == 4
+
+
+def test_native_reader_reads_files_that_lack_a_dimension(
+        spark: Any, daemons: list[Any], parquet_input: Any, tmp_path: Path) -> None:
+    """Files written at different times often differ in columns: one without ``device``
+    reads it as null, as the JVM reader does, in the same task as files that have it."""
+    base, _, _ = parquet_input
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for f in sorted(base.glob("*.parquet")):
+        table = pq.read_table(f)
+        if f.name == "part-1.parquet":
+            table = table.drop_columns(["device"])
+        pq.write_table(table, mixed / f.name, row_group_size=700)
+    spec = _spec(mixed, {"type": "hashed", "numShards": 2}, maxNumConcurrentSubTasks=1)
+    urls = [d.url for d in daemons]
+    native = run_ingestion(spec, shuffle_servers=urls, output_dir=str(tmp_path / "n"), reader="native")
+    jvm = run_ingestion(spec, shuffle_servers=urls, output_dir=str(tmp_path / "j"), reader="jvm")
+    assert native.report["phases"]["partialSegmentGeneration"]["reader"] == "native"
+    got, want = _segments(tmp_path / "n"), _segments(tmp_path / "j")
+    assert got == want and len(got) >= 2
+    assert any(r["device"] is None for _, rows in got.values() for r in rows)

@@ -251,3 +251,43 @@ def test_csv_inline_and_parquet_inputs(spark: Any, daemons: list[Any], tmp_path:
     assert t2.num_rows == 3 and pc.sum(t2.column("count")).as_py() == 50
     assert pc.sum(t2.column("clicks")).as_py() == sum(range(50))
     shutil.rmtree(tmp_path / "pq")
+
+
+def test_progress_line_counts_rows_of_finished_tasks_while_the_job_runs(
+        spark: Any, tmp_path: Path) -> None:
+    """The live progress line: tasks done and the rows their accumulator reported, read
+    while the second task is still running (it waits for a file the test writes)."""
+    import os
+    import threading
+    import time
+
+    from shuffled.spark.driver.monitor import RowCount, stage_status
+
+    rows = RowCount(spark)
+    rows.start()
+    status = stage_status(spark, lambda: "phase 2 (merge)", lambda: (2_000_000, 500_000), rows)
+    acc = rows.acc
+    flag = str(tmp_path / "go")
+
+    def task(index: int, it: Any) -> Any:
+        if index == 1:
+            deadline = time.monotonic() + 60
+            while not os.path.exists(flag) and time.monotonic() < deadline:
+                time.sleep(0.05)  # poll interval of a bounded wait for the test's file
+        acc.add(1234 if index == 0 else 1)
+        return iter([index])
+
+    job = threading.Thread(target=lambda: spark.sparkContext.parallelize([0, 1], 2)
+                           .mapPartitionsWithIndex(task).collect(), daemon=True)
+    job.start()
+    try:
+        seen = ""
+        deadline = time.monotonic() + 60
+        while "1/2 tasks done" not in seen and time.monotonic() < deadline:
+            seen = status() or ""
+            time.sleep(0.05)  # poll interval of a bounded wait
+        assert seen == "phase 2 (merge): 1/2 tasks done, 1,234 rows, 0.5 MB of 2.0 MB read"
+    finally:
+        open(flag, "w").close()
+        job.join(timeout=60)
+    assert rows() == 1235

@@ -188,7 +188,7 @@ def test_merging_a_batch_equals_merging_each_partition() -> None:
     plain = Layout(layout.dims, layout.metrics, rollup=False)
     assert [t.num_rows for t in merge_partitions(parts, plain)] == [
         sum(t.num_rows for t in tables) for tables in parts]
-    a = [Assignment(i, i + 1, 0, (("s", ("x",), rows),)) for i, rows in
+    a = [Assignment(i, i + 1, 0, ((("s",), ("x",), rows),)) for i, rows in
          enumerate([10, 10, 400, 10, 10, 10])]
     assert [len(b) for b in batches(a, partitions=3, rows=400)] == [2, 1, 3]
     assert [len(b) for b in batches(a, partitions=2, rows=10**6)] == [2, 2, 2]
@@ -196,7 +196,7 @@ def test_merging_a_batch_equals_merging_each_partition() -> None:
 
 def test_merge_tasks_are_sized_from_phase_one_figures() -> None:
     def parts(n: int, rows: int) -> list[Assignment]:
-        return [Assignment(i, i + 1, 0, (("s", ("x",), rows),)) for i in range(n)]
+        return [Assignment(i, i + 1, 0, ((("s",), ("x",), rows),)) for i in range(n)]
 
     assert merge_tasks(parts(7304, 137), 100 << 20, cores=2) == 2  # small: one per core
     assert merge_tasks(parts(48, 200_000), 500 << 20, cores=2) == 5  # 9.6M rows

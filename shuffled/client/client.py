@@ -327,6 +327,15 @@ class ShuffleClient:
             headers={"Content-Type": "application/json"}, handle=_json_dict,
             what=f"seal {supervisor_task_id}")
 
+    def heartbeat(self, supervisor_task_id: str) -> dict[str, Any]:
+        """``POST /tasks/{id}/heartbeat``, one try: refreshes the task's expiry; the answer
+        names the daemon's ``instance`` (new after a restart), whether it is ``draining``
+        and what it holds of the task (``bytes``, ``partials``, ``servedBytes``). Raises
+        :class:`ShuffleUnavailable` at once when the daemon does not answer."""
+        return self._http.request("POST", f"{task_path(supervisor_task_id)}/heartbeat",
+                                  handle=_json_dict, policy=NO_RETRY,
+                                  what=f"heartbeat {supervisor_task_id}")
+
     def fail(self, supervisor_task_id: str) -> None:
         """``POST /tasks/{id}/fail``: paged reads of the task answer "failed" from now on."""
         self._http.request("POST", f"{task_path(supervisor_task_id)}/fail",

@@ -13,7 +13,7 @@ from shuffled.cleanup.scheduler import sweeper_ctx
 from shuffled.config import Settings
 from shuffled.metrics import Metrics, StoreCollector
 from shuffled.protocol import API_PREFIX
-from shuffled.server import bulk, handlers, pages, partitions, ui
+from shuffled.server import bulk, handlers, heartbeat, pages, partitions, ui
 from shuffled.server.errors import error_middleware
 from shuffled.server.limits import Limiter
 from shuffled.server.middleware import (
@@ -60,6 +60,7 @@ def make_app(settings: Settings, *, registry: CollectorRegistry | None = None,
     app.router.add_get(f"{API_PREFIX}/tasks", handlers.list_tasks)
     app.router.add_get(task, handlers.get_task)
     app.router.add_delete(task, handlers.delete_task)
+    app.router.add_post(f"{task}/heartbeat", heartbeat.heartbeat)
     watch = TaskWatch(settings.long_poll_waiters, settings.expiry_timeout)
     store.listeners.append(watch.notify)
     metrics.long_poll_waiters.set_function(lambda: watch.waiting)

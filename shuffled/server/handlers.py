@@ -24,7 +24,7 @@ from shuffled.server.middleware import SENT_BYTES
 from shuffled.server.ranges import if_range_allows, parse_range
 from shuffled.server.sendfile import send_range, send_ranges
 from shuffled.server.state import state_of
-from shuffled.server.views import task_detail, task_summary
+from shuffled.server.views import disk_usages, task_detail, task_summary
 from shuffled.server.waiters import WATCH
 from shuffled.storage.arrowfile import EOS
 
@@ -256,20 +256,13 @@ async def status(request: web.Request) -> web.Response:
     state = state_of(request)
     store = state.store
 
-    def _locations() -> list[dict[str, object]]:
-        out = []
-        for loc in store.locations:
-            try:
-                total, free = loc.disk_usage()
-            except OSError:
-                total = free = -1
-            out.append({
-                "path": str(loc.path), "usedBytes": loc.used_bytes, "files": loc.files,
-                "maxBytes": loc.max_bytes, "reserveBytes": loc.reserve_bytes,
-                "fileSystemBytes": total, "freeBytes": free, "healthy": loc.healthy,
-                "lastError": loc.last_error,
-            })
-        return out
+    usages = await store.run(disk_usages, store.locations)
+    locations = [{
+        "path": str(loc.path), "usedBytes": loc.used_bytes, "files": loc.files,
+        "maxBytes": loc.max_bytes, "reserveBytes": loc.reserve_bytes,
+        "fileSystemBytes": total, "freeBytes": free, "healthy": loc.healthy,
+        "lastError": loc.last_error,
+    } for loc, (total, free) in zip(store.locations, usages)]
 
     tasks = store.tasks()
     return web.json_response({
@@ -280,7 +273,7 @@ async def status(request: web.Request) -> web.Response:
         "files": sum(t.files for t in tasks),
         "bytes": sum(t.bytes for t in tasks),
         "inFlight": {"uploads": state.uploads.active, "downloads": state.downloads.active},
-        "locations": await store.run(_locations),
+        "locations": locations,
     })
 
 

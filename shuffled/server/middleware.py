@@ -20,6 +20,7 @@ from shuffled.protocol import Interval
 from shuffled.server.errors import REJECT_REASON, Handler, error_response
 
 HEALTH_PATH = "/status/health"
+HEARTBEAT_SUFFIX = "/heartbeat"
 METRICS_PATH = "/metrics"
 REQUEST_ID_HEADER = "X-Request-Id"
 REQUEST_ID = web.RequestKey("request_id", str)
@@ -142,7 +143,10 @@ class Drain:
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if self.draining and request.path != HEALTH_PATH:
+        # Health and heartbeats are answered while draining: a heartbeat's answer is how a
+        # supervisor learns this daemon is restarting, not gone (docs/failover.md).
+        if self.draining and request.path != HEALTH_PATH and not request.path.endswith(
+                HEARTBEAT_SUFFIX):
             request[REJECT_REASON] = "draining"
             return error_response(Overloaded("the daemon is shutting down; retry on another "
                                              "daemon or after restart", retry_after=5))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -25,6 +26,8 @@ class DaemonState:
     drain: Drain
     sweeper: Sweeper | None = None  # the expiry sweeper; tests call run_once()
     started: float = field(default_factory=time.time)
+    # This process's identity: a heartbeat answer with another one means a restart.
+    instance: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
 STATE = web.AppKey("state", DaemonState)

@@ -19,6 +19,7 @@ from aiohttp import web
 from shuffled import __version__
 from shuffled.cleanup.sweeper import SweepRecord
 from shuffled.server.state import DaemonState, state_of
+from shuffled.server.views import disk_usages
 from shuffled.server.waiters import WATCH
 from shuffled.storage import Location, TaskEntry
 
@@ -131,15 +132,6 @@ async def page(request: web.Request) -> web.Response:
     state = state_of(request)
     store = state.store
 
-    def usages() -> list[tuple[int, int]]:
-        out = []
-        for loc in store.locations:
-            try:
-                out.append(loc.disk_usage())
-            except OSError:
-                out.append((-1, -1))
-        return out
-
     watch = request.app.get(WATCH)
     states = {}
     for entry in store.tasks():
@@ -148,5 +140,5 @@ async def page(request: web.Request) -> web.Response:
             states[sup] = "failed"
         elif sup in store.seals:
             states[sup] = "sealed"
-    html = render(state, await store.run(usages), states, store.clock())
+    html = render(state, await store.run(disk_usages, store.locations), states, store.clock())
     return web.Response(text=html, content_type="text/html", charset="utf-8")

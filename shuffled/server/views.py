@@ -1,4 +1,5 @@
-"""JSON shapes of the task listings (GET /tasks and GET /tasks/{sup})."""
+"""What the listings and status answers show: task listings (GET /tasks and GET
+/tasks/{sup}) and the locations' file-system figures (GET /status and the status page)."""
 
 from __future__ import annotations
 
@@ -49,3 +50,15 @@ def task_detail(entry: TaskEntry, expiry_timeout: float, locations: Sequence[Loc
     body["partitions"] = partitions
     body["nextCursor"] = next_cursor
     return body
+
+
+def disk_usages(locations: Sequence[Location]) -> list[tuple[int, int]]:
+    """(file system bytes, free bytes) of each location, (-1, -1) where it cannot be read;
+    blocking (statvfs): run it on the store's I/O threads."""
+    out = []
+    for loc in locations:
+        try:
+            out.append(loc.disk_usage())
+        except OSError:
+            out.append((-1, -1))
+    return out

@@ -6,7 +6,8 @@ subtasks, and partials of other (failed or duplicate) attempts are not served by
 reads. It must survive a restart, or a restarted daemon would answer "not complete" for
 ever. Stored as one small JSON file per task in every location's metadata directory
 (``<location>/.shuffled/seals/<supervisorTaskId>.json``), written atomically; any copy
-serves at start (copies agree: a second, different seal is refused). Versioned: a file of
+serves at start (copies agree: a second seal may only add subtasks, and the newest
+replaces every copy). Versioned: a file of
 another version is refused at start with a message, never silently read.
 """
 

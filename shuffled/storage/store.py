@@ -11,6 +11,7 @@ already under way land, then removes the task's rows and packs under the task's 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import shutil
 import time
@@ -93,6 +94,9 @@ class Store(Queries):
         # two locations land in any order, so a partial with a lower generation can become
         # visible after a higher one: readers in commit order stop below these (horizon).
         self._in_flight: set[int] = set()
+        # The same generations as a min-heap: the horizon is its top once landed ones are
+        # dropped from it (amortised O(log n) per generation, not a min() per page read).
+        self._in_flight_heap: list[int] = []
         # Supervisor task -> its committed subtasks, once sealed (see :mod:`.seals`).
         self.seals: dict[str, frozenset[str]] = {}
         # Called on the loop with a supervisor task id whenever its data or state changes
@@ -147,7 +151,8 @@ class Store(Queries):
                 entry.slots = keys if not entry.slots else entry.slots | keys
         for loc in self.locations:
             for sup, subs in (await self.run(seals.read_seals, loc.path)).items():
-                self.seals.setdefault(sup, subs)
+                # Seals only grow: a location that missed an extension has a subset.
+                self.seals[sup] = self.seals.get(sup, frozenset()) | subs
                 self._tasks.setdefault(sup, TaskEntry(sup, now))
         if self.recovered_partials or self.dropped_on_recovery:
             log.info("recovered %d partial segments of %d tasks (%d dropped)",
@@ -259,7 +264,7 @@ class Store(Queries):
                 body_crc=facts.body_crc, has_dictionaries=facts.has_dictionaries,
                 created=time.time(), pack=w.pack.number))
         sup = metas[0].key.supervisor_task_id
-        self._in_flight.update(m.generation for m in metas)
+        self.hold([m.generation for m in metas])
         self._sessions(sup)
         writes = self._writes[sup]
         writes.committing += 1
@@ -278,7 +283,7 @@ class Store(Queries):
                    outcome: asyncio.Future[list[int | None]]) -> None:
         """A group landed (or failed): update the task's figures, then resolve ``outcome``
         with the size each partial replaced, wherever it was. Runs on the loop."""
-        self._in_flight.difference_update(m.generation for m in metas)
+        self.land([m.generation for m in metas])
         writes = self._writes[sup]
         writes.committing -= 1
         if not writes.committing:
@@ -320,7 +325,21 @@ class Store(Queries):
     def horizon(self) -> int | None:
         """The lowest generation still being committed (None: none is): every partial below
         it that will ever be visible already is."""
-        return min(self._in_flight) if self._in_flight else None
+        heap = self._in_flight_heap
+        return heap[0] if heap else None  # land() keeps a landed generation off the top
+
+    def hold(self, generations: Sequence[int]) -> None:
+        """Generations handed out whose commit has not landed: readers stop below them."""
+        self._in_flight.update(generations)
+        for g in generations:
+            heapq.heappush(self._in_flight_heap, g)
+
+    def land(self, generations: Sequence[int]) -> None:
+        """Those generations' commit landed (or failed): they no longer hold readers back."""
+        self._in_flight.difference_update(generations)
+        heap = self._in_flight_heap
+        while heap and heap[0] not in self._in_flight:
+            heapq.heappop(heap)  # pruned here too, so the heap holds about what is in flight
 
     def _notify(self, sup: str) -> None:
         for listener in self.listeners:
@@ -329,17 +348,21 @@ class Store(Queries):
     async def seal(self, supervisor_task_id: str, sub_task_ids: Sequence[str]) -> bool:
         """Record that exactly ``sub_task_ids`` of the task are committed, durably on every
         healthy location. True if new, False if the same seal was already there (a retry);
-        Conflict if a different one was. A task not held yet is held from now on (empty),
-        so that expiry and DELETE remove its seal like any data."""
+        a seal that adds subtasks to the known one extends it (a supervisor that recomputed
+        lost subtasks seals their replacements, docs/failover.md); any other different one
+        is a Conflict: a committed subtask is never taken back. A task not held yet is held
+        from now on (empty), so that expiry and DELETE remove its seal like any data."""
         sup = supervisor_task_id
         subs = frozenset(sub_task_ids)
         async with self._lock(sup):
             known = self.seals.get(sup)
             if known is not None:
-                if known != subs:
-                    raise Conflict(f"{sup} is already sealed with {len(known)} other subtasks",
-                                   sealed=sorted(known)[:100])
-                return False
+                if not known <= subs:
+                    raise Conflict(f"{sup} is already sealed with {len(known - subs)} "
+                                   "subtasks this seal leaves out; a seal may only add "
+                                   "subtasks", sealed=sorted(known)[:100])
+                if known == subs:
+                    return False
             written = 0
             failure: OSError | None = None
             for loc in self.locations:

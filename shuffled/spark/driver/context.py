@@ -14,6 +14,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from shuffled.spark.driver.monitor import Monitor, RowCount
 from shuffled.spark.driver.report import TaskReport
 from shuffled.spark.phase1.prepare import metric_column, metric_time_column
 from shuffled.spark.phase1.tasks import Phase1Config
@@ -69,6 +70,9 @@ class JobContext:
     say: Callable[[str], None] = lambda _msg: None
     fault: dict[str, Any] = field(default_factory=dict)  # tests only: see phase1.tasks
     phase: str = "starting"
+    monitor: Monitor | None = None  # heartbeats: which daemons are gone
+    rows: RowCount | None = None  # rows handled so far, for the progress line
+    lost: dict[str, str] = field(default_factory=dict)  # daemons found gone, with why
     layout: Layout = field(init=False)
 
     def __post_init__(self) -> None:
@@ -76,18 +80,30 @@ class JobContext:
             raise ValueError(f"reader must be auto, native or jvm, not {self.reader!r}")
         self.layout = layout_of(self.spec)
 
-    def phase1_config(self, multi_value: tuple[str, ...] = ()) -> Phase1Config:
-        """What a phase-1 Spark task needs (pickled into its closure); ``multi_value``: the
-        string dimensions that may carry multi-values."""
+    @property
+    def survivors(self) -> tuple[str, ...]:
+        """The daemons not found gone, in the job's order."""
+        return tuple(s for s in self.servers if s not in self.lost)
+
+    def phase1_config(self, multi_value: tuple[str, ...] = (), **recompute: Any) -> Phase1Config:
+        """What a phase-1 Spark task needs (pickled into its closure): over the surviving
+        daemons; ``multi_value``: the string dimensions that may carry multi-values;
+        ``recompute`` sets :class:`Phase1Config`'s recompute fields."""
         s = self.spec
-        return Phase1Config(self.task_id, self.servers, self.layout, s.segment_granularity,
+        return Phase1Config(self.task_id, self.survivors, self.layout, s.segment_granularity,
                             s.max_rows_in_memory, s.max_saved_parse_exceptions,
-                            self.auth.token, self.auth.ca_file, self.fault,
-                            s.partial_compression, s.max_bytes_in_memory, multi_value)
+                            self.auth.token, self.auth.ca_file,
+                            {k: v for k, v in self.fault.items() if not callable(v)},
+                            s.partial_compression, s.max_bytes_in_memory,
+                            s.shuffle_replicas, multi_value=multi_value,
+                            **recompute)
 
     def phase2_config(self, multi_value: tuple[str, ...] = ()) -> Phase2Config:
         """What a phase-2 Spark task needs (pickled into its closure); ``multi_value``: the
         string dimensions phase 1 saw holding multi-values (stored as list<string>)."""
         return Phase2Config(self.task_id, self.layout, self.staging, self.auth.token,
                             self.auth.ca_file, self.spec.max_bytes_in_memory,
+                            retry_seconds=float(self.spec.shuffle_retry_seconds),
+                            lost=frozenset(self.lost),
+                            fault=tuple(self.fault.get("phase2", {}).items()),
                             multi_value=multi_value)

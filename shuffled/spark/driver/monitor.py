@@ -1,103 +1,218 @@
-"""Driver-side background duty while a job runs: keep shuffle data alive, report progress.
+"""Driver-side background duty while a job runs: heartbeats to the daemons, progress.
 
-Keep-alive: the daemons expire a supervisor task's data some time after its last PUT/GET,
-and listings do not count. At the start the driver PUTs a tiny marker partial segment
-(subTaskId ``supervisor-keepalive``, never read by phase 2) on every daemon and then GETs it
-every ``keepalive_seconds``, so data survives however long a phase takes. The final DELETE
-removes the marker with everything else.
+Heartbeat (the data tunnel's PING/PONG): every ``heartbeat_seconds`` the driver sends
+``POST .../tasks/{id}/heartbeat`` to every daemon, one thread per daemon so that a hung
+one delays no other. The heartbeat refreshes the task's expiry (so data survives however
+long a phase takes), and its answers keep a :class:`Liveness` per daemon: when it last
+answered, since when it has not, whether its last answer said it was draining (a restart
+is coming) and which process answered (a new ``instance`` is a restart). The pipeline asks
+:meth:`Monitor.verdict` which daemons are gone before it trusts their data
+(docs/failover.md).
 
-Progress: every ``progress_seconds`` the Spark status tracker's active stages are summarised
-through the progress callback (only when something changed).
+Progress: every ``progress_seconds`` the Spark status tracker's active stages and what the
+daemons hold and served of the task are summarised through the progress callback (only
+when something changed).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
-
-import pyarrow as pa
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from shuffled.client import ShuffleClient
-from shuffled.protocol import Interval, PartialKey
-from shuffled.spark.rows.rollup import to_ipc
 
 log = logging.getLogger("shuffled.spark")
 
-KEEPALIVE_SUB = "supervisor-keepalive"
-_MARK_INTERVAL = Interval(0, 1)
+
+@dataclass
+class Liveness:
+    """What the heartbeats know of one daemon (monotonic seconds)."""
+
+    last_ok: float | None = None
+    failing_since: float | None = None
+    draining: bool = False  # its last answer said it was shutting down
+    refused: bool = False  # the last try found nothing listening (no process on the port)
+    instance: str | None = None
+    restarts: int = 0
+    bytes: int = 0  # of this task, held there at the last answer
+    partials: int = 0
+    served: int = 0
+    error: str = ""
 
 
-def marker_key(task_id: str) -> PartialKey:
-    return PartialKey(task_id, KEEPALIVE_SUB, _MARK_INTERVAL, 0)
+@dataclass(frozen=True)
+class Timing:
+    """How the driver decides a daemon is gone: one whose port refuses connections (no
+    process there) after ``refused_after`` seconds, one that stopped answering otherwise
+    (timeouts, errors) after ``lost_after``, unless it said it was draining: then it gets
+    ``restart_seconds`` (tuningConfig shuffleRetrySeconds) to come back."""
+
+    heartbeat_seconds: float = 2.0
+    lost_after: float = 2.0
+    refused_after: float = 0.5
+    restart_seconds: float = 30.0
 
 
 class Monitor:
-    """A daemon thread that pings the shuffle servers and reports stage progress."""
+    """Heartbeat threads (one per daemon) and a progress thread."""
 
-    def __init__(self, task_id: str, servers: list[str], *, token: str | None,
-                 ca_file: str | None, keepalive_seconds: float, progress_seconds: float,
-                 status: Callable[[], str | None] | None,
-                 progress: Callable[[str], None] | None) -> None:
+    def __init__(self, task_id: str, servers: Sequence[str], *, token: str | None,
+                 ca_file: str | None, timing: Timing = Timing(), progress_seconds: float = 2.0,
+                 status: Callable[[], str | None] | None = None,
+                 progress: Callable[[str], None] | None = None) -> None:
         self.task_id = task_id
-        self.servers = servers
+        self.servers = list(servers)
         self.token, self.ca_file = token, ca_file
-        self.keepalive_seconds = keepalive_seconds
+        self.timing = timing
         self.progress_seconds = progress_seconds
         self.status = status
         self.progress = progress
+        self.live = {s: Liveness() for s in self.servers}
+        self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="shuffled-monitor", daemon=True)
+        self._threads = [threading.Thread(target=self._beat, args=(s,), daemon=True,
+                                          name=f"shuffled-heartbeat-{i}")
+                         for i, s in enumerate(self.servers)]
+        self._threads.append(threading.Thread(target=self._report, daemon=True,
+                                              name="shuffled-progress"))
         self._last = ""
 
     def _client(self, server: str) -> ShuffleClient:
-        return ShuffleClient(server, token=self.token, ca_file=self.ca_file, timeout=30.0)
+        return ShuffleClient(server, token=self.token, ca_file=self.ca_file,
+                             timeout=max(5.0, self.timing.lost_after))
 
     def start(self) -> None:
-        """Check every server, plant the keep-alive markers, start the thread."""
-        body = to_ipc(pa.table({"marker": pa.array([0], pa.int8())}))
+        """One heartbeat to every daemon now (they answered their health check), then the
+        threads."""
         for server in self.servers:
-            with self._client(server) as c:
-                c.put_partial(marker_key(self.task_id), body)
-        self._thread.start()
+            self.beat(server)
+        for t in self._threads:
+            t.start()
 
-    def touch(self) -> None:
-        for server in self.servers:
-            try:
+    def beat(self, server: str, client: ShuffleClient | None = None) -> bool:
+        """One heartbeat to ``server``, recorded; True if it answered."""
+        now = time.monotonic()
+        try:
+            if client is None:
                 with self._client(server) as c:
-                    c.get_partial(marker_key(self.task_id))
-            except Exception as exc:  # a daemon restart or outage: phase code retries
-                log.warning("keep-alive of %s on %s failed: %s", self.task_id, server, exc)
+                    answer = c.heartbeat(self.task_id)
+            else:
+                answer = client.heartbeat(self.task_id)
+        except Exception as exc:
+            with self._lock:
+                live = self.live[server]
+                if live.failing_since is None:
+                    live.failing_since = now
+                    log.warning("shuffle daemon %s stopped answering heartbeats: %s", server, exc)
+                live.error = _short(exc)
+                live.refused = live.error == "connection refused"
+            return False
+        with self._lock:
+            live = self.live[server]
+            if live.instance is not None and answer.get("instance") != live.instance:
+                live.restarts += 1
+                log.warning("shuffle daemon %s restarted (it keeps its data)", server)
+            live.instance = answer.get("instance")
+            live.last_ok, live.failing_since, live.error = now, None, ""
+            live.draining = bool(answer.get("draining"))
+            live.bytes, live.partials = int(answer.get("bytes", 0)), int(answer.get("partials", 0))
+            live.served = int(answer.get("servedBytes", 0))
+        return True
 
-    def _run(self) -> None:
-        waited = 0.0
-        step = min(self.keepalive_seconds, self.progress_seconds)
-        while not self._stop.wait(step):
-            waited += step
-            if waited >= self.keepalive_seconds:
-                waited = 0.0
-                self.touch()
-            self._report()
+    def _beat(self, server: str) -> None:
+        client = self._client(server)
+        try:
+            while not self._stop.wait(self.timing.heartbeat_seconds):
+                if not self.beat(server, client):
+                    client.close()  # a fresh connection next time
+        finally:
+            client.close()
+
+    def gone_for(self, server: str) -> float:
+        """Seconds ``server`` must stay silent before it counts as gone."""
+        with self._lock:
+            live = self.live[server]
+        if live.draining:
+            return self.timing.restart_seconds
+        return self.timing.refused_after if live.refused else self.timing.lost_after
+
+    def verdict(self, servers: Sequence[str] | None = None) -> dict[str, str]:
+        """The daemons (of ``servers``, default all) that are gone, with their last error.
+
+        Asks each now; one that does not answer is asked again every half second until it
+        answers (then it is alive: a restarted daemon keeps its data) or has been silent
+        for :meth:`gone_for` seconds. Bounded by the longest of those."""
+        gone: dict[str, str] = {}
+        for server in servers if servers is not None else self.servers:
+            while not self.beat(server):
+                with self._lock:
+                    live = self.live[server]
+                    silent = time.monotonic() - (live.failing_since or time.monotonic())
+                    error = live.error
+                if silent >= self.gone_for(server):
+                    gone[server] = error
+                    break
+                if self._stop.wait(min(0.5, self.gone_for(server) / 2)):
+                    break
+        return gone
+
+    def held(self) -> tuple[int, int]:
+        """Bytes held of this task and bytes served of it, summed over the daemons."""
+        with self._lock:
+            return (sum(v.bytes for v in self.live.values()),
+                    sum(v.served for v in self.live.values()))
+
+    def restarts(self) -> dict[str, int]:
+        with self._lock:
+            return {s: v.restarts for s, v in self.live.items() if v.restarts}
 
     def _report(self) -> None:
-        if self.status is None or self.progress is None:
-            return
-        try:
-            text = self.status()
-        except Exception:
-            return
-        if text and text != self._last:
-            self._last = text
-            self.progress(text)
+        while not self._stop.wait(self.progress_seconds):
+            if self.status is None or self.progress is None:
+                continue
+            try:
+                text = self.status()
+            except Exception:
+                continue
+            if text and text != self._last:
+                self._last = text
+                self.progress(text)
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=self.keepalive_seconds + 60)
+        for t in self._threads:
+            if t.is_alive():
+                t.join(timeout=self.timing.lost_after + 5)
 
 
-def stage_status(spark: object, label: Callable[[], str]) -> Callable[[], str | None]:
-    """A function summarising the active Spark stages as ``<phase>: done/total tasks``."""
+def _short(exc: BaseException) -> str:
+    """A few words for why a heartbeat failed ("connection refused", "timed out", ...)."""
+    cause: BaseException = exc
+    while cause.__cause__ is not None:
+        cause = cause.__cause__
+    if isinstance(cause, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(cause, TimeoutError):
+        return "timed out"
+    if isinstance(cause, OSError) and cause.strerror:
+        return cause.strerror.lower()
+    return (getattr(exc, "message", None) or repr(exc))[:120]
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+def stage_status(spark: object, label: Callable[[], str],
+                 held: Callable[[], tuple[int, int]] | None = None,
+                 rows: Callable[[], int] | None = None) -> Callable[[], str | None]:
+    """A function summarising the active Spark stages as ``<phase>: done/total tasks done,
+    N rows, ...``: ``rows`` so far (see :class:`RowCount`), and what the daemons hold
+    (phase 1: bytes shuffled so far) or served (phase 2: bytes read of those held)."""
 
     def status() -> str | None:
         tracker = spark.sparkContext.statusTracker()  # type: ignore[attr-defined]
@@ -109,6 +224,51 @@ def stage_status(spark: object, label: Callable[[], str]) -> Callable[[], str | 
                 total += info.numTasks
         if total == 0:
             return None
-        return f"{label()}: {done}/{total} tasks done"
+        phase = label()
+        text = f"{phase}: {done}/{total} tasks done"
+        if rows is not None:
+            text += f", {rows():,} rows"
+        if held is not None:
+            stored, served = held()
+            if phase.startswith("phase 1"):
+                text += f", {_mb(stored)} shuffled"
+            elif phase.startswith("phase 2"):
+                text += f", {_mb(served)} of {_mb(stored)} read"
+        return text
 
     return status
+
+
+class RowCount:
+    """Rows a phase has handled so far, for the progress line: what its finished Python
+    tasks added to a Spark accumulator (phase 1 read natively: input rows; phase 2: rows
+    written) plus, while the JVM reads phase 1's input, the records its scan has read
+    (Spark's live task metrics, updated with each executor heartbeat)."""
+
+    def __init__(self, spark: Any) -> None:
+        self.spark = spark
+        self.acc = spark.sparkContext.accumulator(0)
+        self._start = 0
+        self.jvm = False
+
+    def start(self, jvm: bool = False) -> None:
+        """A new phase: count from zero; ``jvm`` when the JVM scan feeds it."""
+        self._start = self.acc.value
+        self.jvm = jvm
+
+    def __call__(self) -> int:
+        n = self.acc.value - self._start
+        if self.jvm:
+            n += self._scanned()
+        return n
+
+    def _scanned(self) -> int:
+        try:
+            stages = self.spark.sparkContext._jsc.sc().statusStore().activeStages()
+            it = stages.iterator()
+            total = 0
+            while it.hasNext():
+                total += int(it.next().inputRecords())
+            return total
+        except Exception:  # a Spark without this internal API: no figure, no failure
+            return 0

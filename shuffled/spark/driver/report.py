@@ -27,12 +27,16 @@ class TaskReport:
     rows_shipped: int = 0
     peak_rss: int = 0  # the largest phase-1 Python worker's peak RSS (VmHWM)
     peak_rss_growth: int = 0  # the most one phase-1 task added to its worker
+    bytes_replicated: int = 0  # shuffleReplicas: bytes written beyond the first copy
+    replication_ms: int = 0  # summed over the tasks
+    failovers: int = 0  # flushes moved past an unusable daemon
     bytes_fetched: int = 0
     rows_out: int = 0
     subtasks: list[dict[str, Any]] = field(default_factory=list)
     unparseable_events: list[dict[str, Any]] = field(default_factory=list)
     segments: list[dict[str, Any]] = field(default_factory=list)
     cleanup: dict[str, str] = field(default_factory=dict)
+    recovery: dict[str, Any] | None = None  # lost daemons and what was redone (failover)
 
     def phase(self, name: str, started: float, **facts: Any) -> None:
         self.phases[name] = {"ingest/task/time": int((time.monotonic() - started) * 1000), **facts}
@@ -51,6 +55,9 @@ class TaskReport:
         self.bytes_shuffled += int(stats["bytesShuffled"])
         self.bytes_before_compression += int(stats.get("bytesBeforeCompression", 0))
         self.rows_shipped += int(stats.get("rowsShipped", 0))
+        self.bytes_replicated += int(stats.get("bytesReplicated", 0))
+        self.replication_ms += int(stats.get("replicationMs", 0))
+        self.failovers += int(stats.get("failovers", 0))
         self.peak_rss = max(self.peak_rss, int(stats.get("peakRss", 0)))
         self.peak_rss_growth = max(self.peak_rss_growth,
                                    int(stats.get("peakRss", 0)) - int(stats.get("rssAtStart", 0)))
@@ -79,6 +86,7 @@ class TaskReport:
             "subtasks": self.subtasks,
             "segments": len(self.segments),
             "cleanup": self.cleanup,
+            "recovery": self.recovery,
         }
 
     def summary(self) -> str:

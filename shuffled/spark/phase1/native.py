@@ -136,7 +136,14 @@ def prepare_batch(table: pa.Table, spec: NativeInput, path: str, first_row: int)
     cols: dict[str, pa.Array | pa.ChunkedArray] = {
         CHUNK: pa.array(chunk), TIME: pa.array(truncate_array(millis, spec.query_granularity))}
     for name, kind in spec.dims:
-        src = table.column(name) if name in names else pa.nulls(n, pa.string())
+        if name in names:
+            src = table.column(name)
+        elif kind == "string":
+            # Absent from this file: all null, dictionary-encoded like the string columns of
+            # the files that have it, so that the task's tables concatenate.
+            src = pa.DictionaryArray.from_arrays(pa.nulls(n, pa.int32()), pa.array([], pa.string()))
+        else:
+            src = pa.nulls(n, pa.int64())
         cols[name] = src if kind == "string" else src.cast(pa.int64())
     for column, kind, source in spec.metrics:
         src = table.column(source) if source in names else pa.nulls(n, pa.int64())

@@ -43,11 +43,11 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from shuffled.client import ShuffleClient
 from shuffled.protocol import Interval, PartialKey
 from shuffled.spark.spec.granularity import bucket_end
 from shuffled.spark.phase1.native import Bucketer, NativeInput, Split, read_split
 from shuffled.spark.phase1.partials import Encoder, split_partials
+from shuffled.spark.phase1.placement import Placer
 from shuffled.spark.rows.multivalue import has_multi
 from shuffled.spark.rows.memory import peak_rss, release_free_memory, reset_peak_rss, rss
 from shuffled.spark.rows.rollup import BAD, BUCKET, CHUNK, Layout, combine, rollup_input
@@ -68,6 +68,12 @@ class Phase1Config:
     fault: dict[str, Any] = field(default_factory=dict)  # tests only: see _maybe_fail
     compression: str = "none"  # Arrow IPC buffer compression of partials (tuningConfig)
     max_bytes: int = 256 << 20  # maxBytesInMemory (0: unbounded): bounds rolled-up rows held
+    replicas: int = 1  # shuffleReplicas: distinct daemons each flush is written to
+    # A recompute (docs/failover.md): the Spark partition each task stands for, by the
+    # task's own partition index (None: itself), and per partition the only (chunk start,
+    # partitionId) keys to upload (the ones lost); None uploads every key.
+    partition_ids: tuple[int, ...] | None = None
+    only_keys: dict[int, frozenset[tuple[int, int]]] | None = None
     # String dimensions that may carry multi-values (rows.multivalue's one-string form):
     # the task reports which of them did, so phase 2 stores those as list<string>.
     multi_value: tuple[str, ...] = ()
@@ -83,12 +89,14 @@ class _Task:
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
-        self.partition = ctx.partitionId() if ctx else 0
+        index = ctx.partitionId() if ctx else 0
+        self.partition = cfg.partition_ids[index] if cfg.partition_ids else index
         self.attempt = ctx.taskAttemptId() if ctx else 0
         self.attempt_number = ctx.attemptNumber() if ctx else 0
         self.cfg = cfg
-        self.server = cfg.servers[self.partition % len(cfg.servers)]
-        self.client = ShuffleClient(self.server, token=cfg.token, ca_file=cfg.ca_file)
+        self.keep = cfg.only_keys.get(self.partition, frozenset()) if cfg.only_keys else None
+        self.placer = Placer(cfg.servers, self.partition, cfg.replicas, cfg.token, cfg.ca_file)
+        self.server = self.placer.order[0]
         self.raw: list[pa.Table] = []
         self.raw_rows = 0
         self.pending: list[pa.Table] = []
@@ -97,7 +105,8 @@ class _Task:
         self.uploads: list[dict[str, Any]] = []
         self.stats = {"rowsIn": 0, "processed": 0, "unparseable": 0, "thrownAway": 0,
                       "bytesProcessed": 0, "bytesShuffled": 0, "bytesBeforeCompression": 0,
-                      "rowsShipped": 0}
+                      "rowsShipped": 0, "bytesReplicated": 0, "replicationMs": 0,
+                      "failovers": 0}
         self.bad: list[dict[str, Any]] = []
         self.multi: set[str] = set()  # dimensions seen holding a multi-value
         # JVM rows carry their partition (__bucket); native rows get it after the rollup.
@@ -120,11 +129,15 @@ class _Task:
         self.stats["processed"] += table.num_rows
         if table.num_rows == 0:
             return
-        # Roll up in large slices: per-batch rollup of mostly-distinct keys would only add work.
-        self.raw.append(table)
-        self.raw_rows += table.num_rows
-        if self.raw_rows >= self.cfg.max_rows:
-            self._rollup_raw()
+        # Roll up in large slices: per-batch rollup of mostly-distinct keys would only add
+        # work. A batch larger than maxRowsInMemory is taken a slice at a time (the bound).
+        step = self.cfg.max_rows
+        for lo in range(0, table.num_rows, step):
+            piece = table.slice(lo, step) if table.num_rows > step else table
+            self.raw.append(piece)
+            self.raw_rows += piece.num_rows
+            if self.raw_rows >= self.cfg.max_rows:
+                self._rollup_raw()
 
     def _rollup_raw(self) -> None:
         self._rollup_raw_only()
@@ -189,42 +202,83 @@ class _Task:
 
     def close(self) -> None:
         self._uploader.shutdown(wait=True, cancel_futures=True)
-        self.client.close()
+        self.placer.close()
 
     def _upload(self, table: pa.Table, sub: str) -> None:
-        """On the upload thread: partition, cut and send one flush's partials."""
+        """On the upload thread: partition, cut and send one flush's partials to its
+        daemons (the placer fails over past unusable ones, docs/failover.md)."""
         buckets = self.bucketer(table) if self.bucketer is not None else None
         self.multi.update(d for d in self.cfg.multi_value
                           if d not in self.multi and has_multi(table.column(d)))
-        made: list[tuple[PartialKey, int, int]] = []  # key, rows, bytes
+        if self.keep is not None:  # a recompute: only the keys that were lost
+            table, buckets = _only(table, buckets, self.keep)
         sup, gran = self.cfg.supervisor_task_id, self.cfg.segment_granularity
+        made: list[tuple[PartialKey, int, int]] = []  # key, rows, bytes
+        raw = [0, 0]  # the encoder's raw-byte count before and after the (last) cut
 
         def partials() -> Iterator[tuple[PartialKey, bytes]]:
             # Consumed by the bulk upload as it streams: each partial is encoded while the
-            # previous ones are on the wire.
+            # previous ones are on the wire. A failed-over flush is cut again.
+            made.clear()
+            raw[0] = self.encoder.raw_bytes
             for chunk, bucket, rows, body in split_partials(table, self.cfg.layout, buckets,
                                                             self.encoder):
                 key = PartialKey(sup, sub, Interval(chunk, bucket_end(chunk, gran)), bucket)
                 made.append((key, rows, len(body)))
                 yield key, body
+            raw[1] = self.encoder.raw_bytes
 
-        raw_before = self.encoder.raw_bytes
-        answers = self.client.put_partials(self.cfg.supervisor_task_id, partials())
-        self.stats["bytesBeforeCompression"] += self.encoder.raw_bytes - raw_before
-        for (key, rows, size), answer in zip(made, answers, strict=True):
+        placed = self.placer.put(sup, partials)
+        self.stats["bytesBeforeCompression"] += raw[1] - raw[0]
+        replicated = sum(size for _, _, size in made) * (len(placed.servers) - 1)
+        self.stats["bytesReplicated"] += replicated
+        self.stats["replicationMs"] += placed.replica_ms
+        self.stats["failovers"] += placed.failovers
+        for (key, rows, size), answer in zip(made, placed.answers, strict=True):
             self.stats["bytesShuffled"] += size
             self.stats["rowsShipped"] += rows
-            self.uploads.append({"kind": "partial", "server": self.server, "sub": sub,
+            self.uploads.append({"kind": "partial", "task": self.partition,
+                                 "server": placed.servers[0],
+                                 "replicas": list(placed.servers), "sub": sub,
                                  "start": key.interval.start, "end": key.interval.end,
                                  "partition": key.partition_id, "rows": rows, "bytes": size,
                                  "crc32c": answer.get("crc32c")})
             _maybe_fail(self.cfg.fault, self.partition, self.attempt_number, len(self.uploads))
 
 
+def _only(table: pa.Table, buckets: Any, keep: frozenset[tuple[int, int]]) -> tuple[pa.Table, Any]:
+    """The rows of ``table`` whose (chunk, partition) is in ``keep`` (vectorised: a
+    recompute may keep thousands of keys of millions of rows)."""
+    import numpy as np
+
+    chunks = table.column(CHUNK).to_numpy()
+    of = np.asarray(buckets if buckets is not None else table.column(BUCKET).to_numpy())
+    kept_chunks = np.array(sorted({c for c, _ in keep}), dtype=chunks.dtype)
+    width = int(max(int(of.max(initial=0)), max(b for _, b in keep))) + 1 if keep else 1
+    # (chunk, partition) as one integer: the chunk's rank among the kept chunks, times width.
+    rank = np.searchsorted(kept_chunks, chunks)
+    known = (rank < len(kept_chunks)) & (kept_chunks[np.minimum(rank, len(kept_chunks) - 1)]
+                                          == chunks) if len(kept_chunks) else np.zeros(
+                                              len(chunks), dtype=bool)
+    codes = rank.astype(np.int64) * width + of.astype(np.int64)
+    wanted = np.array([int(np.searchsorted(kept_chunks, c)) * width + b for c, b in keep],
+                      dtype=np.int64)
+    mask = known & np.isin(codes, wanted)
+    return table.filter(pa.array(mask)), (of[mask] if buckets is not None else None)
+
+
 def _maybe_fail(fault: dict[str, Any], partition: int, attempt_number: int, uploads: int) -> None:
-    """Fault injection for tests: fail chosen attempts after some uploads."""
+    """Fault injection for tests: fail chosen attempts after some uploads, or kill a
+    daemon the test started (``kill``: pid, signal, partition, after_uploads)."""
     if not fault:
         return
+    kill = fault.get("kill")
+    if kill and partition == kill.get("partition", 0) and uploads >= kill.get("after_uploads", 1):
+        for pid in [kill["pid"], *kill.get("also", ())]:
+            try:
+                os.kill(int(pid), int(kill.get("signal", 9)))
+            except ProcessLookupError:
+                pass  # killed already (by an earlier upload or attempt)
     if (partition in fault.get("partitions", ()) and attempt_number in fault.get("attempts", (0,))
             and uploads >= fault.get("after_uploads", 1)):
         raise RuntimeError(f"injected phase-1 failure (partition {partition}, "
@@ -260,10 +314,30 @@ def run_task(cfg: Phase1Config, batches: Iterator[pa.RecordBatch | pa.Table],
         task.close()
     stats = {"kind": "stats", "partition": task.partition, "attempt": task.attempt,
              "attemptNumber": task.attempt_number, "server": task.server,
+             "serversDown": sorted(task.placer.down),
              "ms": int((time.monotonic() - started) * 1000), "bad": task.bad,
              "peakRss": peak_rss(), "rssAtStart": baseline, "multiValue": sorted(task.multi),
              **task.stats}
     return [json.dumps(u) for u in task.uploads] + [json.dumps(stats)]
+
+
+def run_rows_task(cfg: Phase1Config, rows: Iterator[Any], schema: pa.Schema,
+                  batch_rows: int = 20_000) -> list[str]:
+    """:func:`run_task` over Spark Rows (``DataFrame.rdd``): how a recompute re-runs one
+    JVM-read subtask alone (``SparkContext.runJob`` on chosen partitions), where the data
+    source sink would run them all."""
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        chunk: list[dict[str, Any]] = []
+        for row in rows:
+            chunk.append(row.asDict())
+            if len(chunk) >= batch_rows:
+                yield pa.RecordBatch.from_pylist(chunk, schema=schema)
+                chunk = []
+        if chunk:
+            yield pa.RecordBatch.from_pylist(chunk, schema=schema)
+
+    return run_task(cfg, batches())
 
 
 @dataclass

@@ -195,6 +195,8 @@ def _rows() -> list[Field]:
         Field(f"{TUN}.maxBytesInMemory", 1 << 20, S, "a task's memory budget (Druid's meaning: 0 default, -1 unbounded)"),
         *[Field(f"{TUN}.partialCompression", c, S, "ours: Arrow IPC compression of partials" if c == "lz4" else "")
           for c in ("lz4", "zstd", "none")],
+        Field(f"{TUN}.shuffleReplicas", 2, S, "ours: daemons each partial is written to (docs/failover.md)"),
+        Field(f"{TUN}.shuffleRetrySeconds", 30, S, "ours: how long a read waits for a daemon that does not answer"),
     ]
     done = {r.path[len(TUN) + 1:].split(".")[0] for r in rows if r.path.startswith(f"{TUN}.")}
     rows += [Field(f"{TUN}.{k}", _IGNORED_SAMPLES.get(k, 1), I) for k in sorted(IGNORED["tuningConfig"] - done)]

@@ -153,6 +153,10 @@ def parse_tuning(o: JsonObject) -> dict[str, Any]:
         # ours, not Druid's: how phase 1 compresses partials on the wire and on disk
         "partial_compression": choice(o, "partialCompression", PARTIAL_CODECS,
                                       DEFAULT_PARTIAL_COMPRESSION),
+        # ours: how many daemons hold each partial, and how long a read waits for a daemon
+        # that does not answer (a restart) before its data counts as lost (docs/failover.md)
+        "shuffle_replicas": o.int_("shuffleReplicas", 1),
+        "shuffle_retry_seconds": o.int_("shuffleRetrySeconds", 30),
     }
     o.done(IGNORED["tuningConfig"])
     return out

@@ -195,6 +195,8 @@ class IngestSpec:
     max_saved_parse_exceptions: int = 20
     max_bytes_in_memory: int = 256 << 20  # a merge task's budget; 0: unbounded (Druid's -1)
     partial_compression: str = DEFAULT_PARTIAL_COMPRESSION
+    shuffle_replicas: int = 1  # daemons each partial is written to (tuningConfig, ours)
+    shuffle_retry_seconds: int = 30  # a read's wait for a daemon that does not answer
     transform: TransformSpec = field(default_factory=TransformSpec)
     task_id: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)

@@ -1,0 +1,357 @@
+"""The driver's steps of one ingestion: partition determination, phase 1, recovery from
+lost daemons, the seal and phase 2 (publishing is :mod:`.pipeline`'s). See
+docs/exactly-once.md for why phase 2 reads exactly the committed phase-1 attempts, and
+docs/failover.md for what happens when a daemon is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from shuffled.client import ShuffleClient, ShuffleUnavailable
+from shuffled.errors import ShuffleError
+from shuffled.spark.driver import recovery
+from shuffled.spark.driver.context import JobContext
+from shuffled.spark.phase1 import native
+from shuffled.spark.phase1 import tasks as phase1
+from shuffled.spark.phase1.determine import determine
+from shuffled.spark.phase1.prepare import (bucket_column, metric_column, metric_time_column,
+                                            multi_value_dimensions, prepare)
+from shuffled.spark.phase1.source import load_input, resolve_lines
+from shuffled.spark.phase2 import merge as phase2
+from shuffled.spark.rows.rollup import BAD, BUCKET, CHUNK, TIME
+from shuffled.spark.spec.model import PartitionPlan
+
+log = logging.getLogger("shuffled.spark")
+
+
+class IngestionFailed(ShuffleError):
+    """The ingestion could not complete (e.g. too many parse exceptions, lost data)."""
+
+    code = "ingestion_failed"
+
+
+class Job:
+    """The driver's steps of one ingestion, all reading one :class:`JobContext`."""
+
+    def __init__(self, ctx: JobContext) -> None:
+        self.ctx = ctx
+        self.spark, self.spec, self.report, self.say = ctx.spark, ctx.spec, ctx.report, ctx.say
+        self.recovery = recovery.Recovery()
+        # How to re-run one phase-1 subtask alone (set by phase 1): (read natively, the
+        # native input and splits) or (through the JVM, the hand-off DataFrame).
+        self._native_input: tuple[native.NativeInput, list[list[native.Split]]] | None = None
+        self._handoff: DataFrame | None = None
+        self.may_be_multi: tuple[str, ...] = ()  # string dimensions whose input may hold arrays
+        self.multi_value: set[str] = set()  # those phase 1 saw holding multi-values
+
+    def run(self) -> tuple[list[dict[str, Any]], PartitionPlan]:
+        s = self.spec
+        rows = load_input(self.spark, s, self.ctx.files)
+        self.may_be_multi = multi_value_dimensions(rows, s)
+        prepared = prepare(rows, s)
+        self.ctx.phase = "determine partitions"
+        started = time.monotonic()
+        plan, card = determine(prepared, s)
+        chunks = len(card) if card else None
+        self.report.phase("determinePartitions", started, timeChunks=chunks,
+                          estimatedRows=sum(card.values()) if card else None)
+        self.say(f"determine partitions: {plan.kind}, "
+                 + (f"{chunks} time chunks, {sum(plan.shards(c) for c in card)} partitions"
+                    if card else f"numShards {plan.num_shards}"))
+        partials = self.phase1(prepared, plan)
+        hook = self.ctx.fault.get("between_phases")
+        if callable(hook):
+            hook()
+        partials = self.sealed(partials, "after phase 1")
+        staged = self.phase2(partials)
+        self.recovery.restarts = self.ctx.monitor.restarts() if self.ctx.monitor else {}
+        return staged, plan
+
+    def phase1(self, prepared: DataFrame, plan: PartitionPlan) -> list[dict[str, Any]]:
+        s = self.spec
+        self.ctx.phase = "phase 1 (partial segments)"
+        if self.ctx.rows is not None:
+            self.ctx.rows.start()
+        self.say("phase 1: rolling up and shuffling partial segments")
+        started = time.monotonic()
+        cfg = self.ctx.phase1_config(self.may_be_multi)
+        why_not = "the JVM reader was asked for"
+        if self.ctx.reader != "jvm":
+            conf = self.spark.conf
+            sizing = native.SplitSizing(
+                native.parse_bytes(conf.get("spark.sql.files.maxPartitionBytes", "128m") or "128m"),
+                native.parse_bytes(conf.get("spark.sql.files.openCostInBytes", "4m") or "4m"),
+                self.spark.sparkContext.defaultParallelism, s.max_concurrent_subtasks)
+            planned = native.plan_native(s, plan, self.ctx.files, sizing)
+            if not isinstance(planned, str):
+                self.say(f"phase 1 reads {len(self.ctx.files)} Parquet files natively "
+                         f"in {len(planned[1])} tasks")
+                self._native_input = planned
+                lines = self._native(cfg, *planned)
+                return self._collect(lines, started, "native", native.NATIVE_REASON)
+            why_not = planned
+        if self.ctx.reader == "native":
+            raise IngestionFailed(f"the native phase-1 reader cannot read this input: {why_not}")
+        log.info("phase 1 reads through the JVM: %s", why_not)
+        if self.ctx.rows is not None:
+            self.ctx.rows.start(jvm=True)
+        return self._collect(self._jvm(prepared, plan, cfg), started, "jvm", why_not)
+
+    def _native(self, cfg: phase1.Phase1Config, ninput: native.NativeInput,
+                tasks: list[list[native.Split]]) -> list[str]:
+        """Each Spark task reads its row groups with pyarrow. ``collect`` keeps the result of
+        exactly one successful attempt per task, as the data source commit does."""
+        rdd = self.spark.sparkContext.parallelize(tasks, len(tasks))
+        rows = self.ctx.rows.acc if self.ctx.rows is not None else None
+
+        def run(it: Iterator[list[native.Split]]) -> list[str]:
+            lines = phase1.run_native_task(cfg, ninput, (x for t in it for x in t))
+            if rows is not None:  # the progress line's rows, once the task is done
+                rows.add(int(json.loads(lines[-1]).get("rowsIn", 0)))
+            return lines
+
+        return rdd.mapPartitions(run).collect()
+
+    def _recompute(self, only: dict[int, frozenset[recovery.Key]]) -> list[dict[str, Any]]:
+        """Re-run the phase-1 subtasks ``only`` names, each on its own input split, for
+        only their lost keys, on the surviving daemons; returns their partials."""
+        subtasks = sorted(only)
+        if self._native_input is not None:
+            ninput, tasks = self._native_input
+            # A subtask's splits may be cut into several Spark tasks, so that a recompute of
+            # fewer subtasks than cores uses every core: each piece uploads all of its rows
+            # of the lost keys, and the pieces together are the subtask's rows.
+            pieces = max(1, self.spark.sparkContext.defaultParallelism // len(subtasks))
+            ids, work = [], []
+            for t in subtasks:
+                for part in recovery.cut(tasks[t], pieces):
+                    ids.append(t)
+                    work.append(part)
+            cfg = self.ctx.phase1_config(self.may_be_multi, partition_ids=tuple(ids),
+                                         only_keys=only)
+            lines = self._native(cfg, ninput, work)
+        else:
+            from pyspark.sql.pandas.types import to_arrow_schema
+
+            assert self._handoff is not None
+            schema = to_arrow_schema(self._handoff.schema)
+            # runJob on the chosen partitions: their own splits, nothing else is read.
+            cfg = self.ctx.phase1_config(self.may_be_multi, only_keys=only)
+            lines = self.spark.sparkContext.runJob(
+                self._handoff.rdd, lambda rows: phase1.run_rows_task(cfg, rows, schema),
+                subtasks)
+        items = [json.loads(line) for line in lines]
+        return [i for i in items if i["kind"] == "partial"]
+
+    def recover(self, partials: list[dict[str, Any]], when: str,
+                wanted: set[recovery.PartitionId] | None = None) -> list[dict[str, Any]]:
+        """Ask which daemons are gone (waiting out a restart); if any held committed
+        partials with no surviving replica, recompute them: the committed list after."""
+        monitor = self.ctx.monitor
+        if monitor is None:
+            return partials
+        gone = monitor.verdict(self.ctx.survivors)
+        self.ctx.lost.update(gone)
+        self.recovery.lost.update(gone)
+        only = recovery.lost_keys(partials, self.ctx.lost, wanted)
+        if not only:
+            return partials
+        if not self.ctx.survivors:
+            raise RuntimeError("every shuffle daemon is gone")  # explained by _explain_loss
+        started = time.monotonic()
+        self.ctx.phase = "recompute (lost daemon)"
+        keys = sum(len(k) for k in only.values())
+        self.say(f"recovering: {', '.join(self.ctx.lost)} lost; recomputing {len(only)} "
+                 f"phase-1 subtasks for {keys} partitions on {len(self.ctx.survivors)} daemons")
+        recomputed = self._recompute(only)
+        after = recovery.replace(partials, only, recomputed)
+        self.recovery.round(when, started, lost=sorted(gone) or sorted(self.ctx.lost),
+                            subtasksRecomputed=len(only), keysRecomputed=keys,
+                            partialsDropped=len(partials) + len(recomputed) - len(after),
+                            partialsRecomputed=len(recomputed),
+                            bytesRecomputed=sum(int(p["bytes"]) for p in recomputed))
+        return after
+
+    def _jvm(self, prepared: DataFrame, plan: PartitionPlan, cfg: phase1.Phase1Config) -> list[str]:
+        s = self.spec
+        cols = [CHUNK, BUCKET, TIME, *[F.col(f"`{d}`") for d in s.dimension_names],
+                *[metric_column(i) for i, m in enumerate(s.metrics) if m.field],
+                *[metric_time_column(i) for i, m in enumerate(s.metrics) if m.first_last], BAD]
+        handoff = prepared.withColumn(BUCKET, bucket_column(plan, s)).select(*cols)
+        limit = s.max_concurrent_subtasks
+        if limit > 1 and handoff.rdd.getNumPartitions() > limit:
+            handoff = handoff.coalesce(limit)
+        result_path = os.path.join(self.ctx.staging, "phase1-committed.jsonl")
+        self._handoff = handoff
+        self.spark.dataSource.register(phase1.ShuffleDataSource)
+        (handoff.write.format(phase1.ShuffleDataSource.name()).mode("append")
+         .option("config", phase1.encode_config(cfg)).option("result_path", result_path).save())
+        with open(result_path, encoding="utf-8") as fh:
+            return [line for line in fh if line.strip()]
+
+    def _collect(self, lines: list[str], started: float, reader: str,
+                 reason: str) -> list[dict[str, Any]]:
+        s = self.spec
+        partials, bad = [], []
+        for line in lines:
+            item = json.loads(line)
+            if item["kind"] == "partial":
+                partials.append(item)
+            else:
+                self.report.add_subtask(item)
+                bad.extend(item["bad"])
+                self.multi_value.update(item.get("multiValue", ()))
+        bad = bad[: s.max_saved_parse_exceptions]
+        resolve_lines(bad)
+        for b in bad:
+            log.warning("unparseable row at %s:%s: %s", b["file"], b["line"], b["message"])
+        self.report.unparseable_events = bad
+        r = self.report.rows
+        self.report.phase("partialSegmentGeneration", started, subtasks=len(self.report.subtasks),
+                          partials=len(partials), bytesShuffled=self.report.bytes_shuffled,
+                          replicas=self.spec.shuffle_replicas,
+                          bytesReplicated=self.report.bytes_replicated,
+                          replicationSeconds=self.report.replication_ms / 1000,
+                          failovers=self.report.failovers,
+                          bytesBeforeCompression=self.report.bytes_before_compression,
+                          # the combiner: rows sent after each task's local rollup
+                          rowsShipped=self.report.rows_shipped,
+                          peakTaskRssBytes=self.report.peak_rss,
+                          peakTaskRssGrowthBytes=self.report.peak_rss_growth,
+                          compression=self.spec.partial_compression,
+                          reader=reader, readerReason=reason,
+                          multiValueDimensions=sorted(self.multi_value))
+        self.say(f"phase 1 done: {len(self.report.subtasks)} subtasks, {r['processed']} rows, "
+                 f"{r['unparseable']} unparseable, {r['thrownAway']} thrown away, "
+                 f"{len(partials)} partials, {self.report.bytes_shuffled} bytes shuffled")
+        if r["unparseable"] > s.max_parse_exceptions:
+            first = bad[0] if bad else {}
+            where = f"; first at {first.get('file')}:{first.get('line')}: {first.get('message')}" if first else ""
+            raise IngestionFailed(
+                f"Max parse exceptions [{s.max_parse_exceptions}] exceeded: "
+                f"{r['unparseable']} unparseable rows{where}", unparseable=r["unparseable"])
+        return partials
+
+    def seal(self, partials: list[dict[str, Any]]) -> list[str]:
+        """Tell each daemon which subtasks committed partials there (the seal): its paged
+        reads then serve only those and say when a partition is complete. A seal after a
+        recompute adds the recomputed subtasks. Returns the daemons that could not be
+        sealed (the caller asks whether they are gone)."""
+        committed = recovery.on_daemons(partials)
+        auth = self.ctx.auth
+        failed = []
+        for server, subs in sorted(committed.items()):
+            if server in self.ctx.lost:
+                continue
+            try:
+                with ShuffleClient(server, token=auth.token, ca_file=auth.ca_file,
+                                   retry=self.ctx.phase2_config().retry) as client:
+                    client.seal(self.ctx.task_id, sorted(subs))
+            except ShuffleUnavailable:
+                failed.append(server)
+        return failed
+
+    def sealed(self, partials: list[dict[str, Any]], when: str,
+               wanted: set[recovery.PartitionId] | None = None) -> list[dict[str, Any]]:
+        """:meth:`recover`, then :meth:`seal`, again while a daemon fails its seal."""
+        for _ in range(len(self.ctx.servers) + 1):
+            partials = self.recover(partials, when, wanted)
+            if not self.seal(partials):
+                return partials
+        raise IngestionFailed("the shuffle daemons could not be sealed")
+
+    def phase2(self, partials: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        self.ctx.phase = "phase 2 (merge)"
+        if self.ctx.rows is not None:
+            self.ctx.rows.start()
+        started = time.monotonic()
+        assignments = phase2.assign(partials)
+        if not assignments:
+            self.report.phase("partialSegmentMerge", started, tasks=0, partitions=0)
+            self.say("phase 2: no rows to merge")
+            return []
+        tasks = self.spec.total_merge_tasks
+        sized = tasks is None
+        if tasks is None:
+            tasks = phase2.merge_tasks(assignments, sum(int(p.get("bytes", 0)) for p in partials),
+                                       self.spark.sparkContext.defaultParallelism)
+        self.say(f"phase 2: merging {len(assignments)} partitions in "
+                 f"{min(tasks, len(assignments))} tasks"
+                 + (" (sized from phase 1's rows and bytes)" if sized else ""))
+        os.makedirs(self.ctx.staging, exist_ok=True)
+        done: dict[recovery.PartitionId, dict[str, Any]] = {}
+        todo = assignments
+        for round_ in range(len(self.ctx.servers) + 1):
+            results, lost = self._merge(todo, tasks)
+            done.update({(r["start"], r["end"], r["partition"]): r for r in results})
+            if not lost:
+                break
+            # Some partitions could not be read: the daemons named are restarting (then
+            # they are read again) or gone (then what they held is recomputed first).
+            again_started = time.monotonic()
+            wanted = {(r["start"], r["end"], r["partition"]) for r in lost}
+            for r in lost:  # answered without rows it committed: its data is gone
+                for server in r.get("missing", ()):
+                    self.ctx.lost.setdefault(server, f"lacks committed partials: {r['why']}")
+                    self.recovery.lost.setdefault(server, self.ctx.lost[server])
+            self.say(f"phase 2: {len(wanted)} partitions could not be read from "
+                     f"{', '.join(sorted({s for r in lost for s in r['lost']}))}")
+            partials = self.sealed(partials, "during phase 2", wanted)
+            self.ctx.phase = "phase 2 (merge)"
+            todo = [a for a in phase2.assign(partials)
+                    if (a.start, a.end, a.partition) in wanted]
+            self.recovery.round("phase 2 re-merge", again_started, partitionsRemerged=len(todo),
+                                round=round_ + 1)
+        else:
+            raise IngestionFailed("phase 2 could not read every partition after recovering")
+        assignments = phase2.assign(partials)
+        results = [done[(a.start, a.end, a.partition)] for a in assignments
+                   if (a.start, a.end, a.partition) in done]
+        expected = {(a.start, a.end, a.partition): a.rows for a in assignments}
+        got = {(r["start"], r["end"], r["partition"]): r["rowsIn"] for r in results}
+        if got != expected or len(results) != len(assignments):
+            raise IngestionFailed("phase 2 results do not match the phase-1 partitions")
+        groups = min(tasks, len(assignments))
+        self.report.rows_out = sum(r["rows"] for r in results)
+        self.report.bytes_fetched = sum(r["bytesFetched"] for r in results)
+        spent = {f"{k}Seconds": round(sum(r.get(f"{k}Ms", 0.0) for r in results) / 1000, 3)
+                 for k in ("fetch", "merge", "write")}  # summed over the merge tasks
+        spilled = [r for r in results if "spillFiles" in r]
+        self.report.phase("partialSegmentMerge", started, tasks=groups,
+                          partitions=len(results), rowsOut=self.report.rows_out, **spent,
+                          memoryBudgetBytes=self.spec.max_bytes_in_memory or None,
+                          peakTaskRssBytes=max((r.get("peakRss", 0) for r in results), default=0),
+                          # what a task added to its worker: the budget's measure
+                          peakTaskRssGrowthBytes=max(
+                              (r.get("peakRss", 0) - r.get("rssAtStart", 0) for r in results),
+                              default=0),
+                          partitionsSpilled=len(spilled),
+                          spillBytes=sum(r["spillBytes"] for r in spilled))
+        self.say(f"phase 2 done: {len(results)} segments, {self.report.rows_out} rows")
+        return results
+
+    def _merge(self, assignments: list[phase2.Assignment], tasks: int,
+               ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """One phase-2 Spark job: (results, partitions reported lost)."""
+        groups = phase2.balance(assignments, tasks)
+        fn = phase2.make_phase2(self.ctx.phase2_config(tuple(sorted(self.multi_value))))
+        rdd = self.spark.sparkContext.parallelize(groups, len(groups))
+        rows = self.ctx.rows.acc if self.ctx.rows is not None else None
+
+        def run(it: Iterator[list[phase2.Assignment]]) -> Iterator[str]:
+            for line in fn(a for g in it for a in g):
+                if rows is not None:  # the progress line's rows, once the task is done
+                    rows.add(int(json.loads(line).get("rows", 0)))
+                yield line
+
+        lines = [json.loads(x) for x in rdd.mapPartitions(run).collect()]
+        return [r for r in lines if "lost" not in r], [r for r in lines if "lost" in r]
