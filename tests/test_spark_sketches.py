@@ -94,12 +94,25 @@ def test_sketches_agree_with_duckdb(spark: Any, tmp_path: Path) -> None:
             SELECT CAST(j->>'ts' AS BIGINT) // {HOUR} * {HOUR}, j->>'country', count(*),
                    count(DISTINCT j->>'user'), count(j->>'latency'),
                    min(CAST(j->>'latency' AS DOUBLE)), max(CAST(j->>'latency' AS DOUBLE)),
-                   quantile_disc(CAST(j->>'latency' AS DOUBLE), 0.5)
+                   quantile_disc(CAST(j->>'latency' AS DOUBLE), 0.5), list(j->>'user')
             FROM p GROUP BY ALL""").fetchall()
     assert len(got) == len(want)
-    for t, country, count, users, n, lo, hi, median in want:
+    for t, country, count, users, n, lo, hi, median, values in want:
         row = got[(t, country)]
         assert row["count"] == count
+        # Phase 2's union of the partial sketches against one sketch built directly from
+        # every value: theta (exact mode here) gives the same estimate; HLL's union may
+        # promote a list-mode sketch to an HLL array (another estimator), so its estimate
+        # lies within the direct sketch's 2-sigma bounds rather than on it.
+        one, theta = ds.hll_sketch(11, ds.tgt_hll_type.HLL_8), ds.update_theta_sketch(12)
+        for v in values:
+            if v is not None:
+                one.update(v)
+                theta.update(v)
+        stored = ds.hll_sketch.deserialize(row["users_hll"])
+        assert one.get_lower_bound(2) <= stored.get_estimate() <= one.get_upper_bound(2)
+        assert ds.compact_theta_sketch.deserialize(row["users_theta"]).get_estimate() == \
+            theta.get_estimate()
         hll = ds.hll_sketch.deserialize(row["users_hll"])
         assert hll.lg_config_k == 11  # the exact count within the sketch's own 3-sigma bounds
         assert hll.get_lower_bound(3) <= users <= hll.get_upper_bound(3)
