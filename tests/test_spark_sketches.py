@@ -124,17 +124,53 @@ def test_sketches_agree_with_duckdb(spark: Any, tmp_path: Path) -> None:
     assert phase1["rowsShipped"] > len(got)  # partial sketches were merged in phase 2
 
 
-def test_native_reader_declines_sketch_metrics_and_says_why(tmp_path: Path) -> None:
+def test_native_and_jvm_readers_build_the_same_sketches(spark: Any, tmp_path: Path) -> None:
+    """Parquet input read natively (pyarrow on the executors) or through the JVM: the same
+    rows, counts and theta estimates, HLL estimates within each other's bounds, the same
+    quantile counts and extremes; a sketch over a non-string field stays on the JVM."""
     import pyarrow.parquet as pq
 
     from shuffled.spark.phase1.native import SplitSizing, plan_native
     from shuffled.spark.spec.model import PartitionPlan
 
-    pq.write_table(pa.table({"ts": [BASE], "country": ["X"], "user": ["u"], "latency": [1.0]}),
-                   tmp_path / "a.parquet")
-    spec = _spec(str(tmp_path))
+    rows = [json.loads(line) for line in _lines(4000, seed=9)]
+    (tmp_path / "in").mkdir()
+    for i in range(2):
+        part = rows[i::2]
+        pq.write_table(pa.table({
+            "ts": pa.array([r["ts"] for r in part], pa.int64()),
+            "country": [r["country"] for r in part], "user": [r["user"] for r in part],
+            "latency": pa.array([r["latency"] for r in part], pa.float64())}),
+            tmp_path / "in" / f"p{i}.parquet", row_group_size=500)
+    spec = _spec(str(tmp_path / "in"))
     spec["spec"]["ioConfig"]["inputSource"]["filter"] = "*.parquet"
     spec["spec"]["ioConfig"]["inputFormat"] = {"type": "parquet"}
+    daemon = start_daemon(tmp_path / "loc")
+    try:
+        got = {}
+        for reader in ("native", "jvm"):
+            result = run_ingestion(spec, shuffle_servers=[daemon.url], reader=reader,
+                                   output_dir=str(tmp_path / reader))
+            assert result.report["phases"]["partialSegmentGeneration"]["reader"] == reader
+            _manifest, out = read_output(tmp_path / reader, "sk")
+            got[reader] = {(r["__time"], r["country"]): r for r in out.to_pylist()}
+    finally:
+        daemon.stop()
+    assert got["native"].keys() == got["jvm"].keys() and len(got["jvm"]) >= 6
+    for key, n in got["native"].items():
+        j = got["jvm"][key]
+        assert n["count"] == j["count"]
+        theta = [ds.compact_theta_sketch.deserialize(x["users_theta"]).get_estimate() for x in (n, j)]
+        assert theta[0] == theta[1]
+        hn, hj = (ds.hll_sketch.deserialize(x["users_hll"]) for x in (n, j))
+        assert hj.get_lower_bound(2) <= hn.get_estimate() <= hj.get_upper_bound(2)
+        qn, qj = (ds.quantiles_doubles_sketch.deserialize(x["latency_q"]) for x in (n, j))
+        assert (qn.n, qn.get_min_value(), qn.get_max_value()) == \
+            (qj.n, qj.get_min_value(), qj.get_max_value())
+    pq.write_table(pa.table({"ts": [BASE], "country": ["X"], "user": [7], "latency": [1.0]}),
+                   tmp_path / "b.parquet")
+    spec["spec"]["ioConfig"]["inputSource"]["baseDir"] = str(tmp_path)
+    spec["spec"]["ioConfig"]["inputSource"]["filter"] = "b.parquet"
     why = plan_native(parse_spec(spec), PartitionPlan("hashed", (), num_shards=2),
-                      [str(tmp_path / "a.parquet")], SplitSizing(1 << 20, 0, 2, 2))
-    assert why == "sketch metrics (users_hll, users_theta, latency_q) are built from values Spark SQL types"
+                      [str(tmp_path / "b.parquet")], SplitSizing(1 << 20, 0, 2, 2))
+    assert isinstance(why, str) and "sketch field user of type int64" in why

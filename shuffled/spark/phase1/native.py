@@ -147,7 +147,8 @@ def prepare_batch(table: pa.Table, spec: NativeInput, path: str, first_row: int)
         cols[name] = src if kind == "string" else src.cast(pa.int64())
     for column, kind, source in spec.metrics:
         src = table.column(source) if source in names else pa.nulls(n, pa.int64())
-        target = {"long": pa.int64(), "double": pa.float64(), "float": pa.float32()}[kind]
+        target = {"long": pa.int64(), "double": pa.float64(), "float": pa.float32(),
+                  "string": pa.string()}[kind]
         cols[column] = src.cast(target, safe=False)
     cols[BAD] = bad
     return pa.table(cols)
@@ -208,8 +209,12 @@ def _schema_problem(schema: pa.Schema, spec: IngestSpec) -> str | None:
         t = types.get(m.field) if m.field else None
         if t is None:
             continue
-        if not (pa.types.is_integer(t) or (pa.types.is_floating(t) and m.value_type != "long")):
-            return f"metric field {m.field} of type {t} for a {m.value_type} metric"
+        if m.input_type == "string":  # HLL and theta hash the text Spark would cast it to
+            if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
+                return f"sketch field {m.field} of type {t} (the native reader hashes strings)"
+            continue
+        if not (pa.types.is_integer(t) or (pa.types.is_floating(t) and m.input_type != "long")):
+            return f"metric field {m.field} of type {t} for a {m.input_type} metric"
     return None
 
 
@@ -239,9 +244,6 @@ def plan_native(spec: IngestSpec, plan: PartitionPlan, files: list[str],
         return "the spec has a transformSpec (transforms and filters run as Spark SQL expressions)"
     if plan.kind != "hashed":
         return f"{plan.kind} partitioning"
-    sketches = [m.name for m in spec.metrics if m.sketch_size]
-    if sketches:
-        return f"sketch metrics ({', '.join(sketches)}) are built from values Spark SQL types"
     first_last = [m.name for m in spec.metrics if m.first_last]
     if first_last:
         return (f"first/last aggregators ({', '.join(first_last)}) pick by time columns "
@@ -267,7 +269,8 @@ def plan_native(spec: IngestSpec, plan: PartitionPlan, files: list[str],
         ts_column=spec.timestamp.column, ts_format=spec.timestamp.format,
         missing_value=spec.timestamp.missing_value,
         dims=tuple((d.name, d.type) for d in spec.dimensions),
-        metrics=tuple((metric_column(i), m.value_type, m.field)
+        # A sketch's input is its values as text (HLL, theta) or doubles (quantiles).
+        metrics=tuple((metric_column(i), m.input_type, m.field)
                       for i, m in enumerate(spec.metrics) if m.field),
         query_granularity=spec.query_granularity, segment_granularity=spec.segment_granularity,
         intervals=tuple((truncate(iv.start, spec.segment_granularity), iv.end)
