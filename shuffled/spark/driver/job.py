@@ -21,6 +21,7 @@ from shuffled.errors import ShuffleError
 from shuffled.spark.driver import recovery
 from shuffled.spark.driver.context import JobContext
 from shuffled.spark.phase1 import native
+from shuffled.spark.phase1 import sink
 from shuffled.spark.phase1 import tasks as phase1
 from shuffled.spark.phase1.determine import determine
 from shuffled.spark.phase1.prepare import (bucket_column, metric_column, metric_time_column,
@@ -192,9 +193,9 @@ class Job:
             handoff = handoff.coalesce(limit)
         result_path = os.path.join(self.ctx.staging, "phase1-committed.jsonl")
         self._handoff = handoff
-        self.spark.dataSource.register(phase1.ShuffleDataSource)
-        (handoff.write.format(phase1.ShuffleDataSource.name()).mode("append")
-         .option("config", phase1.encode_config(cfg)).option("result_path", result_path).save())
+        self.spark.dataSource.register(sink.ShuffleDataSource)
+        (handoff.write.format(sink.ShuffleDataSource.name()).mode("append")
+         .option("config", sink.encode_config(cfg)).option("result_path", result_path).save())
         with open(result_path, encoding="utf-8") as fh:
             return [line for line in fh if line.strip()]
 

@@ -1,6 +1,6 @@
 """Phase 1 on the executors: roll up locally, send each (interval, partition) partial segment.
 
-Rows reach a task one of two ways: a Spark 4 Python data source sink (DataSourceArrowWriter)
+Rows reach a task one of two ways: a Spark 4 Python data source sink (:mod:`.sink`)
 hands JVM rows to Python as Arrow batches carrying their partition (``__bucket``); or, for
 Parquet input, the task reads its row groups itself (:mod:`.native`, no JVM hand-off) and
 computes the partition after its rollup. Each flush sends its partials with ONE streamed
@@ -26,10 +26,8 @@ pyarrow and pyspark's data source API.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
-import pickle
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -40,8 +38,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
-from pyspark.sql.types import StructType
 
 from shuffled.protocol import Interval, PartialKey
 from shuffled.spark.spec.granularity import bucket_end
@@ -338,52 +334,3 @@ def run_rows_task(cfg: Phase1Config, rows: Iterator[Any], schema: pa.Schema,
             yield pa.RecordBatch.from_pylist(chunk, schema=schema)
 
     return run_task(cfg, batches())
-
-
-@dataclass
-class Phase1Message(WriterCommitMessage):
-    """What one committed phase-1 attempt reports: its partials and its stats (JSON lines)."""
-
-    lines: list[str]
-
-
-class Phase1Writer(DataSourceArrowWriter):
-    """Executors: :func:`run_task`. Driver: ``commit`` gets exactly one message per Spark
-    partition (the committed attempt's) and writes their lines to ``result_path``."""
-
-    def __init__(self, cfg: Phase1Config, result_path: str) -> None:
-        self.cfg = cfg
-        self.result_path = result_path
-
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> Phase1Message:
-        return Phase1Message(run_task(self.cfg, iterator))
-
-    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        tmp = self.result_path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            for m in messages:
-                if isinstance(m, Phase1Message):
-                    fh.writelines(line + "\n" for line in m.lines)
-        os.replace(tmp, self.result_path)
-
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        """Nothing to undo here: the driver DELETEs the whole supervisor task's data."""
-
-
-class ShuffleDataSource(DataSource):
-    """``df.write.format("shuffled_phase1")``: phase 1 as a Python data source sink.
-
-    Options: ``config`` (base64 pickle of :class:`Phase1Config`) and ``result_path``.
-    """
-
-    @classmethod
-    def name(cls) -> str:
-        return "shuffled_phase1"
-
-    def writer(self, schema: StructType, overwrite: bool) -> Phase1Writer:
-        cfg = pickle.loads(base64.b64decode(self.options["config"]))
-        return Phase1Writer(cfg, self.options["result_path"])
-
-
-def encode_config(cfg: Phase1Config) -> str:
-    return base64.b64encode(pickle.dumps(cfg)).decode("ascii")
