@@ -111,3 +111,14 @@ def daemon_url(tmp_path: Path) -> Iterator[str]:
     """A real daemon on a background thread, for synchronous clients."""
     with EmbeddedDaemon([tmp_path / "emb0", tmp_path / "emb1"], free_space_reserve=0) as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Spark standalone cluster (master and two workers on loopback) for every test that
+    needs one (test_failover, test_spark_cluster): started once, its JVMs' start being
+    most of a small job's time; stopped by pid at the end of the session."""
+    from tests.test_spark_cluster import standalone_cluster
+
+    with standalone_cluster(tmp_path_factory.mktemp("cluster")) as master:
+        yield master

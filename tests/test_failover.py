@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 
 from tests.spark_conftest_helpers import expected_rollup, generate, read_output, write_parts
-from tests.test_spark_cluster import cluster  # noqa: F401  (the session's cluster)
 from tests.test_spark_pipeline import assert_matches
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,7 +35,7 @@ SCENARIOS = [
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory,
-         cluster: str) -> Iterator[tuple[dict[str, Any], Any]]:  # noqa: F811
+         cluster: str) -> Iterator[tuple[dict[str, Any], Any]]:
     """Every scenario's results (one driver process on one cluster) and DuckDB's rollup."""
     root = tmp_path_factory.mktemp("failover")
     lines, good, _ = generate(12_000, seed=7)

@@ -44,14 +44,6 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             proc.wait(timeout=10)
 
 
-@pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """One cluster for every test that needs one (tests/test_failover.py too): starting
-    its JVMs is most of a small job's time."""
-    with standalone_cluster(tmp_path_factory.mktemp("cluster")) as master:
-        yield master
-
-
 @contextlib.contextmanager
 def standalone_cluster(tmp_path: Path) -> Iterator[str]:
     """A master and two 1-core workers on loopback; stopped (by pid) on exit."""
