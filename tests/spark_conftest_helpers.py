@@ -78,6 +78,19 @@ def start_daemon(location: Path, port: int = 0) -> Any:
     return daemon
 
 
+def ingest_alone(spec: dict[str, Any], tmp_path: Path, **kwargs: Any) -> Any:
+    """``run_ingestion`` of ``spec`` through one daemon of its own (location
+    ``tmp_path/loc``, stopped afterwards), publishing under ``tmp_path/out``."""
+    from shuffled.spark import run_ingestion
+
+    daemon = start_daemon(tmp_path / "loc")
+    try:
+        return run_ingestion(spec, shuffle_servers=[daemon.url],
+                             output_dir=str(tmp_path / "out"), **kwargs)
+    finally:
+        daemon.stop()
+
+
 @pytest.fixture
 def daemons(tmp_path: Path) -> Iterator[list[Any]]:
     """Two daemons, each with its own location; stopped at the end."""

@@ -11,9 +11,9 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from spark_conftest_helpers import read_output, spark, start_daemon  # noqa: F401  (fixtures)
+from spark_conftest_helpers import ingest_alone, read_output, spark  # noqa: F401  (fixtures)
 
-from shuffled.spark import parse_spec, run_ingestion
+from shuffled.spark import parse_spec
 from shuffled.spark.rows.firstlast import hidden_time
 
 HOUR = 3_600_000
@@ -108,12 +108,7 @@ def test_first_last_equal_duckdb_arg_min_arg_max(spark: Any, tmp_path: Path) -> 
     (tmp_path / "in").mkdir()
     (tmp_path / "in/a.json").write_text("\n".join(lines[:2500]) + "\n")
     (tmp_path / "in/b.json").write_text("\n".join(lines[2500:]) + "\n")
-    daemon = start_daemon(tmp_path / "loc")
-    try:
-        result = run_ingestion(_spec(str(tmp_path / "in")), shuffle_servers=[daemon.url],
-                               output_dir=str(tmp_path / "out"))
-    finally:
-        daemon.stop()
+    result = ingest_alone(_spec(str(tmp_path / "in")), tmp_path)
     _manifest, out = read_output(tmp_path / "out", "fl")
     assert not any(c.startswith(hidden_time("")) for c in out.column_names)
     assert out.schema.field("ff").type == pa.float32() and out.schema.field("sf").type == pa.string()

@@ -11,9 +11,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from spark_conftest_helpers import read_output, spark, start_daemon  # noqa: F401  (fixtures)
+from spark_conftest_helpers import ingest_alone, read_output, spark  # noqa: F401  (fixtures)
 
-from shuffled.spark import SpecError, parse_spec, run_ingestion
+from shuffled.spark import SpecError, parse_spec
 from shuffled.spark.rows.multivalue import decode, encode, has_multi
 
 HOUR = 3_600_000
@@ -147,11 +147,7 @@ def test_json_arrays_roll_up_as_multi_value_dimensions_like_duckdb(spark: Any, t
     (tmp_path / "in/b.json").write_text("\n".join(lines[half:]) + "\n")
     spec = _spec(str(tmp_path / "in"), {"type": "hashed", "numShards": 3,
                                         "partitionDimensions": ["tags"]})
-    daemon = start_daemon(tmp_path / "loc")
-    try:
-        result = run_ingestion(spec, shuffle_servers=[daemon.url], output_dir=str(tmp_path / "out"))
-    finally:
-        daemon.stop()
+    result = ingest_alone(spec, tmp_path)
     _manifest, out = read_output(tmp_path / "out", "mv")
     for f in ("tags", "stags", "atags"):
         assert out.schema.field(f).type == pa.list_(pa.string())
@@ -180,11 +176,7 @@ def test_range_partitioning_refuses_multi_value_rows_of_its_dimension(spark: Any
     (tmp_path / "in/a.json").write_text("\n".join(lines) + "\n")
     spec = _spec(str(tmp_path / "in"), {"type": "single_dim", "partitionDimension": "tags",
                                         "targetRowsPerSegment": 2})
-    daemon = start_daemon(tmp_path / "loc")
-    try:
-        result = run_ingestion(spec, shuffle_servers=[daemon.url], output_dir=str(tmp_path / "out"))
-    finally:
-        daemon.stop()
+    result = ingest_alone(spec, tmp_path)
     stats = result.report["ingestionStatsAndErrors"]["rowStats"]["buildSegments"]
     assert stats["unparseable"] == 2 and stats["processed"] == 3
     _manifest, out = read_output(tmp_path / "out", "mv")
@@ -228,11 +220,7 @@ def test_parquet_list_dimension_goes_through_the_jvm_like_duckdb(spark: Any, tmp
     spec["spec"]["dataSchema"]["dimensionsSpec"]["dimensions"] = ["tags", "country"]
     spec["spec"]["ioConfig"]["inputSource"]["filter"] = "*.parquet"
     spec["spec"]["ioConfig"]["inputFormat"] = {"type": "parquet"}
-    daemon = start_daemon(tmp_path / "loc")
-    try:
-        result = run_ingestion(spec, shuffle_servers=[daemon.url], output_dir=str(tmp_path / "out"))
-    finally:
-        daemon.stop()
+    result = ingest_alone(spec, tmp_path)
     phase = result.report["phases"]["partialSegmentGeneration"]
     assert phase["reader"] == "jvm" and "dimension tags is a list" in phase["readerReason"]
     _manifest, out = read_output(tmp_path / "out", "mv")

@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from spark_conftest_helpers import read_output, spark, start_daemon  # noqa: F401  (fixtures)
+from spark_conftest_helpers import ingest_alone, read_output, spark, start_daemon  # noqa: F401  (fixtures)
 
 from shuffled.spark import SpecError, parse_spec, run_ingestion
 
@@ -77,12 +77,7 @@ def test_sketches_agree_with_duckdb(spark: Any, tmp_path: Path) -> None:
     (tmp_path / "in").mkdir()
     (tmp_path / "in/a.json").write_text("\n".join(lines[:2000]) + "\n")
     (tmp_path / "in/b.json").write_text("\n".join(lines[2000:]) + "\n")
-    daemon = start_daemon(tmp_path / "loc")
-    try:
-        result = run_ingestion(_spec(str(tmp_path / "in")), shuffle_servers=[daemon.url],
-                               output_dir=str(tmp_path / "out"))
-    finally:
-        daemon.stop()
+    result = ingest_alone(_spec(str(tmp_path / "in")), tmp_path)
     _manifest, out = read_output(tmp_path / "out", "sk")
     assert out.schema.field("users_hll").type == pa.binary()
     ms = pc.cast(pc.cast(out.column("__time"), pa.timestamp("ms")), pa.int64()).to_pylist()

@@ -10,10 +10,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from spark_conftest_helpers import read_output, spark, start_daemon  # noqa: F401  (fixtures)
+from spark_conftest_helpers import ingest_alone, read_output, spark  # noqa: F401  (fixtures)
 
 from shuffled.protocol import parse_instant
-from shuffled.spark import run_ingestion
 
 ROOT = Path(__file__).resolve().parent.parent
 DRUID = ROOT / "tests/data/druid"
@@ -28,11 +27,7 @@ def _rows(out: pa.Table) -> list[dict[str, Any]]:
 def test_druid_transform_tutorial_publishes_the_documented_rows(spark: Any, tmp_path: Path) -> None:
     spec = json.loads((DRUID / "transform/transform-index.json").read_text())
     spec["spec"]["ioConfig"]["inputSource"]["baseDir"] = str(DRUID / "transform")
-    daemon = start_daemon(tmp_path / "loc")
-    try:
-        result = run_ingestion(spec, shuffle_servers=[daemon.url], output_dir=str(tmp_path / "out"))
-    finally:
-        daemon.stop()
+    result = ingest_alone(spec, tmp_path)
     _manifest, out = read_output(tmp_path / "out", "transform-tutorial")
     documented = json.loads((DRUID / "transform/expected-rows.json").read_text())
     for row in documented:
@@ -278,11 +273,7 @@ def test_parquet_transforms_time_and_shadowing_equal_duckdb(spark: Any, tmp_path
                              "partitionsSpec": {"type": "hashed", "numShards": 2}},
         },
     }
-    daemon = start_daemon(tmp_path / "loc")
-    try:
-        result = run_ingestion(spec, shuffle_servers=[daemon.url], output_dir=str(tmp_path / "out"))
-    finally:
-        daemon.stop()
+    result = ingest_alone(spec, tmp_path)
     phase = result.report["phases"]["partialSegmentGeneration"]
     assert phase["reader"] == "jvm" and "transformSpec" in phase["readerReason"]
     _manifest, out = read_output(tmp_path / "out", "tx")
@@ -316,11 +307,7 @@ def test_flatten_example_equals_duckdb_json_paths(spark: Any, tmp_path: Path) ->
 
     spec = json.loads((DRUID / "flatten/flatten-index.json").read_text())
     spec["spec"]["ioConfig"]["inputSource"]["baseDir"] = str(DRUID / "flatten")
-    daemon = start_daemon(tmp_path / "loc")
-    try:
-        result = run_ingestion(spec, shuffle_servers=[daemon.url], output_dir=str(tmp_path / "out"))
-    finally:
-        daemon.stop()
+    result = ingest_alone(spec, tmp_path)
     _manifest, out = read_output(tmp_path / "out", "flatten-example")
     dims = list(FLAT_DUCKDB)
     got = sorted((tuple(r[k] for k in ["__time", *dims, "count", "path-metric-sum", "metrica"])
