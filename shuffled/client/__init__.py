@@ -6,6 +6,7 @@ A :class:`ShuffleClient` holds one keep-alive connection and is not thread-safe.
 
 from shuffled.client.client import ShuffleClient
 from shuffled.client.digest import crc32c_of
-from shuffled.client.http import BadResponse, RetryPolicy, ShuffleUnavailable
+from shuffled.client.http import BadResponse, RetryPolicy, ShuffleUnavailable, daemon_failed
 
-__all__ = ["BadResponse", "RetryPolicy", "ShuffleClient", "ShuffleUnavailable", "crc32c_of"]
+__all__ = ["BadResponse", "RetryPolicy", "ShuffleClient", "ShuffleUnavailable", "crc32c_of",
+           "daemon_failed"]

@@ -140,6 +140,15 @@ def is_retryable(status: int, error: ShuffleError) -> bool:
     return status == 507 and error.code == LocationFailed.code
 
 
+def daemon_failed(exc: BaseException) -> bool:
+    """Whether a call that failed (after its retries) failed because of the daemon: it did
+    not answer (:class:`ShuffleUnavailable`) or answered 5xx (unhealthy, draining, full).
+    Then another daemon (a replica, the next of a ring) may serve; any other error is the
+    request's own. CorruptData is not the daemon's: those stored bytes are damaged."""
+    return isinstance(exc, ShuffleUnavailable) or (
+        isinstance(exc, ShuffleError) and exc.status >= 500 and not isinstance(exc, CorruptData))
+
+
 def _read_error(resp: http.client.HTTPResponse) -> tuple[dict[str, Any], bool]:
     """The JSON error body (or a stand-in naming the status) and whether it was read whole."""
     raw = resp.read(_MAX_ERROR_BODY + 1)
@@ -466,6 +475,7 @@ __all__ = [
     "ShuffleUnavailable",
     "Transport",
     "domain_error",
+    "daemon_failed",
     "is_retryable",
     "parse_retry_after",
     "read_json",

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from shuffled.client import RetryPolicy, ShuffleClient, ShuffleUnavailable
+from shuffled.client import RetryPolicy, ShuffleClient, daemon_failed
 from shuffled.errors import ShuffleError
 from shuffled.protocol import PartialKey
 
@@ -35,12 +35,6 @@ def ring(servers: tuple[str, ...], partition: int) -> tuple[str, ...]:
     """The daemons in the order a task of ``partition`` tries them."""
     n = len(servers)
     return tuple(servers[(partition + k) % n] for k in range(n))
-
-
-def _moves_on(exc: BaseException) -> bool:
-    """Whether a failed upload means "try another daemon" (else it is the task's error)."""
-    return isinstance(exc, ShuffleUnavailable) or (
-        isinstance(exc, ShuffleError) and exc.status >= 500)
 
 
 @dataclass
@@ -104,7 +98,7 @@ class Placer:
                     self._client(server).put_partials(sup, held)
                     replica_ms += int((time.monotonic() - started) * 1000)
             except Exception as exc:
-                if not _moves_on(exc):
+                if not daemon_failed(exc):  # else it is the task's own error
                     raise
                 self.down.add(server)
                 self.errors[server] = getattr(exc, "message", None) or repr(exc)

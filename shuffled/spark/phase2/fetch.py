@@ -17,8 +17,8 @@ from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
 
-from shuffled.client import ShuffleClient, ShuffleUnavailable
-from shuffled.errors import CorruptData, DigestMismatch, ShuffleError
+from shuffled.client import ShuffleClient, daemon_failed
+from shuffled.errors import CorruptData, DigestMismatch
 from shuffled.protocol import Interval, PartitionKey
 from shuffled.spark.phase2.plan import Assignment, Phase2Config
 from shuffled.spark.rows.rollup import from_ipc
@@ -42,13 +42,6 @@ class SourceLost(Exception):
         self.servers = tuple(servers)
         self.why = why
         self.missing = tuple(missing)  # of those, the ones that answered without the rows
-
-
-def _gone(exc: BaseException) -> bool:
-    """Whether a failed read means "this daemon is gone" (try a replica, or report the
-    partition lost) rather than an error of the task."""
-    return isinstance(exc, ShuffleUnavailable) or (
-        isinstance(exc, ShuffleError) and exc.status >= 500 and not isinstance(exc, CorruptData))
 
 
 def _next_replica(replicas: Sequence[str], down: set[str]) -> str | None:
@@ -92,7 +85,7 @@ def _fetch(clients: dict[str, ShuffleClient], cfg: Phase2Config, batch: Sequence
             except Exception as exc:
                 spare = all(_next_replica(batch[n].sources[si][0], down | {server})
                             for n, si in items)
-                if not (_gone(exc) or (isinstance(exc, (CorruptData, DigestMismatch))
+                if not (daemon_failed(exc) or (isinstance(exc, (CorruptData, DigestMismatch))
                                        and spare)):
                     raise
                 down.add(server)
@@ -157,7 +150,7 @@ def _stream(clients: dict[str, ShuffleClient], cfg: Phase2Config, a: Assignment,
                     got += table.num_rows
                     yield from table.to_batches()
             except Exception as exc:
-                if not _gone(exc):
+                if not daemon_failed(exc):
                     raise
                 down.add(server)
                 if got:
