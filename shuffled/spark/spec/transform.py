@@ -181,11 +181,16 @@ def _bound(f: JsonObject, kind: str) -> Filter:
     lower = _scalar(f.get("lower"), f.at("lower"), null=True)
     upper = _scalar(f.get("upper"), f.at("upper"), null=True)
     if ordering == "numeric":
-        for key, v in (("lower", lower), ("upper", upper)):
-            if v is not None and _number(v) is None:
-                raise SpecError(f.at(key), f"{v!r} is not a number (numeric ordering)")
+        _numeric_bounds(f, lower, upper, "a number (numeric ordering)")
     return Filter(kind, col, lower=lower, upper=upper, lower_open=f.bool_("lowerStrict", False),
                   upper_open=f.bool_("upperStrict", False), ordering=ordering)
+
+
+def _numeric_bounds(f: JsonObject, lower: Any, upper: Any, what: str) -> None:
+    """Refuse a bound of a numeric bound/range filter that is not a number, by its path."""
+    for key, v in (("lower", lower), ("upper", upper)):
+        if v is not None and _number(v) is None:
+            raise SpecError(f.at(key), f"{v!r} is not {what}")
 
 
 def _range(f: JsonObject, kind: str) -> Filter:
@@ -194,9 +199,7 @@ def _range(f: JsonObject, kind: str) -> Filter:
     lower = _scalar(f.get("lower"), f.at("lower"), null=True)
     upper = _scalar(f.get("upper"), f.at("upper"), null=True)
     if match != "STRING":
-        for key, v in (("lower", lower), ("upper", upper)):
-            if v is not None and _number(v) is None:
-                raise SpecError(f.at(key), f"{v!r} is not a {match}")
+        _numeric_bounds(f, lower, upper, f"a {match}")
     return Filter(kind, col, lower=lower, upper=upper, lower_open=f.bool_("lowerOpen", False),
                   upper_open=f.bool_("upperOpen", False), ordering=match)
 
