@@ -163,3 +163,40 @@ def test_a_recompute_keeps_exactly_the_rows_of_the_lost_keys() -> None:
     got, buckets = _only(table, other, keep)
     assert got.column("i").to_pylist() == np.nonzero(wanted)[0].tolist()
     assert buckets.tolist() == other[wanted].tolist()
+
+
+def test_a_daemon_older_than_the_heartbeat_counts_as_alive() -> None:
+    """A daemon of an earlier version answers the heartbeat's route 404 (as any unknown
+    route): it answered, so it is alive, not lost. It stands in here as a loopback HTTP
+    server answering every POST like that (an older release cannot be installed here)."""
+    import http.server
+    import json
+    import threading
+
+    from shuffled.spark.driver.monitor import Monitor
+
+    class Old(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            body = json.dumps({"error": "no such route", "code": "not_found"}).encode()
+            self.send_response(404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Old)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    dead = _closed_port()
+    try:
+        monitor = Monitor("sup", [url, dead], token=None, ca_file=None)
+        assert monitor.beat(url) and monitor.live[url].failing_since is None
+        assert not monitor.beat(dead) and monitor.live[dead].refused
+        assert list(monitor.verdict()) == [dead]  # the old one is alive, the closed port gone
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shuffled.client import ShuffleClient
+from shuffled.errors import ShuffleError
 
 log = logging.getLogger("shuffled.spark")
 
@@ -72,6 +73,7 @@ class Monitor:
         self.status = status
         self.progress = progress
         self.live = {s: Liveness() for s in self.servers}
+        self._old: set[str] = set()  # daemons without the heartbeat route (warned once)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._beat, args=(s,), daemon=True,
@@ -103,14 +105,17 @@ class Monitor:
             else:
                 answer = client.heartbeat(self.task_id)
         except Exception as exc:
-            with self._lock:
-                live = self.live[server]
-                if live.failing_since is None:
-                    live.failing_since = now
-                    log.warning("shuffle daemon %s stopped answering heartbeats: %s", server, exc)
-                live.error = _short(exc)
-                live.refused = live.error == "connection refused"
-            return False
+            if isinstance(exc, ShuffleError) and exc.status in (404, 405):
+                # A daemon older than the heartbeat route answered: alive, but its expiry
+                # is not refreshed by this (it still is by every PUT and GET of the data).
+                if server not in self._old:
+                    self._old.add(server)
+                    log.warning("shuffle daemon %s predates heartbeats (no %s route): "
+                                "upgrade it; its data expires expiry_timeout after the last "
+                                "read or write", server, "POST /tasks/{id}/heartbeat")
+                answer = {}
+            else:
+                return self._failed(server, now, exc)
         with self._lock:
             live = self.live[server]
             if live.instance is not None and answer.get("instance") != live.instance:
@@ -122,6 +127,16 @@ class Monitor:
             live.bytes, live.partials = int(answer.get("bytes", 0)), int(answer.get("partials", 0))
             live.served = int(answer.get("servedBytes", 0))
         return True
+
+    def _failed(self, server: str, now: float, exc: BaseException) -> bool:
+        with self._lock:
+            live = self.live[server]
+            if live.failing_since is None:
+                live.failing_since = now
+                log.warning("shuffle daemon %s stopped answering heartbeats: %s", server, exc)
+            live.error = _short(exc)
+            live.refused = live.error == "connection refused"
+        return False
 
     def _beat(self, server: str) -> None:
         client = self._client(server)
