@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from shuffled.errors import BadRequest
+from shuffled.errors import BadRequest, ShuffleError
+from shuffled.protocol import Interval
 
 _NAME_RE = re.compile(r"[^\x00-\x1f/\\]{1,255}")
 
@@ -106,3 +107,17 @@ def col_name(value: Any, path: str) -> str:
     if not isinstance(value, str) or not _NAME_RE.fullmatch(value) or value.startswith("__"):
         raise SpecError(path, f"{value!r} is not a valid column name")
     return value
+
+
+def interval_list(raw: Any, path: str) -> list[Interval]:
+    """Druid's list of ``start/end`` intervals at ``path``, in the order given; a bad one
+    is refused at its own index."""
+    if not isinstance(raw, list):
+        raise SpecError(path, "must be a list of 'start/end' strings")
+    out = []
+    for i, text in enumerate(raw):
+        try:
+            out.append(Interval.parse_druid(text))
+        except ShuffleError as exc:
+            raise SpecError(f"{path}[{i}]", exc.message) from None
+    return out

@@ -26,7 +26,7 @@ from shuffled.spark.spec.model import (
     Metric,
     TimestampSpec,
 )
-from shuffled.spark.spec.base import SpecError, JsonObject, choice, col_name
+from shuffled.spark.spec.base import SpecError, JsonObject, choice, col_name, interval_list
 from shuffled.spark.spec.ioconfig import check_consistency, io_config, parse_tuning
 from shuffled.spark.spec.transform import parse_transform_spec
 
@@ -217,16 +217,6 @@ def _instant(text: str, path: str) -> int:
 
 
 def _intervals(raw: Any, path: str) -> tuple[Interval, ...]:
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        raise SpecError(path, "must be a list of 'start/end' strings")
-    out = []
-    for i, text in enumerate(raw):
-        try:
-            out.append(Interval.parse_druid(text))
-        except ShuffleError as exc:
-            raise SpecError(f"{path}[{i}]", exc.message) from None
-    return tuple(sorted(out))
+    return () if raw is None else tuple(sorted(interval_list(raw, path)))
 
 

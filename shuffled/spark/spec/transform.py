@@ -12,9 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from shuffled.errors import ShuffleError
 from shuffled.protocol import Interval
-from shuffled.spark.spec.base import JsonObject, SpecError, choice
+from shuffled.spark.spec.base import JsonObject, SpecError, choice, interval_list
 from shuffled.spark.spec.expr import Node, identifiers, parse_expr
 from shuffled.spark.spec.patterns import PatternError, check_regex, like_to_regex
 
@@ -227,15 +226,9 @@ def _null(f: JsonObject, kind: str) -> Filter:
 
 def _interval(f: JsonObject, kind: str) -> Filter:
     col = _column(f, "dimension")
-    raw = f.get("intervals")
-    if not isinstance(raw, list) or not raw:
+    ivs = interval_list(f.get("intervals"), f.at("intervals"))
+    if not ivs:
         raise SpecError(f.at("intervals"), "must be a list of 'start/end' strings")
-    ivs = []
-    for i, text in enumerate(raw):
-        try:
-            ivs.append(Interval.parse_druid(text))
-        except ShuffleError as exc:
-            raise SpecError(f"{f.at('intervals')}[{i}]", exc.message) from None
     return Filter(kind, col, intervals=tuple(ivs))
 
 
