@@ -130,7 +130,18 @@ class Store(Queries):
         now = self.clock()
         found_at = [await self.on_writer(loc.index, recovery.reconcile, loc.path, catalog)
                     for loc, catalog in zip(self.locations, self.catalogs, strict=True)]
-        await self._forget_shadowed()
+        for index in await self._forget_shadowed():
+            # A forgotten copy may have been its pack's only or last partial: settle that
+            # location's packs again, or the pack stays on disk with nothing referring to it.
+            loc = self.locations[index]
+            again = await self.on_writer(index, recovery.reconcile, loc.path,
+                                         self.catalogs[index])
+            first = found_at[index]
+            again.dropped += first.dropped
+            again.cut_bytes += first.cut_bytes
+            again.orphans += first.orphans
+            again.max_pack = max(again.max_pack, first.max_pack)
+            found_at[index] = again
         for loc, catalog, found in zip(self.locations, self.catalogs, found_at, strict=True):
             self.dropped_on_recovery += found.dropped
             self._last_pack = max(self._last_pack, found.max_pack)
@@ -158,10 +169,11 @@ class Store(Queries):
             log.info("recovered %d partial segments of %d tasks (%d dropped)",
                      self.recovered_partials, len(self._tasks), self.dropped_on_recovery)
 
-    async def _forget_shadowed(self) -> None:
+    async def _forget_shadowed(self) -> list[int]:
         """Forget older copies of keys another location holds newer (left by a crash
         between a cross-location replace and its background forget), so that figures
-        count every key once. One join per pair of locations, on the writer threads."""
+        count every key once. One join per pair of locations, on the writer threads.
+        Returns the indexes of the locations where rows were forgotten."""
         stale: dict[int, list[tuple[Any, ...]]] = {}
         for i, catalog in enumerate(self.catalogs):
             for j in range(i + 1, len(self.catalogs)):
@@ -176,6 +188,7 @@ class Store(Queries):
             self.dropped_on_recovery += len(rows)
             log.warning("forgot %d older copies in %s of partials another location holds",
                         len(rows), self.locations[index].path)
+        return sorted(stale)
 
     async def close(self) -> None:
         for commit in self.commits:
