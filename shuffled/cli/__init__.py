@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     _serve_parser(sub)
     _ingest_parser(sub)
     migrate = sub.add_parser(
-        "migrate", help="convert locations written by shuffled 0.1 to packs (daemon stopped)",
+        "migrate", help="convert locations in storage format 1 to packs (daemon stopped)",
         description="Convert storage locations from format 1 (a file per partial segment) "
                     "to format 2 (packs + catalog) in place. Run with the daemon stopped; "
                     "safe to run again after an interruption.")
