@@ -36,6 +36,8 @@ def run(args: list[str], *, cwd: Path = ROOT, drop: str = "", timeout: float = 1
     """``python -m shuffled ARGS``; ``drop`` names capabilities to drop when root."""
     wrapper: list[str] = []
     if drop and os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv (util-linux) to drop a capability")
         wrapper = ["setpriv", f"--inh-caps=-{drop}", f"--bounding-set=-{drop}"]
     full = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", **(env or {})}
     full.pop("PYSPARK_SUBMIT_ARGS", None)
