@@ -1,4 +1,4 @@
-"""A new user's first hour (issue 23): each mistake answered by the real command with one
+"""A new user's first hour: each mistake answered by the real command with one
 paragraph naming what failed, the setting or file, and what to do, the documented exit
 code, and nothing left on disk. Every case runs `python -m shuffled ...` as a subprocess.
 

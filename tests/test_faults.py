@@ -333,7 +333,7 @@ def test_corrupted_byte_is_detected_and_names_the_partial(tmp_path: Path) -> Non
         assert time.monotonic() - started < 5  # not retried: the same damage would come back
 
         # Phase 2's read path refuses it: nothing wrong reaches a segment.
-        cfg = Phase2Config("sup", layout=None, staging_dir=str(tmp_path))  # type: ignore[arg-type]
+        cfg = Phase2Config("sup", layout=None, segment_dir=str(tmp_path))  # type: ignore[arg-type]
         assignment = Assignment(INTERVAL.start, INTERVAL.end, 0,
                                 (((url,), ("s1", "s2", "s3"), 9000),))
         with pytest.raises(DigestMismatch, match="sup/s2"):

@@ -117,7 +117,7 @@ def test_a_full_disk_of_other_files_does_not_look_empty() -> None:
     gib = 1 << 30
     loc = Location(0, Path("/data"), None, 0)
     loc.used_bytes = 2 * gib
-    share = fill(loc, (252 * gib, 73 * gib))  # the disk of issue 23: 73 of 252 GiB free
+    share = fill(loc, (252 * gib, 73 * gib))  # a disk seen in practice: 73 of 252 GiB free
     assert share["used"] == pytest.approx(179 / 252)
     assert share["ours"] == pytest.approx(2 / 252) and share["cap"] == -1
     assert share["ours"] + share["others"] == pytest.approx(179 / 252)

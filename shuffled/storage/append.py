@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 from shuffled.crc import crc32c
 from shuffled.errors import DigestMismatch, ShuffleError
-from shuffled.protocol import crc_hex
+from shuffled.protocol import PartialKey, crc_hex
 from shuffled.storage import arrowfile
+from shuffled.storage.index import PartialMeta
 from shuffled.storage.packs import Pack
 
 
@@ -28,6 +29,16 @@ class Written:
     size: int
     crc: int
     facts: arrowfile.ArrowFacts
+
+    def meta(self, key: PartialKey, generation: int, location: int, created: float) -> PartialMeta:
+        """Its catalog facts, once it has a generation."""
+        f = self.facts
+        return PartialMeta(
+            key=key, generation=generation, location=location, path=self.pack.path,
+            offset=self.offset, size=self.size, rows=f.rows, crc=self.crc,
+            schema_len=f.schema_len, schema_crc=f.schema_crc, body_crc=f.body_crc,
+            has_dictionaries=f.has_dictionaries, created=created, pack=self.pack.number,
+            stored=self.size)
 
 
 def _writeback_starter() -> Callable[[int, int, int], object] | None:

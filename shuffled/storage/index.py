@@ -44,6 +44,7 @@ class PartialMeta:
     has_dictionaries: bool
     created: float
     pack: int = 0
+    stored: int = 0  # pack bytes its upload appended (0 when read from the catalog)
 
     @property
     def etag(self) -> str:
