@@ -23,7 +23,7 @@ from shuffled.framing import (
 from shuffled.protocol import PartialKey, crc_hex, validate_id
 from shuffled.server.errors import REJECT_REASON
 from shuffled.server.state import state_of
-from shuffled.storage.session import SMALL, BulkSession, PutResult
+from shuffled.storage import SMALL, BulkSession, PutResult
 
 CHUNK = 1 << 20
 # The store gathers small partials (up to 1 MiB) before writing them. When the client has

@@ -1,8 +1,10 @@
-"""Appending one partial segment to a pack: CRC while streaming, validate, or cut it off.
+"""Appending partial segments to a pack: CRC while streaming, validate, or cut it off.
 
-Every method here blocks; the store calls them from its I/O threads. Nothing appended is
-visible until the group commit (:mod:`shuffled.storage.commit`) records it in the catalog;
-a refused partial is cut off the pack's end, so it leaves nothing.
+Every function here blocks; the store calls them from its I/O threads. An uploaded stream
+is stored as storage format 3 has it (:class:`~.index.PartialMeta`): its schema message
+once per pack and schema, its body, no end-of-stream marker. Nothing appended is visible
+until the group commit (:mod:`shuffled.storage.commit`) records it in the catalog; a
+refused partial is cut off the pack's end, so it leaves nothing.
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ class Written:
     """A validated partial segment in a pack, waiting for its commit."""
 
     pack: Pack
-    offset: int
-    size: int
-    crc: int
+    offset: int  # where its body starts in the pack
+    size: int  # of the whole stream
+    crc: int  # of the whole stream
     facts: arrowfile.ArrowFacts
+    schema_at: int  # where its schema message is in the pack
+    stored: int  # bytes appended to the pack for it (a new schema message included)
 
     def meta(self, key: PartialKey, generation: int, location: int, created: float) -> PartialMeta:
         """Its catalog facts, once it has a generation."""
@@ -38,7 +42,7 @@ class Written:
             offset=self.offset, size=self.size, rows=f.rows, crc=self.crc,
             schema_len=f.schema_len, schema_crc=f.schema_crc, body_crc=f.body_crc,
             has_dictionaries=f.has_dictionaries, created=created, pack=self.pack.number,
-            stored=self.size)
+            schema_at=self.schema_at, stored=self.stored)
 
 
 def _writeback_starter() -> Callable[[int, int, int], object] | None:
@@ -123,11 +127,17 @@ class Append:
             self._hold = joined[-eos:]
 
     def finish(self, expected_crc: int | None) -> Written:
-        """Check the digest and validate the Arrow stream; the caller cuts on failure."""
+        """Check the digest and validate the Arrow stream, then cut its end-of-stream
+        marker off (packs omit it); the caller cuts the whole on failure. The schema
+        message stays where it came, in front of the body (a streamed partial is large:
+        a shared copy would save nothing worth a second pass)."""
         check_crc(self.crc, expected_crc)
         body_crc = self._body_crc if self._schema_len and self._schema_len > 0 else None
         facts = arrowfile.inspect(str(self.pack.path), self.size, body_crc, self.offset)
-        return Written(self.pack, self.offset, self.size, self.crc, facts)
+        self.pack.cut(self.offset + self.size - len(arrowfile.EOS))
+        self.pack.schemas.setdefault((facts.schema_crc, facts.schema_len), self.offset)
+        return Written(self.pack, self.offset + facts.schema_len, self.size, self.crc, facts,
+                       self.offset, self.size - len(arrowfile.EOS))
 
     def discard(self) -> None:
         """Cut what was appended off the pack."""
@@ -137,13 +147,14 @@ class Append:
 
 def append_small(pack: Pack, items: Sequence[tuple[memoryview, int | None]],
                  ) -> list[Written | ShuffleError]:
-    """Validate small partials held in memory and append the good ones with one write.
+    """Validate small partials held in memory (each a whole IPC stream) and append the good
+    ones with one write: per schema, its message once per pack; per partial, its body.
 
     Per item: a :class:`Written`, or the domain error refusing it (nothing of it written).
     """
     out: list[Written | ShuffleError] = []
     good: list[memoryview] = []
-    at = pack.size
+    start = at = pack.size
     for data, expected in items:
         try:
             crc = crc32c(data)
@@ -152,11 +163,18 @@ def append_small(pack: Pack, items: Sequence[tuple[memoryview, int | None]],
         except ShuffleError as exc:  # refused: reported for this item alone
             out.append(exc)
             continue
-        out.append(Written(pack, at, len(data), crc, facts))
-        good.append(data)
-        at += len(data)
+        head = facts.schema_len
+        schema_at = pack.schemas.get((facts.schema_crc, head))
+        stored = len(data) - head - len(arrowfile.EOS)
+        if schema_at is None:
+            schema_at = pack.schemas[(facts.schema_crc, head)] = at
+            good.append(data[:head])
+            at += head
+            stored += head
+        good.append(data[head: len(data) - len(arrowfile.EOS)])
+        out.append(Written(pack, at, len(data), crc, facts, schema_at, stored))
+        at += len(data) - head - len(arrowfile.EOS)
     if good:
-        start = pack.size
         try:
             pack.write(good)
         except BaseException:
