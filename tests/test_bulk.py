@@ -187,7 +187,7 @@ async def test_a_bad_partial_is_rejected_alone(daemon: TestClient) -> None:
 
 @pytest.mark.parametrize("mangle, mentions", [
     (lambda b: b[:20] + bytes([b[20] ^ 1]) + b[21:], "CRC32C"),  # header CRC
-    (lambda b: b"SHB2" + b[4:], "version"),
+    (lambda b: b"SHB3" + b[4:], "version"),
     (lambda b: b"XXXX" + b[4:], "does not start"),
     (lambda b: b[:-len(framing.encode_end(2))] + framing.encode_end(3), "END frame says"),
     (lambda b: b + b"more", "follow the END"),

@@ -11,7 +11,7 @@ import pytest
 
 from shuffled.errors import InvalidBody
 from shuffled.storage import arrowfile, packs
-from shuffled.storage.append import Append, Written, append_small
+from shuffled.storage.append import Append, Small, Written, append_small
 from shuffled.storage.location import Location
 from shuffled.storage.streams import stream_pieces
 from shuffled.protocol import Interval, PartialKey
@@ -60,7 +60,7 @@ def test_streamed_body_crc_equals_the_crc_read_back(location: Location, seed: in
     assert written.facts.body_crc != 0
     assert written.pack.size == 100 + len(body) - 8 == 100 + written.stored  # no end marker
     pack = packs.create(location.path, 0, "sup", 2, fsync=False)
-    (small,) = append_small(pack, [(memoryview(body), None)])
+    (small,) = append_small(pack, [Small(memoryview(body), None)])
     assert isinstance(small, Written) and small.facts == reread
     # Both read back as the stream that was sent: schema message + body + end marker.
     for w in (written, small):
@@ -73,8 +73,8 @@ def test_streamed_body_crc_equals_the_crc_read_back(location: Location, seed: in
 def test_small_partials_of_one_schema_share_its_message_in_a_pack(location: Location) -> None:
     bodies = [arrow_bytes(sample_table(50 + i, seed=i)) for i in range(5)]
     pack = packs.create(location.path, 0, "sup", 1, fsync=False)
-    first = append_small(pack, [(memoryview(b), None) for b in bodies[:3]])
-    later = append_small(pack, [(memoryview(b), None) for b in bodies[3:]])
+    first = append_small(pack, [Small(memoryview(b), None) for b in bodies[:3]])
+    later = append_small(pack, [Small(memoryview(b), None) for b in bodies[3:]])
     written = [w for w in [*first, *later] if isinstance(w, Written)]
     head = written[0].facts.schema_len
     assert {w.schema_at for w in written} == {0}

@@ -6,7 +6,7 @@ partial (:class:`PartialMeta`), a task's figures (:class:`TaskEntry`), a locatio
 plan of paged reads (:mod:`.pageplan`). The modules below it each own one idea.
 """
 
-from shuffled.storage.arrowfile import EOS
+from shuffled.storage.arrowfile import EOS, SchemaMessage
 from shuffled.storage.index import PartialMeta, TaskEntry
 from shuffled.storage.location import Location
 from shuffled.storage.pageplan import MAX_TOKEN, Page, plan_page
@@ -16,5 +16,5 @@ from shuffled.storage.streams import (FastPlan, Reencoder, byte_range, fast_plan
                                       unified_schema)
 
 __all__ = ["EOS", "MAX_TOKEN", "SMALL", "BulkSession", "FastPlan", "Location", "Page",
-           "PartialMeta", "PutResult", "Reencoder", "Store", "TaskEntry", "byte_range",
+           "PartialMeta", "PutResult", "Reencoder", "SchemaMessage", "Store", "TaskEntry", "byte_range",
            "fast_plan", "plan_page", "stream_pieces", "unified_schema"]

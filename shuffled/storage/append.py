@@ -145,35 +145,73 @@ class Append:
             self.pack.cut(self.offset)
 
 
-def append_small(pack: Pack, items: Sequence[tuple[memoryview, int | None]],
-                 ) -> list[Written | ShuffleError]:
-    """Validate small partials held in memory (each a whole IPC stream) and append the good
-    ones with one write: per schema, its message once per pack; per partial, its body.
+@dataclass(slots=True)
+class Small:
+    """A small partial held in memory: a whole stream (``schema`` None, ``crc`` its CRC32C
+    if declared) or, sent as bulk format 2 has it, a body after ``schema`` (``crc`` the
+    body's CRC32C if declared)."""
+
+    data: memoryview
+    crc: int | None
+    schema: arrowfile.SchemaMessage | None = None
+
+
+def append_small(pack: Pack, items: Sequence[Small]) -> list[Written | ShuffleError]:
+    """Validate small partials held in memory and append the good ones with one write: per
+    schema, its message once per pack; per partial, its body. Bodies of one schema are
+    validated together (:func:`~.arrowfile.validate_bodies`).
 
     Per item: a :class:`Written`, or the domain error refusing it (nothing of it written).
     """
-    out: list[Written | ShuffleError] = []
+    out: list[Written | ShuffleError | None] = [None] * len(items)
+    parts: list[tuple[int, arrowfile.SchemaMessage, memoryview, int, int]] = []
+    known: dict[bytes, arrowfile.SchemaMessage] = {}
+    for i, item in enumerate(items):
+        try:
+            if item.schema is None:
+                crc = crc32c(item.data)
+                check_crc(crc, item.crc)
+                head, body = arrowfile.split_stream(item.data)
+                schema = known.get(head) or known.setdefault(
+                    head, arrowfile.SchemaMessage.parse(head))
+                body_crc = crc32c(body)
+            else:
+                schema, body = item.schema, item.data
+                body_crc = crc32c(body)
+                check_crc(body_crc, item.crc)
+                crc = schema.stream_crc(body_crc, len(body))
+        except ShuffleError as exc:  # refused: reported for this item alone
+            out[i] = exc
+            continue
+        parts.append((i, schema, body, crc, body_crc))
+    by_schema: dict[int, list[int]] = {}
+    for n, (_, schema, _, _, _) in enumerate(parts):
+        by_schema.setdefault(id(schema), []).append(n)
+    checked: dict[int, tuple[int, int] | ShuffleError] = {}
+    for members in by_schema.values():
+        schema = parts[members[0]][1]
+        for n, got in zip(members, arrowfile.validate_bodies(
+                schema, [parts[n][2] for n in members]), strict=True):
+            checked[n] = got
     good: list[memoryview] = []
     start = at = pack.size
-    for data, expected in items:
-        try:
-            crc = crc32c(data)
-            check_crc(crc, expected)
-            facts = arrowfile.inspect_bytes(data)
-        except ShuffleError as exc:  # refused: reported for this item alone
-            out.append(exc)
+    for n, (i, schema, body, crc, body_crc) in enumerate(parts):
+        got = checked[n]
+        if isinstance(got, ShuffleError):
+            out[i] = got
             continue
-        head = facts.schema_len
-        schema_at = pack.schemas.get((facts.schema_crc, head))
-        stored = len(data) - head - len(arrowfile.EOS)
+        head = len(schema.data)
+        schema_at = pack.schemas.get((schema.crc, head))
+        stored = len(body)
         if schema_at is None:
-            schema_at = pack.schemas[(facts.schema_crc, head)] = at
-            good.append(data[:head])
+            schema_at = pack.schemas[(schema.crc, head)] = at
+            good.append(memoryview(schema.data))
             at += head
             stored += head
-        good.append(data[head: len(data) - len(arrowfile.EOS)])
-        out.append(Written(pack, at, len(data), crc, facts, schema_at, stored))
-        at += len(data) - head - len(arrowfile.EOS)
+        good.append(body)
+        out[i] = Written(pack, at, head + len(body) + len(arrowfile.EOS), crc,
+                         schema.facts(got[0], got[1], body_crc), schema_at, stored)
+        at += len(body)
     if good:
         try:
             pack.write(good)
@@ -181,4 +219,4 @@ def append_small(pack: Pack, items: Sequence[tuple[memoryview, int | None]],
             if pack.fd is not None:
                 pack.cut(start)
             raise
-    return out
+    return [o for o in out if o is not None]
