@@ -1,6 +1,8 @@
 """``POST /tasks/{sup}/partials``: many partial segments of one task in one streamed request.
 
-Frames (:mod:`shuffled.framing`) are read one after the other and each partial goes to the
+Frames of bulk format 1 (:mod:`shuffled.framing`: whole streams, JSON headers) or 2
+(:mod:`shuffled.framing2`: a schema message once, then bodies under binary headers; the
+first frame's magic says which) are read one after the other and each partial goes to the
 store as it arrives (bodies up to 1 MiB read whole, larger ones streamed): the request is
 never held whole. A refused partial (digest, Arrow, size, space) is answered as rejected and
 the batch goes on; a framing error or a body that ends before the END frame stops it with
@@ -17,13 +19,14 @@ from typing import Any
 from aiohttp import ClientPayloadError, web
 
 from shuffled.errors import BadRequest, RequestTimeout, ShuffleError
+from shuffled import framing2
 from shuffled.framing import (
     FIXED_LEN, MEDIA_TYPE, FramingError, data_key, end_count, parse_fixed, parse_header,
 )
 from shuffled.protocol import PartialKey, crc_hex, validate_id
 from shuffled.server.errors import REJECT_REASON
 from shuffled.server.state import state_of
-from shuffled.storage.session import SMALL, BulkSession, PutResult
+from shuffled.storage import SMALL, BulkSession, PutResult, SchemaMessage
 
 CHUNK = 1 << 20
 # The store gathers small partials (up to 1 MiB) before writing them. When the client has
@@ -126,8 +129,15 @@ class _Batch:
     async def read(self) -> None:
         """Read frames up to and including the END frame; FramingError/RequestTimeout stop."""
         reader = self.reader
+        first = await reader.exactly(FIXED_LEN)
+        if first[:4] == framing2.MAGIC:
+            return await self._read_2(first)
         while True:
-            frame = parse_fixed(await reader.exactly(FIXED_LEN))
+            if first:
+                raw, first = first, b""
+            else:
+                raw = await reader.exactly(FIXED_LEN)
+            frame = parse_fixed(raw)
             header = parse_header(frame, await reader.exactly(frame.header_len))
             if frame.end:
                 declared = end_count(header)
@@ -141,7 +151,41 @@ class _Batch:
             self.count += 1
             await self._add(key, crc, frame.body_len)
 
-    async def _add(self, key: PartialKey, crc: int | None, length: int) -> None:
+    async def _read_2(self, raw: bytes) -> None:
+        """Bulk format 2: SCHEMA frames, then PARTIAL frames referring to them, then END."""
+        reader = self.reader
+        schemas: dict[int, SchemaMessage] = {}
+        while True:
+            frame = framing2.parse_fixed(raw)
+            header = await reader.exactly(frame.header_len)
+            framing2.check_header(frame, header)
+            if frame.kind == framing2.PARTIAL:
+                key, schema_id, crc = framing2.partial_of(self.sup, header)
+                schema = schemas.get(schema_id)
+                if schema is None and schema_id != framing2.WHOLE:
+                    raise FramingError(f"PARTIAL frame refers to schema {schema_id}, which no "
+                                       f"SCHEMA frame before it sent", field="body")
+                self.count += 1
+                await self._add(key, crc, frame.body_len, schema)
+            elif frame.kind == framing2.SCHEMA:
+                schema_id = framing2.number(frame, header)
+                try:
+                    schemas[schema_id] = SchemaMessage.parse(
+                        await reader.exactly(frame.body_len))
+                except ShuffleError as exc:  # the partials after it cannot be read
+                    raise FramingError(exc.message, field="body") from exc
+            else:
+                declared = framing2.number(frame, header)
+                if declared != self.count:
+                    raise FramingError(f"END frame says {declared} partial segments, "
+                                       f"{self.count} were sent", field="body")
+                if not await reader.at_eof():
+                    raise FramingError("bytes follow the END frame", field="body")
+                return
+            raw = await reader.exactly(FIXED_LEN)
+
+    async def _add(self, key: PartialKey, crc: int | None, length: int,
+                   schema: SchemaMessage | None = None) -> None:
         self.items.append(None)
         taken = [0]
         try:
@@ -150,7 +194,7 @@ class _Batch:
                 taken[0] = length
             else:
                 body = self.reader.chunks(length, taken)
-            await self.session.add(key, body, length, crc)
+            await self.session.add(key, body, length, crc, schema)
             self.pending.append((len(self.items) - 1, key))
             if length <= SMALL:
                 # Gathered by the store: have it written if the client goes quiet.

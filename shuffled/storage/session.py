@@ -18,7 +18,8 @@ from shuffled.config import Settings
 from shuffled.errors import Conflict, InsufficientStorage, InvalidBody, ShuffleError, TooLarge
 from shuffled.protocol import PartialKey
 from shuffled.storage import packs
-from shuffled.storage.append import Append, Written, append_small
+from shuffled.storage.append import Append, Small, Written, append_small
+from shuffled.storage.arrowfile import EOS, SchemaMessage
 from shuffled.storage.committer import Committer
 from shuffled.storage.index import PartialMeta
 from shuffled.storage.inflight import Uploads
@@ -57,6 +58,14 @@ class PutResult:
 _Outcome = ShuffleError | tuple[PartialMeta, "asyncio.Future[list[int | None]]", int]
 
 
+async def _framed(schema: SchemaMessage, body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """A body sent alone (bulk format 2) as the stream it stands for."""
+    yield schema.data
+    async for chunk in body:
+        yield chunk
+    yield EOS
+
+
 class BulkSession:
     """Partials of one supervisor task written by one request; use as ``async with``."""
 
@@ -66,7 +75,7 @@ class BulkSession:
         self.sup = supervisor_task_id
         self.cancelled = False  # set by a DELETE of the task: nothing more is committed
         self._packs: dict[int, Pack] = {}
-        self._small: list[tuple[PartialKey, memoryview, int | None]] = []
+        self._small: list[tuple[PartialKey, Small]] = []
         self._small_bytes = 0
         self._small_slots: list[int] = []  # where each gathered partial's outcome goes
         self._writing: list[asyncio.Task[None]] = []  # gathered batches being written
@@ -105,8 +114,13 @@ class BulkSession:
     # -- adding partials ------------------------------------------------------------------
 
     async def add(self, key: PartialKey, body: bytes | bytearray | memoryview | AsyncIterator[bytes],
-                  length: int | None, expected_crc: int | None) -> None:
+                  length: int | None, expected_crc: int | None,
+                  schema: SchemaMessage | None = None) -> None:
         """Write one partial segment; its commit is queued, not awaited.
+
+        ``body`` is a whole Arrow IPC stream of ``length`` bytes (``expected_crc`` its
+        CRC32C) or, with ``schema`` (bulk format 2), the stream's body alone: its dictionary
+        and record batch messages, ``length`` and ``expected_crc`` being the body's.
 
         Raises a ShuffleError when this partial is refused (nothing of it stays; the session
         goes on). A refusal found while validating a gathered small partial is reported by
@@ -116,8 +130,9 @@ class BulkSession:
         if key.supervisor_task_id != self.sup:
             raise ValueError(f"{key} does not belong to supervisor task {self.sup}")
         limit = self.settings.max_partial_bytes
-        if length is not None and length > limit:
-            raise TooLarge(f"partial segment of {length} bytes exceeds the limit of {limit} "
+        whole = length + len(schema.data) + len(EOS) if schema and length is not None else length
+        if whole is not None and whole > limit:
+            raise TooLarge(f"partial segment of {whole} bytes exceeds the limit of {limit} "
                            f"bytes (max_partial_bytes)", limit=limit)
         await self.parts.uploads.wait_for_delete(self.sup)
         if self.cancelled:
@@ -126,7 +141,7 @@ class BulkSession:
             view = memoryview(body).cast("B")
             if length is not None and view.nbytes != length:
                 raise InvalidBody(f"body has {view.nbytes} bytes but its length said {length}")
-            self._small.append((key, view, expected_crc))
+            self._small.append((key, Small(view, expected_crc, schema)))
             self._small_slots.append(len(self._results))
             self._results.append(None)
             self._small_bytes += view.nbytes
@@ -142,6 +157,11 @@ class BulkSession:
                 for at in range(0, len(data), WRITE_BATCH):
                     yield bytes(data[at: at + WRITE_BATCH])
             body = once()
+        if schema is not None:  # streamed as the whole stream it stands for
+            if expected_crc is not None and length is not None:
+                expected_crc = schema.stream_crc(expected_crc, length)
+            length = whole
+            body = _framed(schema, body)
         await self._stream(key, body, length, expected_crc)
 
     def cancel(self) -> None:
@@ -243,17 +263,15 @@ class BulkSession:
         while self._writing:
             await self._writing.pop(0)
 
-    async def _write_small(self, items: list[tuple[PartialKey, memoryview, int | None]],
-                           slots: list[int]) -> None:
-        total = sum(v.nbytes for _, v, _ in items)
+    async def _write_small(self, items: list[tuple[PartialKey, Small]], slots: list[int]) -> None:
+        total = sum(s.data.nbytes + (len(s.schema.data) if s.schema else 0) for _, s in items)
         try:
-            loc, _, outcomes = await self._place(total, append_small,
-                                                 [(v, crc) for _, v, crc in items])
+            loc, _, outcomes = await self._place(total, append_small, [s for _, s in items])
         except ShuffleError as exc:
             for slot in slots:
                 self._results[slot] = exc
             return
-        good = [(slot, key, outcome) for slot, (key, _, _), outcome
+        good = [(slot, key, outcome) for slot, (key, _), outcome
                 in zip(slots, items, outcomes, strict=True) if not isinstance(outcome, ShuffleError)]
         for slot, outcome in zip(slots, outcomes, strict=True):
             if isinstance(outcome, ShuffleError):
