@@ -1,6 +1,6 @@
 """Child process of comparisons 5 and 7: one SparkSession, every side alternately, JSON out.
 
-    python -m bench.e2e_worker --shape e2e|druid --data DIR --workdir DIR --repeats N --out FILE
+    python -m bench.e2e_worker --shape e2e|druid|druid_json --data DIR --workdir DIR --repeats N --out FILE
 
 Sides: ``shuffled.api.ingest``, Spark's own groupBy + Parquet write, and DuckDB's GROUP BY +
 COPY TO Parquet (2 threads: the best single-node engine on this machine). After the runs,
@@ -27,9 +27,9 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from bench import druid_data, e2e_data
+from bench import druid_data, druid_json_data, e2e_data
 
-SHAPES = {"e2e": e2e_data, "druid": druid_data}
+SHAPES = {"e2e": e2e_data, "druid": druid_data, "druid_json": druid_json_data}
 DAY = "__day"  # the baselines' partition column: one output directory per day
 
 
@@ -66,7 +66,8 @@ def _metrics(shape: Any) -> dict[str, str]:
 
 def spark_rollup(spark: SparkSession, shape: Any, data: Path, out: Path) -> dict[str, Any]:
     """A baseline: the same perfect rollup by Spark's own shuffle, written as Parquet."""
-    df = spark.read.parquet(str(data))
+    read = getattr(shape, "spark_read", None)
+    df = read(spark, data) if read else spark.read.parquet(str(data))
     dims = shape.spec(data)["spec"]["dataSchema"]["dimensionsSpec"]["dimensions"]
     aggs = [F.count(F.lit(1)).alias(n) if n == "count" else F.sum(n).alias(n)
             for n in _metrics(shape)]
@@ -85,14 +86,17 @@ def duckdb_rollup(spark: SparkSession, shape: Any, data: Path, out: Path) -> dic
 
     dims = shape.spec(data)["spec"]["dataSchema"]["dimensionsSpec"]["dimensions"]
     aggs = ", ".join(f"{e} AS {n}" for n, e in _metrics(shape).items())
+    cols = ", ".join(f'"{d}"' for d in dims)
+    source = (shape.duckdb_source(data) if hasattr(shape, "duckdb_source")
+              else f"read_parquet('{data}/*.parquet')")
     out.mkdir(parents=True, exist_ok=True)
     with duckdb.connect() as con:
         con.execute("SET threads = 2")
         con.execute("SET TimeZone = 'UTC'")  # hour buckets in UTC, like the other sides
         # One output per day (PARTITION_BY), like the other sides' time-chunked segments.
-        con.execute(f"COPY (SELECT date_trunc('hour', ts) AS __time, {', '.join(dims)}, {aggs}, "
+        con.execute(f"COPY (SELECT date_trunc('hour', ts) AS __time, {cols}, {aggs}, "
                     f"strftime(date_trunc('hour', ts), '%Y-%m-%d') AS {DAY} "
-                    f"FROM read_parquet('{data}/*.parquet') GROUP BY ALL) "
+                    f"FROM {source} GROUP BY ALL) "
                     f"TO '{out}' (FORMAT PARQUET, PARTITION_BY ({DAY}))")
     return {}
 

@@ -36,15 +36,18 @@ GATHER_WAIT = 0.005
 
 
 class _Reader:
-    """Exact reads from the request body through one buffer: most frame headers and small
-    bodies are sliced from what already arrived, without another await. Every wait for
-    more bytes is bounded by the idle timeout; ``on_wait`` (if set) runs once the body has
-    been silent for :data:`GATHER_WAIT`."""
+    """Exact reads from the request body, straight from the chunks aiohttp hands over: a
+    read inside one chunk is a slice of it (a view when it takes most of the chunk, a copy
+    when small, so a small body never pins a large chunk), a read across chunks is copied
+    once into a buffer of its size (format 1 kept one growing buffer: three copies of every
+    byte). Every wait for more bytes is bounded by the idle timeout; ``on_wait`` (if set)
+    runs once the body has been silent for :data:`GATHER_WAIT`."""
 
     def __init__(self, request: web.Request, idle: float) -> None:
         self._content = request.content
         self._idle = idle
-        self._buf = bytearray()
+        self._chunk = memoryview(b"")
+        self._at = 0
         self.on_wait: Callable[[], Awaitable[None]] | None = None
 
     async def _more(self) -> bytes:
@@ -64,33 +67,46 @@ class _Reader:
         except (ClientPayloadError, ConnectionError) as exc:
             raise FramingError(f"the batch was cut: {exc}", field="body") from exc
 
-    async def exactly(self, n: int) -> bytes:
-        while len(self._buf) < n:
-            chunk = await self._more()
-            if not chunk:
-                raise FramingError(f"the batch ended inside a frame ({len(self._buf)} of {n} "
-                                   f"bytes): it was cut; nothing is complete before an END "
-                                   f"frame", field="body")
-            self._buf += chunk
-        out = bytes(self._buf[:n])
-        del self._buf[:n]
-        return out
+    async def _next(self, what: str) -> None:
+        chunk = await self._more()
+        if not chunk:
+            raise FramingError(f"the batch ended inside {what}: it was cut; nothing is "
+                               f"complete before an END frame", field="body")
+        self._chunk, self._at = memoryview(chunk), 0
+
+    async def exactly(self, n: int) -> memoryview:
+        """The next ``n`` bytes."""
+        left = len(self._chunk) - self._at
+        if n <= left:
+            at = self._at
+            self._at += n
+            view = self._chunk[at: at + n]
+            return view if 2 * n >= len(self._chunk) else memoryview(bytes(view))
+        out = bytearray(n)
+        into = memoryview(out)
+        done = 0
+        while True:
+            take = min(n - done, len(self._chunk) - self._at)
+            into[done: done + take] = self._chunk[self._at: self._at + take]
+            self._at += take
+            done += take
+            if done == n:
+                return into
+            await self._next(f"a frame ({done} of {n} bytes)")
 
     async def at_eof(self) -> bool:
-        return not self._buf and not await self._more()
+        return self._at == len(self._chunk) and not await self._more()
 
-    async def chunks(self, n: int, taken: list[int]) -> AsyncIterator[bytes]:
-        """``n`` bytes in chunks; ``taken[0]`` counts what was handed out."""
+    async def chunks(self, n: int, taken: list[int]) -> AsyncIterator[memoryview]:
+        """``n`` bytes as views of the chunks received; ``taken[0]`` counts what was
+        handed out."""
         while taken[0] < n:
-            if not self._buf:
-                chunk = await self._more()
-                if not chunk:
-                    raise FramingError("the batch ended inside a partial segment's body: "
-                                       "it was cut", field="body")
-                self._buf += chunk
-            piece = bytes(self._buf[: min(CHUNK, n - taken[0])])
-            del self._buf[: len(piece)]
-            taken[0] += len(piece)
+            if self._at == len(self._chunk):
+                await self._next("a partial segment's body")
+            take = min(CHUNK, n - taken[0], len(self._chunk) - self._at)
+            piece = self._chunk[self._at: self._at + take]
+            self._at += take
+            taken[0] += take
             yield piece
 
     async def skip(self, n: int) -> None:
@@ -129,16 +145,16 @@ class _Batch:
     async def read(self) -> None:
         """Read frames up to and including the END frame; FramingError/RequestTimeout stop."""
         reader = self.reader
-        first = await reader.exactly(FIXED_LEN)
+        first = bytes(await reader.exactly(FIXED_LEN))
         if first[:4] == framing2.MAGIC:
             return await self._read_2(first)
         while True:
             if first:
                 raw, first = first, b""
             else:
-                raw = await reader.exactly(FIXED_LEN)
+                raw = bytes(await reader.exactly(FIXED_LEN))
             frame = parse_fixed(raw)
-            header = parse_header(frame, await reader.exactly(frame.header_len))
+            header = parse_header(frame, bytes(await reader.exactly(frame.header_len)))
             if frame.end:
                 declared = end_count(header)
                 if declared != self.count:
@@ -157,7 +173,7 @@ class _Batch:
         schemas: dict[int, SchemaMessage] = {}
         while True:
             frame = framing2.parse_fixed(raw)
-            header = await reader.exactly(frame.header_len)
+            header = bytes(await reader.exactly(frame.header_len))
             framing2.check_header(frame, header)
             if frame.kind == framing2.PARTIAL:
                 key, schema_id, crc = framing2.partial_of(self.sup, header)
@@ -171,7 +187,7 @@ class _Batch:
                 schema_id = framing2.number(frame, header)
                 try:
                     schemas[schema_id] = SchemaMessage.parse(
-                        await reader.exactly(frame.body_len))
+                        bytes(await reader.exactly(frame.body_len)))
                 except ShuffleError as exc:  # the partials after it cannot be read
                     raise FramingError(exc.message, field="body") from exc
             else:
@@ -182,7 +198,7 @@ class _Batch:
                 if not await reader.at_eof():
                     raise FramingError("bytes follow the END frame", field="body")
                 return
-            raw = await reader.exactly(FIXED_LEN)
+            raw = bytes(await reader.exactly(FIXED_LEN))
 
     async def _add(self, key: PartialKey, crc: int | None, length: int,
                    schema: SchemaMessage | None = None) -> None:
