@@ -1,4 +1,4 @@
-"""Phase 1 without the JVM hand-off: Parquet input read by pyarrow on the executors.
+"""Phase 1 without the JVM hand-off: Parquet, JSON and CSV input read by pyarrow on the executors.
 
 Handing rows from Spark's JVM to Python costs ~5 s of JVM CPU per 10M rows here (row
 conversion plus Arrow encoding), more than Spark's whole groupBy. For Parquet input the rows
@@ -12,6 +12,10 @@ The native path is taken only where it provably computes what the JVM path compu
 (:func:`plan_native` says why not otherwise): Parquet input, hashed (or dynamic)
 partitioning over string/long columns, integer/timestamp/date timestamps, string or integer
 dimensions, numeric metric fields. Everything else falls back to the JVM path.
+
+Newline-delimited JSON and CSV are read natively too (:mod:`.text_plan` plans byte blocks,
+:mod:`.text_reader` reads them, Spark's typing of text computed on Arrow), with their
+transforms (:mod:`.arrow_transform`) and range partitioning (:mod:`.native_range`).
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from shuffled.spark.spec.model import IngestSpec, PartitionPlan
 from shuffled.spark.phase1.prepare import metric_column
 from shuffled.spark.rows.rollup import BAD, CHUNK, TIME
 from shuffled.spark.phase1.sparkhash import pmod_hash
+from shuffled.spark.phase1.native_range import RangeBucketer
+from shuffled.spark.phase1.text_prepare import TextInput
 
 _UNITS = {"b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "g": 1 << 30,
           "gb": 1 << 30, "t": 1 << 40, "tb": 1 << 40}
@@ -41,10 +47,10 @@ _TS_SCALE = {"posix": 1000.0, "micro": 0.001, "nano": 0.000001}
 
 @dataclass(frozen=True)
 class Split:
-    """Row groups of one Parquet file read by one task."""
+    """Row groups of one Parquet file (or blocks of a text file) read by one task."""
 
     path: str
-    row_groups: tuple[int, ...]
+    row_groups: tuple[int, ...]  # text: block numbers (see NativeInput.text.block)
     nbytes: int
     dictionary: tuple[str, ...] = ()  # string columns of this file read dictionary-encoded
 
@@ -83,7 +89,9 @@ class NativeInput:
     query_granularity: str
     segment_granularity: str
     intervals: tuple[tuple[int, int], ...]  # (first chunk start, end)
-    bucketer: Bucketer
+    bucketer: Bucketer | RangeBucketer
+    text: TextInput | None = None  # JSON or CSV: how to read and type the lines
+    reason: str = NATIVE_REASON  # the task report's readerReason
 
 
 def truncate_array(ms: np.ndarray, granularity: str) -> np.ndarray:
@@ -175,7 +183,12 @@ def _source(path: str) -> str | pa.NativeFile:
 
 
 def read_split(split: Split, spec: NativeInput, columns: list[str]) -> Iterator[pa.Table]:
-    """The phase-1 rows of ``split``, one table per row group."""
+    """The phase-1 rows of ``split``, one table per row group (text: per piece of lines)."""
+    if spec.text is not None:
+        from shuffled.spark.phase1.text_reader import read_text
+
+        yield from read_text(split.path, split.row_groups, spec)
+        return
     pf = pq.ParquetFile(_source(split.path), read_dictionary=list(split.dictionary))
     present = [c for c in columns if c in pf.schema_arrow.names]
     offsets = np.cumsum([0] + [pf.metadata.row_group(i).num_rows
@@ -238,6 +251,10 @@ class SplitSizing:
 def plan_native(spec: IngestSpec, plan: PartitionPlan, files: list[str],
                 sizing: SplitSizing) -> tuple[NativeInput, list[list[Split]]] | str:
     """The native input description and the splits per task, or why the JVM path is needed."""
+    if spec.input_format.type in ("json", "csv"):
+        from shuffled.spark.phase1.text_plan import plan_text  # it builds this module's types
+
+        return plan_text(spec, plan, files, sizing)
     if spec.input_format.type != "parquet" or not files:
         return "input is not Parquet files"
     if spec.transform:
