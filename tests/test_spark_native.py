@@ -133,7 +133,7 @@ def test_native_reader_refuses_what_it_cannot_read_and_auto_falls_back(
     base, _, _ = parquet_input
     json_spec = base_spec(tmp_path, {"type": "hashed", "numShards": 1})
     json_spec["spec"]["ioConfig"]["inputSource"] = {"type": "inline", "data": '{"ts": 1}'}
-    with pytest.raises(IngestionFailed, match="native phase-1 reader cannot read.*not Parquet"):
+    with pytest.raises(IngestionFailed, match="native phase-1 reader cannot read.*inline data"):
         run_ingestion(json_spec, shuffle_servers=[daemons[0].url], output_dir=str(tmp_path / "a"),
                       reader="native")
     ranged = _spec(base, {"type": "range", "partitionDimensions": ["country"],

@@ -153,8 +153,9 @@ def fn_notnull(t: Any, n: Call) -> AVal:
 
 def fn_abs(t: Any, n: Call) -> AVal:
     v = t(n.args[0])
-    if v.type in (LONG, BOOL):
-        return AVal(pc.abs(as_long(v)), LONG)
+    if v.type in (LONG, BOOL):  # abs(MIN) overflows: null, as every LONG overflow
+        x = as_long(v)
+        return AVal(pc.if_else(pc.equal(x, -(2 ** 63)), pa.scalar(None, pa.int64()), pc.abs(x)), LONG)
     return AVal(pc.abs(as_double(v)), DOUBLE)
 
 

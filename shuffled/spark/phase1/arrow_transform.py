@@ -63,7 +63,7 @@ def literal(value: int | float | str | None, n: int) -> AVal:
 def as_double(v: AVal) -> pa.Array:
     if v.type == STRING:
         return to_double(v.arr)
-    return v.arr.cast(pa.float64()) if v.type != NULL else pa.nulls(len(v.arr), pa.float64())
+    return v.arr.cast(pa.float64(), safe=False) if v.type != NULL else pa.nulls(len(v.arr), pa.float64())
 
 
 def double_to_long(d: pa.Array) -> pa.Array:
@@ -142,7 +142,7 @@ def common(vals: list[AVal]) -> tuple[str, list[pa.Array]]:
     else:
         kind = STRING
     conv = {BOOL: as_bool, LONG: as_long, DOUBLE: as_double, STRING: as_string}[kind]
-    return kind, [conv(v).cast(_TYPES[kind]) for v in vals]
+    return kind, [conv(v).cast(_TYPES[kind], safe=False) for v in vals]
 
 
 def compare(op: str, x: pa.Array, y: pa.Array) -> pa.Array:
@@ -258,7 +258,8 @@ class ArrowTranslator:
         x, y = _num(a, kind), _num(b, kind)
         if kind == LONG:
             if op == "^":  # Spark: pow in doubles, then try_cast to BIGINT; null below 0
-                p = double_to_long(_double_arith("^", x.cast(pa.float64()), y.cast(pa.float64())))
+                p = double_to_long(_double_arith("^", x.cast(pa.float64(), safe=False),
+                                                 y.cast(pa.float64(), safe=False)))
                 return AVal(pc.if_else(pc.greater_equal(y, 0), p, pa.scalar(None, pa.int64())), LONG)
             return AVal(_long_arith(op, x, y), LONG)
         return AVal(_double_arith(op, x, y), DOUBLE)
