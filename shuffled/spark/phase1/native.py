@@ -9,7 +9,7 @@ bad-row flag), rolls up, and assigns hashed partitions with Spark's own hash
 (:mod:`.sparkhash`) *after* the rollup, on far fewer rows.
 
 The native path is taken only where it provably computes what the JVM path computes
-(:func:`plan_native` says why not otherwise): Parquet input, hashed (or dynamic)
+(:func:`plan_native` says why not otherwise): Parquet input, hashed (or dynamic) or range
 partitioning over string/long columns, integer/timestamp/date timestamps, string or integer
 dimensions, numeric metric fields. Everything else falls back to the JVM path.
 
@@ -259,8 +259,6 @@ def plan_native(spec: IngestSpec, plan: PartitionPlan, files: list[str],
         return "input is not Parquet files"
     if spec.transform:
         return "the spec has a transformSpec (transforms and filters run as Spark SQL expressions)"
-    if plan.kind != "hashed":
-        return f"{plan.kind} partitioning"
     first_last = [m.name for m in spec.metrics if m.first_last]
     if first_last:
         return (f"first/last aggregators ({', '.join(first_last)}) pick by time columns "
@@ -292,8 +290,15 @@ def plan_native(spec: IngestSpec, plan: PartitionPlan, files: list[str],
         query_granularity=spec.query_granularity, segment_granularity=spec.segment_granularity,
         intervals=tuple((truncate(iv.start, spec.segment_granularity), iv.end)
                         for iv in spec.intervals),
-        bucketer=Bucketer(tuple(hash_cols), plan.num_shards, dict(plan.per_chunk)))
+        bucketer=bucketer_of(plan, tuple(hash_cols)))
     return native, pack(row_groups, sizing)
+
+
+def bucketer_of(plan: PartitionPlan, hash_cols: tuple[str, ...]) -> Bucketer | RangeBucketer:
+    """The partition function of ``plan`` for natively read rows (after their rollup)."""
+    if plan.kind == "range":
+        return RangeBucketer(plan.dimensions, dict(plan.boundaries))
+    return Bucketer(hash_cols, plan.num_shards, dict(plan.per_chunk))
 
 
 def pack(row_groups: list[Split], sizing: SplitSizing) -> list[list[Split]]:

@@ -109,14 +109,9 @@ def text_input(spec: IngestSpec, files: list[str], sizing: Any) -> tuple[TextInp
 def plan_text(spec: IngestSpec, plan: PartitionPlan, files: list[str],
               sizing: Any) -> tuple[Any, list[list[Any]]] | str:
     """JSON or CSV: blocks of each file (HTTP: the whole file, fetched once) in tasks."""
-    from shuffled.spark.phase1.native import (Bucketer, NativeInput, RangeBucketer, Split,
-                                               pack)
+    from shuffled.spark.phase1.native import NativeInput, Split, bucketer_of, pack
 
-    if plan.kind == "range":
-        bucketer: Any = RangeBucketer(plan.dimensions, dict(plan.boundaries))
-    else:
-        bucketer = Bucketer(tuple(plan.dimensions or (TIME, *spec.dimension_names)),
-                            plan.num_shards, dict(plan.per_chunk))
+    bucketer = bucketer_of(plan, tuple(plan.dimensions or (TIME, *spec.dimension_names)))
     planned = text_input(spec, files, sizing)
     if isinstance(planned, str):
         return planned
