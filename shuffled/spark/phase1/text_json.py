@@ -25,12 +25,14 @@ import pyarrow as pa
 import pyarrow.json as pj
 
 from shuffled.spark.phase1.text_io import Declined, Piece
+from shuffled.spark.phase1.text_schema import LEAF, Node, find, leaves
 
 _KIND = re.compile(r"Column\((?P<path>[^)]*)\) changed from (?P<old>\w+) to (?P<new>\w+) in row (?P<row>\d+)")
 _NULL_FIRST = re.compile(rb"[ \t\r\n]*null(?:[ \t\r\n]|$)")
 _ROW = re.compile(r"in row (?P<row>\d+)")
 _NUMBER = re.compile(r"couldn't parse:\s*(?P<text>\S*)")
-Steps = tuple[str | int, ...]
+_SPACE = np.zeros(256, dtype=bool)  # JSON whitespace
+_SPACE[[9, 10, 13, 32]] = True
 
 
 @dataclass
@@ -39,66 +41,6 @@ class Run:
 
     table: pa.Table
     lines: np.ndarray
-
-
-@dataclass
-class Node:
-    """The schema tree of what is read: object keys (``keys``), an array's elements
-    (``items``, for index steps) or a leaf value (``leaf`` set: its current Arrow type)."""
-
-    keys: dict[str, Node] | None = None
-    items: Node | None = None
-    leaf: pa.DataType | None = None
-    multi: bool = False  # a leaf that may be an array of strings (multi-value dimension)
-    text: bool = False  # a leaf whose text is used (an integer read as float64 would differ)
-    scalar: pa.DataType | None = None  # an object/array node met as a scalar: this type
-
-    def arrow(self) -> pa.DataType:
-        if self.scalar is not None:
-            return self.scalar
-        if self.leaf is not None:
-            return self.leaf
-        if self.items is not None:
-            return pa.list_(self.items.arrow())
-        return pa.struct([(k, v.arrow()) for k, v in (self.keys or {}).items()])
-
-
-def schema_tree(paths: dict[str, Steps], multi: set[str], numbers: set[str] = frozenset(),  # type: ignore[assignment]
-                texts: set[str] = frozenset()) -> Node:  # type: ignore[assignment]
-    """The tree reading every ``paths`` value (a field's steps from the record's root);
-    ``numbers`` are first read as integers (metric fields), the others as text, until a
-    value of another kind says otherwise."""
-    root = Node(keys={})
-    for name, steps in paths.items():
-        node = root
-        for i, step in enumerate(steps):
-            last = i == len(steps) - 1
-            if isinstance(step, int):
-                node.items = node.items or Node(keys={})
-                child = node.items
-            else:
-                assert node.keys is not None
-                child = node.keys.setdefault(step, Node(keys={}))
-            if last:
-                child.keys, child.leaf = None, pa.int64() if name in numbers else pa.string()
-                child.multi = name in multi and len(steps) == 1
-                child.text = name in texts
-            node = child
-    return root
-
-
-def _find(root: Node, path: str) -> Node | None:
-    node: Node | None = root
-    for part in [p for p in path.split("/") if p]:
-        if node is None:
-            return None
-        node = node.items if part == "[]" else (node.keys or {}).get(part)
-    return node
-
-
-_SPACE = np.zeros(256, dtype=bool)
-_SPACE[[9, 10, 13, 32]] = True
-_LEAF = {"string": pa.string(), "number": pa.int64(), "boolean": pa.bool_(), "null": pa.string()}
 
 
 class JsonParser:
@@ -257,18 +199,18 @@ class JsonParser:
                 return self._retype(path, new, piece, line)
             except Declined:
                 return False
-        parent = _find(self.root, path.rsplit("/", 1)[0]) if path.endswith("/[]") else None
+        parent = find(self.root, path.rsplit("/", 1)[0]) if path.endswith("/[]") else None
         if parent is not None and parent.multi:  # a multi-value dimension's elements
             if new not in ("string", "number", "boolean"):
                 raise Declined(f"{where()}: a JSON {new} inside the array of {path[1:-3]}")
-            parent.leaf = pa.list_(_LEAF[new])
+            parent.leaf = pa.list_(LEAF[new])
             return True
-        node = _find(self.root, path)
+        node = find(self.root, path)
         if node is None:
             raise Declined(f"{where()}: a JSON {new} at {path}")
         if node.leaf is not None:
-            if new in _LEAF:
-                node.leaf = _LEAF[new]
+            if new in LEAF:
+                node.leaf = LEAF[new]
             elif new == "array" and node.multi:
                 node.leaf = pa.list_(pa.string())
             else:
@@ -278,14 +220,14 @@ class JsonParser:
         # read it as such, and the path through it gives null (as get_json_object does).
         shape = "object" if node.items is None else "array"
         node.scalar = None if new == shape else (
-            _LEAF.get(new) or (pa.list_(pa.null()) if new == "array" else pa.struct([])))
+            LEAF.get(new) or (pa.list_(pa.null()) if new == "array" else pa.struct([])))
         return True
 
     def _widen(self, data: bytes, text: str, piece: Piece) -> None:
         """An integer leaf met a decimal (or an integer beyond int64): pyarrow does not say
         which, so integer leaves become float64 one by one (those read as numbers first)
         until that number reads."""
-        for node in sorted((n for n in _leaves(self.root) if n.leaf == pa.int64()),
+        for node in sorted((n for n in leaves(self.root) if n.leaf == pa.int64()),
                            key=lambda n: n.text):
             node.leaf = pa.float64()
             try:
@@ -324,15 +266,6 @@ class JsonParser:
             raise Declined(f"{piece.uri}:{piece.first_line() + line}: a JSON line Spark's "
                            "parser reads and pyarrow's does not")
         bad.append(line)
-
-
-def _leaves(node: Node) -> list[Node]:
-    if node.leaf is not None:
-        return [node]
-    out = []
-    for child in [*(node.keys or {}).values(), *([node.items] if node.items else [])]:
-        out += _leaves(child)
-    return out
 
 
 def _spark_reads(text: str) -> bool:

@@ -116,6 +116,8 @@ def plan_text(spec: IngestSpec, plan: PartitionPlan, files: list[str],
     if isinstance(planned, str):
         return planned
     text, layout = planned
+    if not layout:
+        return "the input files are empty"
     blocks: list[Split] = []
     for path, size, count in layout:
         if remote.scheme(path) in ("http", "https"):

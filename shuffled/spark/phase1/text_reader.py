@@ -15,7 +15,8 @@ import pyarrow as pa
 
 from shuffled.spark.phase1.text_csv import parse_csv
 from shuffled.spark.phase1.text_io import pieces
-from shuffled.spark.phase1.text_json import JsonParser, schema_tree
+from shuffled.spark.phase1.text_json import JsonParser
+from shuffled.spark.phase1.text_schema import schema_tree
 from shuffled.spark.phase1.text_prepare import TextInput, malformed, output_schema, prepare_text
 
 
