@@ -41,6 +41,17 @@ def test_generated_json_rows_and_bad_lines(spark: Any, tmp_path: Path) -> None:
     check_lines(found)
 
 
+def test_druid_tutorials(spark: Any) -> None:
+    """The rollup tutorial of examples/ and Druid's transform and flatten examples."""
+    for path, base in (("examples/rollup-tutorial/rollup-index.json", "examples/rollup-tutorial"),
+                       ("tests/data/druid/transform/transform-index.json", "tests/data/druid/transform"),
+                       ("tests/data/druid/flatten/flatten-index.json", "tests/data/druid/flatten")):
+        spec = json.loads((ROOT / path).read_text())
+        spec["spec"]["ioConfig"]["inputSource"]["baseDir"] = str(ROOT / base)
+        jvm, native, _ = prepared_both(spark, spec)
+        assert jvm == native and native, path
+
+
 TIMES: list[Any] = [
     "2018-01-01T00:00:00Z", "2018-01-01T10:11:12.345Z", "2018-01-01 10:11:12", "2018-1-2T3:4:5Z",
     " 2018-01-01T00:00:00.123456789+05:30 ", "2018-02-30T00:00:00Z", "2018", "2018-06",
@@ -112,12 +123,8 @@ def test_csv(spark: Any, tmp_path: Path) -> None:
 
 
 def test_flatten(spark: Any, tmp_path: Path) -> None:
-    """Druid's flatten example, and paths through arrays, through values that are not
-    objects in some rows, and without field discovery."""
-    spec = json.loads((ROOT / "tests/data/druid/flatten/flatten-index.json").read_text())
-    spec["spec"]["ioConfig"]["inputSource"]["baseDir"] = str(ROOT / "tests/data/druid/flatten")
-    jvm, native, _ = prepared_both(spark, spec)
-    assert jvm == native
+    """Paths through arrays, through values that are not objects in some rows, and
+    without field discovery."""
     write_lines(tmp_path / "in" / "a.json", [
         {"ts": "2018-01-01T00:00:00Z", "o": {"a": {"b": 1}, "l": [{"c": "x"}, {"c": "y"}]}, "k": "v"},
         {"ts": "2018-01-01T01:00:00Z", "o": "text", "k": 5},

@@ -9,7 +9,6 @@ cannot compute falls back with a readerReason naming it.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -136,12 +135,8 @@ def test_filters_equal_sparks(spark: Any, frame: Any) -> None:
 
 
 def test_json_transform_spec_prepared_alike(spark: Any, tmp_path: Path) -> None:
-    """Druid's transform tutorial, and a __time transform, shadowed fields and a filter on
-    a transform's output over JSON numbers, text and absent fields."""
-    spec = json.loads((ROOT / "tests/data/druid/transform/transform-index.json").read_text())
-    spec["spec"]["ioConfig"]["inputSource"]["baseDir"] = str(ROOT / "tests/data/druid/transform")
-    jvm, native, _ = prepared_both(spark, spec)
-    assert jvm == native
+    """A __time transform, shadowed fields and a filter on a transform's output over JSON
+    numbers, text and absent fields (Druid's tutorial: test_native_text)."""
     write_lines(tmp_path / "in" / "a.json", [
         {"ts": "2018-01-01T10:20:30Z", "d": "fr", "q": 3, "p": "1.25"},
         {"ts": "2018-01-01T11:20:30Z", "d": "de", "q": "4", "p": 2},

@@ -104,6 +104,7 @@ def _base() -> dict[str, Any]:
 
     spec = base_spec(Path("."), {"type": "hashed", "numShards": 2})
     spec["spec"]["tuningConfig"]["totalNumMergeTasks"] = 2
+    spec["spec"]["tuningConfig"]["maxSavedParseExceptions"] = 1000  # all: comparable
     return spec
 
 
@@ -143,8 +144,8 @@ def test_s3_in_and_out_publishes_what_the_local_run_does(spark: Any, store: Any,
         local = _spec({"type": "local", "baseDir": str(data["local"] / fmt), "filter": f"*.{fmt}"},
                       fmt)
         # JSON: the local run reads through the JVM, the store's natively (auto)
-        run_ingestion(local, shuffle_servers=[daemon.url], output_dir=str(local_out),
-                      reader="jvm" if fmt == "json" else "auto")
+        local_run = run_ingestion(local, shuffle_servers=[daemon.url], output_dir=str(local_out),
+                                  reader="jvm" if fmt == "json" else "auto")
     finally:
         daemon.stop()
     remote = _spec({"type": "s3", "prefixes": [f"s3://shuffled-in/{fmt}/"], "filter": f"*.{fmt}"}, fmt)
@@ -157,6 +158,10 @@ def test_s3_in_and_out_publishes_what_the_local_run_does(spark: Any, store: Any,
     assert report["status"] == "SUCCESS"
     ran = report["phases"]["partialSegmentGeneration"]["reader"]
     assert ran == ("jvm" if reader == "jvm" else "native")
+    if fmt == "json":  # the same bad lines, numbered alike (files named each their way)
+        events = [sorted((e["line"], e["message"], e["raw"]) for e in r["ingestionStatsAndErrors"]
+                         ["unparseableEvents"]) for r in (report, local_run.report)]
+        assert events[0] == events[1] and events[0]
 
 
 def test_http_json_input(spark: Any, store: Any, data: Any, tmp_path: Path) -> None:
