@@ -14,7 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from shuffled.spark.phase1.arrow_functions import java_regex, named_groups, pattern_parts
+from shuffled.spark.phase1.arrow_functions import pattern_parts
+from shuffled.spark.phase1.arrow_regex import java_regex, named_groups
 from shuffled.spark.phase1.arrow_transform import (LONG, NULL, STRING, AVal, ArrowTranslator,
                                                    as_bool, as_double, as_long, as_string,
                                                    as_value, compare, literal)

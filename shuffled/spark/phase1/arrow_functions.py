@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from shuffled.spark.phase1.arrow_transform import (BOOL, DOUBLE, LONG, STRING, AVal, as_bool,
                                                    as_double, as_long, as_string, common,
                                                    masked)
+from shuffled.spark.phase1.arrow_regex import java_regex, named_groups
 from shuffled.spark.phase1.spark_time import to_micros
 from shuffled.spark.spec.expr import Call, Lit
 from shuffled.spark.spec.granularity import MONDAY_OFFSET, WEEK
@@ -46,44 +47,6 @@ def pattern_parts(pattern: str) -> list[tuple[bool, str]] | None:
         pos = m.end()
     letters = [p for is_field, p in parts if is_field]
     return parts if len(set(letters)) == len(letters) else None
-
-
-_JAVA_ONLY = re.compile(r"\(\?<?[=!]|\\[1-9]|[*+?}]\+|\(\?>|\\[zZGpPQE]|\\[hHvVRX]")
-_TERMINATORS = "\\n\\r\\x{85}\\x{2028}\\x{2029}"
-_SPACE = "\\t\\n\\x0B\\f\\r "
-
-
-def java_regex(pattern: str, find_only: bool = True) -> str | None:
-    """An RE2 pattern finding what the Java ``pattern`` finds, or None where RE2 cannot
-    say the same: Java's ``.`` skips every line terminator, ``$`` also matches before a
-    final one (only for a yes/no search: ``find_only``), ``\\s`` includes VT."""
-    if _JAVA_ONLY.search(pattern):
-        return None
-    dotall = pattern.startswith("(?s)")
-    out, i, in_class = [], 0, False
-    while i < len(pattern):
-        ch = pattern[i]
-        if ch == "\\":
-            esc = pattern[i:i + 2]
-            out.append({"\\s": _SPACE if in_class else f"[{_SPACE}]",
-                        "\\S": f"[^{_SPACE}]"}.get(esc, esc))
-            if esc == "\\S" and in_class:
-                return None
-            i += 2
-            continue
-        if in_class:
-            in_class = ch != "]" or pattern[i - 1] == "["
-        elif ch == "[":
-            in_class = True
-        elif ch == "." and not dotall:
-            ch = f"[^{_TERMINATORS}]"
-        elif ch == "$":
-            if not find_only:
-                return None
-            ch = f"(?:(?:\\r\\n|[{_TERMINATORS}])?\\z)"
-        out.append(ch)
-        i += 1
-    return "".join(out)
 
 
 def fn_concat(t: Any, n: Call) -> AVal:
@@ -200,30 +163,6 @@ def fn_like(t: Any, n: Call) -> AVal:
 def fn_regexp_like(t: Any, n: Call) -> AVal:
     return AVal(pc.match_substring_regex(as_string(t(n.args[0])), str(java_regex(str(_lits(n)[1])))),
                 BOOL)
-
-
-def named_groups(pattern: str) -> str:
-    """``pattern`` with its capturing groups named ``g1``, ``g2``... and the whole match
-    ``g0`` (Arrow's extract_regex returns named groups only)."""
-    out, i, group, in_class = ["(?P<g0>"], 0, 0, False
-    while i < len(pattern):
-        ch = pattern[i]
-        if ch == "\\":
-            out.append(pattern[i:i + 2])
-            i += 2
-            continue
-        if in_class:
-            in_class = ch != "]"
-        elif ch == "[":
-            in_class = True
-        elif ch == "(" and not pattern.startswith("(?", i):
-            group += 1
-            out.append(f"(?P<g{group}>")
-            i += 1
-            continue
-        out.append(ch)
-        i += 1
-    return "".join(out) + ")"
 
 
 def fn_regexp_extract(t: Any, n: Call) -> AVal:
