@@ -27,6 +27,7 @@ COMPARISONS = {
     "memory": "bench.memory",
     "e2e": "bench.e2e",
     "druid": "bench.druid",
+    "druid_json": "bench.druid:run_json",
     "scale": "bench.scale",
     "merge": "bench.merge_memory",
 }
@@ -89,8 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             t0 = time.monotonic()
             print(f"bench: {name} ...", flush=True)
             try:
-                module = importlib.import_module(COMPARISONS[name])
-                got = module.run(ctx)
+                path, _, fn = COMPARISONS[name].partition(":")
+                got = getattr(importlib.import_module(path), fn or "run")(ctx)
             except Exception as exc:  # one broken comparison must not hide the others
                 traceback.print_exc()
                 got = [failed(name, name, f"{type(exc).__name__}: {exc}")]

@@ -1,6 +1,6 @@
 """Child process of comparisons 5 and 7: one SparkSession, every side alternately, JSON out.
 
-    python -m bench.e2e_worker --shape e2e|druid --data DIR --workdir DIR --repeats N --out FILE
+    python -m bench.e2e_worker --shape e2e|druid|druid_json --data DIR --workdir DIR --repeats N --out FILE
 
 Sides: ``shuffled.api.ingest``, Spark's own groupBy + Parquet write, and DuckDB's GROUP BY +
 COPY TO Parquet (2 threads: the best single-node engine on this machine). After the runs,
@@ -27,9 +27,10 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from bench import druid_data, e2e_data
+from bench import druid_data, druid_json_data, e2e_data
 
-SHAPES = {"e2e": e2e_data, "druid": druid_data}
+SHAPES = {"e2e": e2e_data, "druid": druid_data, "druid_json": druid_json_data}
+DAY = "__day"  # the baselines' partition column: one output directory per day
 
 
 def session(extra: dict[str, str] | None = None) -> SparkSession:
@@ -65,13 +66,17 @@ def _metrics(shape: Any) -> dict[str, str]:
 
 def spark_rollup(spark: SparkSession, shape: Any, data: Path, out: Path) -> dict[str, Any]:
     """A baseline: the same perfect rollup by Spark's own shuffle, written as Parquet."""
-    df = spark.read.parquet(str(data))
+    read = getattr(shape, "spark_read", None)
+    df = read(spark, data) if read else spark.read.parquet(str(data))
     dims = shape.spec(data)["spec"]["dataSchema"]["dimensionsSpec"]["dimensions"]
     aggs = [F.count(F.lit(1)).alias(n) if n == "count" else F.sum(n).alias(n)
             for n in _metrics(shape)]
     rolled = (df.withColumn("__time", F.date_trunc("hour", F.col("ts")))
               .groupBy("__time", *dims).agg(*aggs))
-    rolled.write.mode("overwrite").parquet(str(out))
+    # One output per segment-granularity bucket (a day), as a user who needs time-chunked
+    # segments writes it: rows of a day brought to one task, then partitionBy.
+    rolled = rolled.withColumn(DAY, F.date_format(F.col("__time"), "yyyy-MM-dd"))
+    rolled.repartition(DAY).write.mode("overwrite").partitionBy(DAY).parquet(str(out))
     return {}
 
 
@@ -81,13 +86,18 @@ def duckdb_rollup(spark: SparkSession, shape: Any, data: Path, out: Path) -> dic
 
     dims = shape.spec(data)["spec"]["dataSchema"]["dimensionsSpec"]["dimensions"]
     aggs = ", ".join(f"{e} AS {n}" for n, e in _metrics(shape).items())
+    cols = ", ".join(f'"{d}"' for d in dims)
+    source = (shape.duckdb_source(data) if hasattr(shape, "duckdb_source")
+              else f"read_parquet('{data}/*.parquet')")
     out.mkdir(parents=True, exist_ok=True)
     with duckdb.connect() as con:
         con.execute("SET threads = 2")
         con.execute("SET TimeZone = 'UTC'")  # hour buckets in UTC, like the other sides
-        con.execute(f"COPY (SELECT date_trunc('hour', ts) AS __time, {', '.join(dims)}, {aggs} "
-                    f"FROM read_parquet('{data}/*.parquet') GROUP BY ALL) "
-                    f"TO '{out}/rollup.parquet' (FORMAT PARQUET)")
+        # One output per day (PARTITION_BY), like the other sides' time-chunked segments.
+        con.execute(f"COPY (SELECT date_trunc('hour', ts) AS __time, {cols}, {aggs}, "
+                    f"strftime(date_trunc('hour', ts), '%Y-%m-%d') AS {DAY} "
+                    f"FROM {source} GROUP BY ALL) "
+                    f"TO '{out}' (FORMAT PARQUET, PARTITION_BY ({DAY}))")
     return {}
 
 
@@ -155,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                 facts["seconds"] = time.perf_counter() - began
                 facts["sparkShuffleWriteBytes"] = shuffle_write_bytes(spark) - shuffled_before
                 facts["warmup"] = i < args.warmup
+                facts["files"] = sum(1 for _ in out.rglob("*.parquet"))
                 rest = {k: v for k, v in facts.items() if k != "seconds"}
                 print(f"e2e: {name} {'warm-up ' if facts['warmup'] else ''}"
                       f"{facts['seconds']:.1f} s {json.dumps(rest)}", flush=True)

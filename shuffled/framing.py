@@ -85,7 +85,7 @@ def parse_fixed(raw: bytes) -> Frame:
         version = magic[3:4].decode("latin-1") if magic[:3] == MAGIC[:3] else None
         raise FramingError(
             f"frame does not start with {MAGIC!r}"
-            + (f": bulk format version {version!r} is not supported (this daemon reads 1)"
+            + (f": bulk format version {version!r} is not supported (this daemon reads 1 and 2)"
                if version else f" (got {magic!r})"), field="body")
     if flags & ~FLAG_END or reserved != b"\0\0\0":
         raise FramingError(f"frame has unknown flags {flags:#x} or non-zero reserved bytes",

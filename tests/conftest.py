@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import os
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,39 @@ def files_under(root: Path) -> list[Path]:
                   and ".shuffled" not in p.relative_to(root).parts)
 
 
+def packed_size(bodies: Iterable[bytes], packs: int = 1) -> int:
+    """Bytes ``packs`` packs hold for these Arrow streams appended to them (storage format
+    3): each distinct schema message once per pack, each body, no end-of-stream marker."""
+    from shuffled.storage.arrowfile import inspect_bytes
+
+    schemas: dict[int, int] = {}
+    total = 0
+    for body in bodies:
+        facts = inspect_bytes(body)
+        schemas[facts.schema_crc] = facts.schema_len
+        total += len(body) - facts.schema_len - 8
+    return total + packs * sum(schemas.values())
+
+
+def committed_bytes(root: Path, sup: str) -> int:
+    """Bytes the committed partials of ``sup`` take in a location's packs (catalog): each
+    body, and each schema message they refer to once. A pack holding more has a refused
+    or uncommitted upload's bytes in it."""
+    rows = catalog_rows(root, sup)
+    schemas = {(r[5], r[10]): r[7] - (r[9] - r[6]) - 8 for r in rows}
+    return sum(r[9] - r[6] for r in rows) + sum(schemas.values())
+
+
+def stored_stream(root: Path, sup: str, row: tuple[Any, ...]) -> bytes:
+    """The Arrow stream a :func:`catalog_rows` row stands for, read from its pack: schema
+    message + body + end-of-stream marker."""
+    _, _, _, _, _, pack, offset, size, _, body_end, schema_at = row
+    schema_len = size - (body_end - offset) - 8
+    with open(root / sup / f"{pack}.pack", "rb") as fh:
+        data = fh.read()
+    return data[schema_at: schema_at + schema_len] + data[offset: body_end] + b"\xff" * 4 + b"\0" * 4
+
+
 def pack_files(root: Path, sup: str | None = None) -> list[Path]:
     """The pack files of a location (of one supervisor task if named)."""
     return sorted(p for p in root.glob(f"{sup or '*'}/*.pack") if p.is_file())
@@ -53,14 +86,17 @@ def pack_files(root: Path, sup: str | None = None) -> list[Path]:
 
 def catalog_rows(root: Path, sup: str) -> list[tuple[Any, ...]]:
     """A location's catalog rows of ``sup`` (read-only): (sub, start, end, pid, generation,
-    pack, offset, size, crc)."""
+    pack, offset, size, crc, body end, schema at): ``offset`` is where the body starts in
+    the pack, ``size`` the stream's length, ``body end`` where its stored bytes end
+    (storage format 3: the end-of-stream marker is not stored)."""
     db = root / ".shuffled" / "catalog.sqlite"
     if not db.exists():
         return []
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
         return conn.execute(
-            'SELECT sub, start, "end", pid, generation, pack, "offset", size, crc '
+            'SELECT sub, start, "end", pid, generation, pack, "offset", size, crc, '
+            '"offset" + size - schema_len - 8, schema_at '
             "FROM partials WHERE sup = ? ORDER BY start, \"end\", pid, sub", (sup,)).fetchall()
     finally:
         conn.close()

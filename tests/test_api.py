@@ -10,7 +10,9 @@ from aiohttp.test_utils import TestClient
 
 from shuffled.crc import crc32c
 from shuffled.protocol import format_crc32c
-from tests.conftest import DAY, PREFIX, arrow_bytes, catalog_rows, files_under, sample_table
+from tests.conftest import (
+    DAY, PREFIX, arrow_bytes, catalog_rows, files_under, packed_size, sample_table,
+)
 
 
 def part_url(sup: str = "sup", sub: str | None = "s1") -> str:
@@ -76,7 +78,7 @@ async def test_replace_is_atomic_and_keeps_one_file(daemon: TestClient, settings
     # (a reader that looked it up first reads them whole) until the task is deleted.
     files = [p for loc in settings.locations for p in files_under(loc.path)]
     assert files and all(p.suffix == ".pack" for p in files)
-    assert sum(p.stat().st_size for p in files) == len(first) + len(second)
+    assert sum(p.stat().st_size for p in files) == packed_size([first, second], len(files))
     listing = await (await daemon.get(f"{PREFIX}/tasks/sup")).json()
     assert listing["files"] == 1 and listing["bytes"] == len(second)
     # One partial's worth of committed data: the catalogs hold one row for the key, the new

@@ -27,7 +27,9 @@ from shuffled.protocol import Interval, PartialKey
 from shuffled.server.embedded import EmbeddedDaemon
 from shuffled.server.state import STATE
 from shuffled.storage.session import SMALL
-from tests.conftest import DAY, PREFIX, arrow_bytes, files_under, pack_files, sample_table
+from tests.conftest import (
+    DAY, PREFIX, arrow_bytes, committed_bytes, files_under, pack_files, sample_table,
+)
 
 INTERVAL = Interval.parse(DAY["start"], DAY["end"])
 MEDIA = {"Content-Type": framing.MEDIA_TYPE}
@@ -86,7 +88,11 @@ async def test_a_batch_stores_every_partial_readable_alone_and_together(daemon: 
     assert resp.status == 200 and int(resp.headers["X-Shuffled-Partials"]) == 2
     on_disk = [p for loc in settings.locations for p in files_under(loc.path)]
     assert all(p.suffix == ".pack" for p in on_disk)
-    assert sum(p.stat().st_size for p in on_disk) == sum(len(b) for _, b in items)
+    # Packs hold the committed partials' bytes and nothing else (format 3: schema messages
+    # once per pack, bodies, no end markers).
+    assert sum(p.stat().st_size for p in on_disk) == sum(
+        committed_bytes(loc.path, "sup") for loc in settings.locations) < sum(
+        len(b) for _, b in items)
 
 
 def _cuts(body: bytes, starts: list[int]) -> list[int]:
@@ -124,7 +130,8 @@ async def test_a_batch_cut_anywhere_is_never_complete_and_leaves_whole_partials_
             else:
                 assert code == 404, (cut, i, code)
         packs = [p for loc in settings.locations for p in pack_files(loc.path, sup)]
-        assert sum(p.stat().st_size for p in packs) == sum(len(b) for _, b in items[:stored])
+        assert sum(p.stat().st_size for p in packs) == sum(
+            committed_bytes(loc.path, sup) for loc in settings.locations)
 
 
 def test_a_connection_dropped_mid_batch_stores_nothing_partial(tmp_path: Path) -> None:
@@ -152,9 +159,8 @@ def test_a_connection_dropped_mid_batch_stores_nothing_partial(tmp_path: Path) -
             for k, b in items[:2]:
                 if (k.sub_task_id, k.partition_id, k.interval.start_iso) in subs:
                     assert client.get_partial(k) == b
-        assert sum(p.stat().st_size for p in pack_files(tmp_path / "a", "drop")) == sum(
-            len(b) for k, b in items[:2]
-            if (k.sub_task_id, k.partition_id, k.interval.start_iso) in subs)
+        assert sum(p.stat().st_size for p in pack_files(tmp_path / "a", "drop")) == (
+            committed_bytes(tmp_path / "a", "drop"))
 
 
 async def test_a_bad_partial_is_rejected_alone(daemon: TestClient) -> None:
@@ -181,7 +187,7 @@ async def test_a_bad_partial_is_rejected_alone(daemon: TestClient) -> None:
 
 @pytest.mark.parametrize("mangle, mentions", [
     (lambda b: b[:20] + bytes([b[20] ^ 1]) + b[21:], "CRC32C"),  # header CRC
-    (lambda b: b"SHB2" + b[4:], "version"),
+    (lambda b: b"SHB3" + b[4:], "version"),
     (lambda b: b"XXXX" + b[4:], "does not start"),
     (lambda b: b[:-len(framing.encode_end(2))] + framing.encode_end(3), "END frame says"),
     (lambda b: b + b"more", "follow the END"),
@@ -243,7 +249,8 @@ async def test_large_bodies_stream_and_a_refused_one_is_skipped(daemon: TestClie
     assert (await get(daemon, damaged))[0] == 404
     assert await get(daemon, after) == (200, small)
     packs = [p for loc in settings.locations for p in pack_files(loc.path, "big")]
-    assert sum(p.stat().st_size for p in packs) == len(ok_body) + len(small)
+    assert sum(p.stat().st_size for p in packs) == sum(
+        committed_bytes(loc.path, "big") for loc in settings.locations) < len(ok_body) + len(small)
 
 
 async def test_a_batch_cut_inside_a_large_body_keeps_nothing_of_it(daemon: TestClient,
@@ -257,7 +264,7 @@ async def test_a_batch_cut_inside_a_large_body_keeps_nothing_of_it(daemon: TestC
     assert (await get(daemon, key("b", "bigcut")))[0] == 404
     assert await get(daemon, key("a", "bigcut")) == (200, small)
     packs = [p for loc in settings.locations for p in pack_files(loc.path, "bigcut")]
-    assert sum(p.stat().st_size for p in packs) == len(small)
+    assert sum(p.stat().st_size for p in packs) == len(small) - 8  # no end marker stored
 
 
 async def test_too_large_partials_are_rejected_and_the_batch_goes_on(start_daemon,

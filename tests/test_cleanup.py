@@ -593,7 +593,7 @@ async def test_put_committing_while_sweeper_waits_for_the_lock_saves_the_task(
     await put(client, "a")
     clock.advance(TIMEOUT + PERIOD)
     store = state(client).store
-    lock = store._lock("a")
+    lock = store.uploads.lock("a")
     await lock.acquire()  # a commit of task "a" is in progress
     sweep = asyncio.create_task(sweeper(client).run_once())
     await asyncio.wait_for(_until_waiting(lock), timeout=10)

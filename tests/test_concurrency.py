@@ -17,6 +17,7 @@ from shuffled.crc import crc32c
 from shuffled.errors import LocationLocked
 from shuffled.protocol import format_crc32c
 from shuffled.storage import Store
+from shuffled.storage import arrowfile
 from tests.conftest import (
     DAY, PREFIX, arrow_bytes, catalog_rows, files_under, pack_files, sample_table,
 )
@@ -60,9 +61,12 @@ async def test_fifty_concurrent_uploads_then_every_file_verifies(daemon: TestCli
         await asyncio.sleep(0.01)  # poll interval of a bounded wait
     assert len(rows) == 34 and len({(r[0], r[3]) for r in rows}) == 34
     assert all(r[8] in {crc32c(b) for b in bodies[(r[0], r[3])]} for r in rows)
-    # ...and the packs hold every body that was acknowledged, nothing half-written.
+    # ...and the packs hold every body that was acknowledged, nothing half-written: each
+    # stream but its schema message and end-of-stream marker, and the (one) schema message
+    # once per pack.
+    head = arrowfile.inspect_bytes(bodies[("s20", 2)][0]).schema_len
     assert sum(p.stat().st_size for p in on_disk) == sum(
-        len(b) for bs in bodies.values() for b in bs)
+        len(b) - head - 8 for bs in bodies.values() for b in bs) + head * len(on_disk)
 
 
 async def test_reader_racing_replacing_writer_sees_old_or_new(daemon: TestClient) -> None:

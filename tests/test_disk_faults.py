@@ -29,7 +29,8 @@ from shuffled.crc import crc32c
 from shuffled.errors import ShuffleError
 from shuffled.protocol import Interval, PartialKey, PartitionKey, format_crc32c
 from tests.conftest import (
-    DAY, PREFIX, arrow_bytes, catalog_rows, files_under, pack_files, sample_table,
+    DAY, PREFIX, arrow_bytes, catalog_rows, committed_bytes, files_under, pack_files,
+    packed_size, sample_table,
 )
 from tests.procs import DaemonProcess, http_get, metric_value, wait_for
 
@@ -168,7 +169,7 @@ def test_read_only_location_is_taken_out_then_returns(start_ns_daemon: Any,
     # The packs hold exactly the partials stored (each key once), nothing of a failed write.
     stored = {**before, **during, **after}
     assert sum(p.stat().st_size for loc in (a, b) for p in pack_files(loc, "sup")) == sum(
-        len(body) for body, _ in stored.values())
+        committed_bytes(loc, "sup") for loc in (a, b))
     assert sorted(r[0] for loc in (a, b) for r in catalog_rows(loc, "sup")) == sorted(stored)
 
 
@@ -225,8 +226,8 @@ def test_full_location_is_taken_out_then_returns(start_ns_daemon: Any, tmp_path:
         # partials stored on a, byte for byte their sizes.
         packed = in_ns(daemon.pid, "find", str(a), "-name", "*.pack", "-printf", "%s\n").stdout
         stored = {**before, **during, **after}
-        assert sum(int(n) for n in packed.split()) == sum(
-            len(body) for body, where in stored.values() if where == str(a))
+        assert sum(int(n) for n in packed.split()) == packed_size(
+            [body for body, where in stored.values() if where == str(a)], len(packed.split()))
     assert daemon.stop() == 0
     assert sum(p.stat().st_size for p in pack_files(b, "sup")) == sum(
-        len(body) for body, where in stored.values() if where == str(b))
+        committed_bytes(loc, "sup") for loc in (b,))

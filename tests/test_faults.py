@@ -23,7 +23,7 @@ from shuffled.protocol import Interval, PartialKey, PartitionKey, format_crc32c
 from shuffled.server.embedded import EmbeddedDaemon
 from shuffled.spark.phase2.merge import Assignment, Phase2Config, _fetch
 from tests.conftest import (
-    DAY, PREFIX, arrow_bytes, catalog_rows, files_under, pack_files, sample_table,
+    DAY, PREFIX, arrow_bytes, catalog_rows, files_under, pack_files, sample_table, stored_stream,
 )
 from tests.procs import DaemonProcess, http_get, metric_value, wait_for
 
@@ -59,7 +59,7 @@ def pack_ends(loc: Path, sup: str = "sup") -> dict[int, int]:
     """Per pack of ``sup`` at ``loc``: the end of its last committed partial (catalog)."""
     ends: dict[int, int] = {}
     for row in catalog_rows(loc, sup):
-        ends[row[5]] = max(ends.get(row[5], 0), row[6] + row[7])
+        ends[row[5]] = max(ends.get(row[5], 0), row[9])
     return ends
 
 
@@ -333,7 +333,7 @@ def test_corrupted_byte_is_detected_and_names_the_partial(tmp_path: Path) -> Non
         assert time.monotonic() - started < 5  # not retried: the same damage would come back
 
         # Phase 2's read path refuses it: nothing wrong reaches a segment.
-        cfg = Phase2Config("sup", layout=None, staging_dir=str(tmp_path))  # type: ignore[arg-type]
+        cfg = Phase2Config("sup", layout=None, segment_dir=str(tmp_path))  # type: ignore[arg-type]
         assignment = Assignment(INTERVAL.start, INTERVAL.end, 0,
                                 (((url,), ("s1", "s2", "s3"), 9000),))
         with pytest.raises(DigestMismatch, match="sup/s2"):
@@ -414,9 +414,9 @@ def test_sigterm_lets_a_download_and_an_upload_finish_refuses_new_exits_0(tmp_pa
     rows = [(loc, r) for loc in daemon.locations for r in catalog_rows(loc, "sup")
             if r[0] == "late"]
     assert len(rows) == 1  # committed before the exit: in the catalog, bytes in its pack
-    loc, (_, _, _, _, _, pack, offset, size, _) = rows[0]
-    assert size == len(up)
-    assert (loc / "sup" / f"{pack}.pack").read_bytes()[offset: offset + size] == up
+    loc, row = rows[0]
+    assert row[7] == len(up)
+    assert stored_stream(loc, "sup", row) == up
     assert not [p for loc in daemon.locations for p in (loc / ".tmp").iterdir()]
 
 

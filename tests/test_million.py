@@ -30,8 +30,9 @@ RSS_LIMIT = 300 << 20  # DESIGN.md section 8: 1M partials held, daemon RSS < 300
 
 
 def build(root: Path, sup: str, count: int, subs: int) -> list[bytes]:
-    """A format-2 location holding ``count`` partials of ``sup``: ``subs`` subtasks per
-    partition, day partitions; returns the distinct bodies (row i uses body i % 1000)."""
+    """A format-3 location holding ``count`` partials of ``sup``: ``subs`` subtasks per
+    partition, day partitions; returns the distinct bodies (row i uses body i % 1000),
+    each stored whole but its end-of-stream marker (schema message in front of its body)."""
     root.mkdir(parents=True)
     layout.write_format(root, fsync=False)
     bodies = [arrow_bytes(sample_table(2 + i % 5, seed=i)) for i in range(1000)]
@@ -39,7 +40,7 @@ def build(root: Path, sup: str, count: int, subs: int) -> list[bytes]:
     spans = []
     for body in bodies:
         spans.append((pack.size, len(body), arrowfile.inspect_bytes(body)))
-        pack.write([memoryview(body)])
+        pack.write([memoryview(body)[:-8]])
     pack.close()
     crcs = [crc32c(b) for b in bodies]
     catalog = Catalog(root, fsync=False)
@@ -50,8 +51,8 @@ def build(root: Path, sup: str, count: int, subs: int) -> list[bytes]:
             part, sub = divmod(i, subs)
             offset, size, facts = spans[i % 1000]
             yield (sup, part * DAY_MS, (part + 1) * DAY_MS, 0, f"s{sub:05d}", i + 1, 1,
-                   offset, size, facts.rows, crcs[i % 1000], facts.schema_len,
-                   facts.schema_crc, facts.body_crc, 0, 1.0)
+                   offset + facts.schema_len, size, facts.rows, crcs[i % 1000],
+                   facts.schema_len, facts.schema_crc, facts.body_crc, 0, 1.0, offset)
     catalog.insert_many(rows())
     catalog.close()
     return bodies

@@ -28,7 +28,7 @@ import shuffled.spark.phase1.partials as partials_mod
 import shuffled.spark.rows.rollup as rollup_mod
 from shuffled.client import ShuffleClient
 from shuffled.protocol import Interval, PartialKey
-from shuffled.spark.phase1 import placement
+from shuffled.spark.phase1 import tasks
 from shuffled.spark.rows import grouping
 from shuffled.spark.phase1.partials import Encoder, split_partials
 from shuffled.spark.phase1.tasks import Phase1Config, run_task
@@ -237,7 +237,11 @@ def test_task_uploads_each_flush_in_one_bulk_request_and_reports_it(tmp_path: Pa
         uploads, stats = items[:-1], items[-1]
         subs = {u["sub"] for u in uploads}
         assert len(subs) > 1, "max_rows should have forced several flushes"
-        assert stats["rowsIn"] == 4000 and stats["bytesShuffled"] == sum(u["bytes"] for u in uploads)
+        # On the wire (bulk format 2): each flush's schema message once, then the bodies;
+        # each partial stands for the stream schema + body + end marker ("bytes").
+        head = len(Encoder(LAYOUT.schema()).head)
+        assert stats["rowsIn"] == 4000 and stats["bytesShuffled"] == sum(
+            u["bytes"] - head - 8 for u in uploads) + head * len(subs)
         want = rollup_input(raw_table(4000, seed=9, chunks=6), LAYOUT, [CHUNK, BUCKET])
         total = 0
         with ShuffleClient(daemon.url) as c:
@@ -293,16 +297,17 @@ def test_injected_failure_fires_after_partials_were_stored(tmp_path: Path) -> No
 
 def test_a_task_reads_on_while_its_flush_is_uploaded(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """The first upload is held until the task has asked for more input: with uploads
-    made inline (the task waiting for each answer) it would never be released."""
+    """The first upload (encoding its flush, then sending it) is held until the task has
+    asked for more input: with uploads made inline (the task waiting for each answer) it
+    would never be released."""
     entered, released = threading.Event(), threading.Event()
+    encode = tasks.encode_flush
 
-    class HeldClient(ShuffleClient):
-        def put_partials(self, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
-            entered.set()
-            if not released.wait(timeout=20):
-                raise AssertionError("the task did not read on while its flush was uploaded")
-            return super().put_partials(*args, **kwargs)
+    def held(*args: Any) -> Any:
+        entered.set()
+        if not released.wait(timeout=20):
+            raise AssertionError("the task did not read on while its flush was uploaded")
+        return encode(*args)
 
     def watched(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
@@ -310,14 +315,17 @@ def test_a_task_reads_on_while_its_flush_is_uploaded(tmp_path: Path,
                 released.set()  # asked for more input while an upload is under way
             yield batch
 
-    monkeypatch.setattr(placement, "ShuffleClient", HeldClient)  # the task's uploads
+    monkeypatch.setattr(tasks, "encode_flush", held)  # the task's uploads
     daemon = start_daemon(tmp_path / "loc")
     try:
         cfg = Phase1Config("overlap", (daemon.url,), LAYOUT, "day", max_rows=1500, max_saved_bad=5,
                           max_bytes=64 << 10)
         items = [json.loads(x) for x in run_task(cfg, watched(_batches(4000, 8)))]
-        assert released.is_set() and len({u["sub"] for u in items[:-1]}) > 1
-        assert items[-1]["bytesShuffled"] == sum(u["bytes"] for u in items[:-1])
+        subs = {u["sub"] for u in items[:-1]}
+        assert released.is_set() and len(subs) > 1
+        head = len(Encoder(LAYOUT.schema()).head)
+        assert items[-1]["bytesShuffled"] == sum(
+            u["bytes"] - head - 8 for u in items[:-1]) + head * len(subs)
         with ShuffleClient(daemon.url) as c:
             c.delete_task("overlap")
     finally:

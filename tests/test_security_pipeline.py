@@ -30,7 +30,7 @@ def test_phase2_reads_over_tls_with_ca_bundle_and_token(tmp_path: Path,
                 client.put_partial(PartialKey("sup", sub, interval, 0),
                                    arrow_bytes(sample_table(40)))
         assignment = Assignment(interval.start, interval.end, 0, (((url,), ("s1", "s2"), 80),))
-        cfg = Phase2Config("sup", layout=None, staging_dir=str(tmp_path),  # type: ignore[arg-type]
+        cfg = Phase2Config("sup", layout=None, segment_dir=str(tmp_path),  # type: ignore[arg-type]
                            token=token, ca_file=str(cert))
         clients: dict[str, ShuffleClient] = {}
         try:
@@ -39,7 +39,7 @@ def test_phase2_reads_over_tls_with_ca_bundle_and_token(tmp_path: Path,
             for c in clients.values():
                 c.close()
         assert sum(t.num_rows for t in tables) == 80
-        wrong = Phase2Config("sup", layout=None, staging_dir=str(tmp_path),  # type: ignore[arg-type]
+        wrong = Phase2Config("sup", layout=None, segment_dir=str(tmp_path),  # type: ignore[arg-type]
                              token="wrong", ca_file=str(cert))
         clients = {}
         with pytest.raises(Unauthorized):

@@ -171,6 +171,10 @@ def test_failed_attempts_and_daemon_restart_keep_totals_exact(
             d.stop()
     manifest, out = read_output(tmp_path / "out")
     assert_matches(out, expected_rollup(good))
+    # Segments were written in place: every file there is one the manifest names.
+    ds = tmp_path / "out" / "events"
+    assert sorted(str(p.relative_to(ds)) for p in ds.rglob("*.parquet")) == sorted(
+        s["path"] for s in manifest["segments"])
     attempts = [s["attemptNumber"] for s in result.report["subtasks"]]
     assert any(a > 0 for a in attempts), "no phase-1 attempt was retried"
     leftovers = held - committed - {"supervisor-keepalive"}
@@ -192,6 +196,7 @@ def test_too_many_parse_exceptions_fails_clearly_and_cleans_up(
     report = json.loads((tmp_path / "out" / "events" / "task-report.json").read_text())
     assert report["status"] == "FAILED" and "Max parse exceptions" in report["errorMsg"]
     assert not (tmp_path / "out" / "events" / "manifest.json").exists()
+    assert not list((tmp_path / "out" / "events").glob("segments/*")), "a failed run's folder stayed"
     for d in daemons:
         assert held_tasks(d.url) == []
 

@@ -245,21 +245,25 @@ def test_assign_and_balance_cover_every_partial_once() -> None:
 
 def test_publish_replaces_covered_intervals_atomically(tmp_path: Path) -> None:
     ds = tmp_path / "ds"
-    staging = tmp_path / "st"
-    staging.mkdir()
 
-    def stage(name: str, start: int, end: int, part: int) -> dict[str, Any]:
-        path = staging / name
+    def stage(name: str, start: int, end: int, part: int, version: str) -> dict[str, Any]:
+        path = ds / "segments" / version / name  # merge tasks write in place
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"x")
         return {"start": start, "end": end, "partition": part, "rows": 1, "bytes": 1, "path": str(path)}
 
     shard = lambda s, off: {"type": "numbered", "partitionNum": s["partition"] + off}  # noqa: E731
-    publish(str(ds), "ds", "v1", [stage("a", 0, 10, 0), stage("b", 10, 20, 0)], shard, False)
-    publish(str(ds), "ds", "v2", [stage("c", 0, 10, 0)], shard, False)
+    publish(str(ds), "ds", "v1", [stage("a", 0, 10, 0, "v1"), stage("b", 10, 20, 0, "v1")],
+            shard, False)
+    loser = ds / "segments" / "v2" / "c.a1.parquet"  # an attempt that did not commit
+    stage("c.a1.parquet", 0, 10, 0, "v2")
+    publish(str(ds), "ds", "v2", [stage("c", 0, 10, 0, "v2")], shard, False)
+    assert not loser.exists()
+    assert not (ds / "segments" / "v1" / "a").exists()  # replaced by v2: deleted
     segs = read_manifest(str(ds))["segments"]
     assert [(s["interval"][:24], s["version"]) for s in segs] == [
         ("1970-01-01T00:00:00.000Z", "v2"), ("1970-01-01T00:00:00.010Z", "v1")]
-    publish(str(ds), "ds", "v3", [stage("d", 0, 10, 0)], shard, True)
+    publish(str(ds), "ds", "v3", [stage("d", 0, 10, 0, "v3")], shard, True)
     segs = read_manifest(str(ds))["segments"]
     first = [(s["version"], s["partitionNum"]) for s in segs if s["interval"].startswith("1970-01-01T00:00:00.000Z")]
     assert first == [("v2", 0), ("v2", 1)]

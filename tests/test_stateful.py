@@ -28,7 +28,7 @@ from shuffled.errors import Conflict, NotFound
 from shuffled.protocol import Interval, PartialKey, PartitionKey
 from shuffled.server.embedded import EmbeddedDaemon
 from tests.conftest import (
-    DAY, PREFIX, arrow_bytes, catalog_rows, files_under, pack_files, sample_table,
+    DAY, PREFIX, arrow_bytes, catalog_rows, committed_bytes, files_under, pack_files, sample_table,
 )
 
 INTERVAL = Interval.parse(DAY["start"], DAY["end"])
@@ -225,7 +225,7 @@ class StoreMachine(RuleBasedStateMachine):
             for sup in SUP_NAMES:
                 packed = sum(p.stat().st_size for loc in self.locations
                              for p in pack_files(loc, sup))
-                live = sum(len(v) for k, v in self.model.items() if k.supervisor_task_id == sup)
+                live = sum(committed_bytes(loc, sup) for loc in self.locations)
                 assert live <= packed <= self.written.get(sup, 0)
                 if sup not in self.written:
                     assert not any((loc / sup).exists() for loc in self.locations)

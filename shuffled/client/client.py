@@ -138,6 +138,21 @@ class ShuffleClient:
             return []
         return bulk_upload(self._http, f"{task_path(sup)}/partials", batch, self.put_partial)
 
+    def put_flush(self, supervisor_task_id: str, schema: bytes,
+                  bodies: Iterable[tuple[PartialKey, bytes | bytearray | memoryview]],
+                  ) -> list[dict[str, Any]]:
+        """:meth:`put_partials` of partials given as one Arrow IPC schema message and the
+        bodies of streams of that schema (their dictionary and record batch messages, e.g.
+        byte ranges of one stream a flush was written as): each partial is the stream
+        ``schema + body + end-of-stream marker``, which the answers' ``bytes`` and
+        ``crc32c`` describe and every read gives back. Sent in bulk format 2 without
+        re-assembling them (docs/bulk-upload.md)."""
+        sup = validate_id(supervisor_task_id, "supervisorTaskId")
+        batch = Batch(sup, bodies, schema=schema)
+        if batch.empty():
+            return []
+        return bulk_upload(self._http, f"{task_path(sup)}/partials", batch, self.put_partial)
+
     def get_partial(self, key: PartialKey) -> bytes:
         """The partial segment stored under ``key``, byte for byte, CRC32C-verified.
 

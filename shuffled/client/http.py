@@ -206,6 +206,7 @@ class Transport:
             self._ssl = ssl.create_default_context(cafile=ca_file)
         self._conn: http.client.HTTPConnection | None = None
         self._reused = False
+        self.bulk_version = 2  # bulk upload format; 1 once the daemon turned 2 down
         # Seams for tests; production uses the real clock.
         self._sleep: Callable[[float], None] = time.sleep
         self._clock: Callable[[], float] = time.monotonic

@@ -1,6 +1,8 @@
 """``POST /tasks/{sup}/partials``: many partial segments of one task in one streamed request.
 
-Frames (:mod:`shuffled.framing`) are read one after the other and each partial goes to the
+Frames of bulk format 1 (:mod:`shuffled.framing`: whole streams, JSON headers) or 2
+(:mod:`shuffled.framing2`: a schema message once, then bodies under binary headers; the
+first frame's magic says which) are read one after the other and each partial goes to the
 store as it arrives (bodies up to 1 MiB read whole, larger ones streamed): the request is
 never held whole. A refused partial (digest, Arrow, size, space) is answered as rejected and
 the batch goes on; a framing error or a body that ends before the END frame stops it with
@@ -17,13 +19,14 @@ from typing import Any
 from aiohttp import ClientPayloadError, web
 
 from shuffled.errors import BadRequest, RequestTimeout, ShuffleError
+from shuffled import framing2
 from shuffled.framing import (
     FIXED_LEN, MEDIA_TYPE, FramingError, data_key, end_count, parse_fixed, parse_header,
 )
 from shuffled.protocol import PartialKey, crc_hex, validate_id
 from shuffled.server.errors import REJECT_REASON
 from shuffled.server.state import state_of
-from shuffled.storage.session import SMALL, BulkSession, PutResult
+from shuffled.storage import SMALL, BulkSession, PutResult, SchemaMessage
 
 CHUNK = 1 << 20
 # The store gathers small partials (up to 1 MiB) before writing them. When the client has
@@ -33,15 +36,18 @@ GATHER_WAIT = 0.005
 
 
 class _Reader:
-    """Exact reads from the request body through one buffer: most frame headers and small
-    bodies are sliced from what already arrived, without another await. Every wait for
-    more bytes is bounded by the idle timeout; ``on_wait`` (if set) runs once the body has
-    been silent for :data:`GATHER_WAIT`."""
+    """Exact reads from the request body, straight from the chunks aiohttp hands over: a
+    read inside one chunk is a slice of it (a view when it takes most of the chunk, a copy
+    when small, so a small body never pins a large chunk), a read across chunks is copied
+    once into a buffer of its size (format 1 kept one growing buffer: three copies of every
+    byte). Every wait for more bytes is bounded by the idle timeout; ``on_wait`` (if set)
+    runs once the body has been silent for :data:`GATHER_WAIT`."""
 
     def __init__(self, request: web.Request, idle: float) -> None:
         self._content = request.content
         self._idle = idle
-        self._buf = bytearray()
+        self._chunk = memoryview(b"")
+        self._at = 0
         self.on_wait: Callable[[], Awaitable[None]] | None = None
 
     async def _more(self) -> bytes:
@@ -61,33 +67,46 @@ class _Reader:
         except (ClientPayloadError, ConnectionError) as exc:
             raise FramingError(f"the batch was cut: {exc}", field="body") from exc
 
-    async def exactly(self, n: int) -> bytes:
-        while len(self._buf) < n:
-            chunk = await self._more()
-            if not chunk:
-                raise FramingError(f"the batch ended inside a frame ({len(self._buf)} of {n} "
-                                   f"bytes): it was cut; nothing is complete before an END "
-                                   f"frame", field="body")
-            self._buf += chunk
-        out = bytes(self._buf[:n])
-        del self._buf[:n]
-        return out
+    async def _next(self, what: str) -> None:
+        chunk = await self._more()
+        if not chunk:
+            raise FramingError(f"the batch ended inside {what}: it was cut; nothing is "
+                               f"complete before an END frame", field="body")
+        self._chunk, self._at = memoryview(chunk), 0
+
+    async def exactly(self, n: int) -> memoryview:
+        """The next ``n`` bytes."""
+        left = len(self._chunk) - self._at
+        if n <= left:
+            at = self._at
+            self._at += n
+            view = self._chunk[at: at + n]
+            return view if 2 * n >= len(self._chunk) else memoryview(bytes(view))
+        out = bytearray(n)
+        into = memoryview(out)
+        done = 0
+        while True:
+            take = min(n - done, len(self._chunk) - self._at)
+            into[done: done + take] = self._chunk[self._at: self._at + take]
+            self._at += take
+            done += take
+            if done == n:
+                return into
+            await self._next(f"a frame ({done} of {n} bytes)")
 
     async def at_eof(self) -> bool:
-        return not self._buf and not await self._more()
+        return self._at == len(self._chunk) and not await self._more()
 
-    async def chunks(self, n: int, taken: list[int]) -> AsyncIterator[bytes]:
-        """``n`` bytes in chunks; ``taken[0]`` counts what was handed out."""
+    async def chunks(self, n: int, taken: list[int]) -> AsyncIterator[memoryview]:
+        """``n`` bytes as views of the chunks received; ``taken[0]`` counts what was
+        handed out."""
         while taken[0] < n:
-            if not self._buf:
-                chunk = await self._more()
-                if not chunk:
-                    raise FramingError("the batch ended inside a partial segment's body: "
-                                       "it was cut", field="body")
-                self._buf += chunk
-            piece = bytes(self._buf[: min(CHUNK, n - taken[0])])
-            del self._buf[: len(piece)]
-            taken[0] += len(piece)
+            if self._at == len(self._chunk):
+                await self._next("a partial segment's body")
+            take = min(CHUNK, n - taken[0], len(self._chunk) - self._at)
+            piece = self._chunk[self._at: self._at + take]
+            self._at += take
+            taken[0] += take
             yield piece
 
     async def skip(self, n: int) -> None:
@@ -126,9 +145,16 @@ class _Batch:
     async def read(self) -> None:
         """Read frames up to and including the END frame; FramingError/RequestTimeout stop."""
         reader = self.reader
+        first = bytes(await reader.exactly(FIXED_LEN))
+        if first[:4] == framing2.MAGIC:
+            return await self._read_2(first)
         while True:
-            frame = parse_fixed(await reader.exactly(FIXED_LEN))
-            header = parse_header(frame, await reader.exactly(frame.header_len))
+            if first:
+                raw, first = first, b""
+            else:
+                raw = bytes(await reader.exactly(FIXED_LEN))
+            frame = parse_fixed(raw)
+            header = parse_header(frame, bytes(await reader.exactly(frame.header_len)))
             if frame.end:
                 declared = end_count(header)
                 if declared != self.count:
@@ -141,7 +167,41 @@ class _Batch:
             self.count += 1
             await self._add(key, crc, frame.body_len)
 
-    async def _add(self, key: PartialKey, crc: int | None, length: int) -> None:
+    async def _read_2(self, raw: bytes) -> None:
+        """Bulk format 2: SCHEMA frames, then PARTIAL frames referring to them, then END."""
+        reader = self.reader
+        schemas: dict[int, SchemaMessage] = {}
+        while True:
+            frame = framing2.parse_fixed(raw)
+            header = bytes(await reader.exactly(frame.header_len))
+            framing2.check_header(frame, header)
+            if frame.kind == framing2.PARTIAL:
+                key, schema_id, crc = framing2.partial_of(self.sup, header)
+                schema = schemas.get(schema_id)
+                if schema is None and schema_id != framing2.WHOLE:
+                    raise FramingError(f"PARTIAL frame refers to schema {schema_id}, which no "
+                                       f"SCHEMA frame before it sent", field="body")
+                self.count += 1
+                await self._add(key, crc, frame.body_len, schema)
+            elif frame.kind == framing2.SCHEMA:
+                schema_id = framing2.number(frame, header)
+                try:
+                    schemas[schema_id] = SchemaMessage.parse(
+                        bytes(await reader.exactly(frame.body_len)))
+                except ShuffleError as exc:  # the partials after it cannot be read
+                    raise FramingError(exc.message, field="body") from exc
+            else:
+                declared = framing2.number(frame, header)
+                if declared != self.count:
+                    raise FramingError(f"END frame says {declared} partial segments, "
+                                       f"{self.count} were sent", field="body")
+                if not await reader.at_eof():
+                    raise FramingError("bytes follow the END frame", field="body")
+                return
+            raw = bytes(await reader.exactly(FIXED_LEN))
+
+    async def _add(self, key: PartialKey, crc: int | None, length: int,
+                   schema: SchemaMessage | None = None) -> None:
         self.items.append(None)
         taken = [0]
         try:
@@ -150,7 +210,7 @@ class _Batch:
                 taken[0] = length
             else:
                 body = self.reader.chunks(length, taken)
-            await self.session.add(key, body, length, crc)
+            await self.session.add(key, body, length, crc, schema)
             self.pending.append((len(self.items) - 1, key))
             if length <= SMALL:
                 # Gathered by the store: have it written if the client goes quiet.

@@ -18,15 +18,14 @@ from shuffled.protocol import (
     ARROW_STREAM, CONTENT_DIGEST, GENERATION_HEADER, REPR_DIGEST, ROWS_HEADER, Interval,
     PartialKey, PartitionKey, format_crc32c, parse_crc32c, parse_partition_id, validate_id,
 )
-from shuffled.server import aggregate
 from shuffled.server.errors import RESPONSE_STARTED
 from shuffled.server.middleware import SENT_BYTES
 from shuffled.server.ranges import if_range_allows, parse_range
-from shuffled.server.sendfile import send_range, send_ranges
+from shuffled.server.sendfile import send_ranges
 from shuffled.server.state import state_of
 from shuffled.server.views import disk_usages, task_detail, task_summary
 from shuffled.server.waiters import WATCH
-from shuffled.storage.arrowfile import EOS
+from shuffled.storage import EOS, Reencoder, byte_range, fast_plan, unified_schema
 
 ACCEPTED_TYPES = (ARROW_STREAM, "application/octet-stream", "")
 PARTIALS_HEADER = "X-Shuffled-Partials"
@@ -121,8 +120,9 @@ async def get_partial(request: web.Request) -> web.StreamResponse:
             await response.prepare(request)
             request[RESPONSE_STARTED] = True
             if request.method != "HEAD":
-                await send_range(request, response, fobj, meta.offset + offset, count,
-                                 state.store.run)
+                await send_ranges(request, response,
+                                  [r if isinstance(r, bytes) else (fobj, *r)
+                                   for r in byte_range(meta, offset, count)], state.store.run)
                 request[SENT_BYTES] = count
                 state.metrics.served_bytes.labels("partial").inc(count)
                 state.metrics.served_requests.labels("partial").inc()
@@ -144,7 +144,7 @@ async def get_partition(request: web.Request) -> web.StreamResponse:
         files = await state.store.open_many(metas)
         try:
             state.store.touch(key.supervisor_task_id)
-            plan = aggregate.fast_plan(metas)
+            plan = fast_plan(metas)
             headers = {"Content-Type": ARROW_STREAM, PARTIALS_HEADER: str(len(metas))}
             if plan is not None:
                 headers[ROWS_HEADER] = str(plan.rows)
@@ -161,7 +161,7 @@ async def get_partition(request: web.Request) -> web.StreamResponse:
                     await response.write(EOS)
                     sent = plan.length
             else:
-                schema = await state.store.run(aggregate.unified_schema, files, metas)
+                schema = await state.store.run(unified_schema, files, metas)
                 headers[ROWS_HEADER] = str(sum(m.rows for m in metas))
                 response = web.StreamResponse(headers=headers)
                 response.enable_chunked_encoding()
@@ -169,7 +169,7 @@ async def get_partition(request: web.Request) -> web.StreamResponse:
                 request[RESPONSE_STARTED] = True
                 sent = 0
                 if request.method != "HEAD":
-                    encoder = aggregate.Reencoder(metas, schema)
+                    encoder = Reencoder(metas, schema)
                     while (data := await state.store.run(encoder.next)) is not None:
                         await response.write(data)
                         sent += len(data)

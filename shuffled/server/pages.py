@@ -32,10 +32,9 @@ from shuffled.protocol import (
 )
 from shuffled.server.handlers import _partition_key
 from shuffled.server.middleware import SENT_BYTES
-from shuffled.server.pageplan import MAX_TOKEN, Page, plan_page
 from shuffled.server.state import DaemonState, state_of
 from shuffled.server.waiters import WATCH, TaskWatch
-from shuffled.storage.index import PartialMeta
+from shuffled.storage import MAX_TOKEN, Page, PartialMeta, plan_page
 
 DEFAULT_PAGE_BYTES = 8 << 20
 MAX_PAGE_BYTES = 256 << 20

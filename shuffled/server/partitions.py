@@ -22,13 +22,11 @@ from aiohttp import web
 from shuffled.errors import BadRequest
 from shuffled.framing import PARTITIONS_MEDIA_TYPE, encode_end, encode_partition
 from shuffled.protocol import Interval, PartitionKey, parse_partition_id, validate_id
-from shuffled.server import aggregate
 from shuffled.server.errors import RESPONSE_STARTED
 from shuffled.server.middleware import SENT_BYTES
 from shuffled.server.sendfile import Piece, send_ranges
 from shuffled.server.state import state_of
-from shuffled.storage.arrowfile import EOS
-from shuffled.storage.index import PartialMeta
+from shuffled.storage import EOS, FastPlan, PartialMeta, fast_plan
 
 MAX_PARTITIONS = 1000  # per request (the body is read whole, under client_max_size)
 OPEN_GROUP = 64  # partitions whose packs are open at once while answering
@@ -62,9 +60,9 @@ def parse_request(supervisor_task_id: str, body: Any) -> list[tuple[PartitionKey
     return wanted
 
 
-def _frame(key: PartitionKey, metas: list[PartialMeta]) -> tuple[bytes, aggregate.FastPlan | None]:
+def _frame(key: PartitionKey, metas: list[PartialMeta]) -> tuple[bytes, FastPlan | None]:
     """One partition's frame head, and the zero-copy plan of its body (None: fallback)."""
-    plan = aggregate.fast_plan(metas)
+    plan = fast_plan(metas)
     if plan is None:
         reason = "schemas differ or dictionaries: read this partition with the aggregate GET"
         return encode_partition(key, 0, 0, len(metas), sum(m.rows for m in metas), reason), None

@@ -1,10 +1,20 @@
 """Partial-segment storage: locations, placement, packs, catalog, group commit, recovery.
 
-Only :class:`Store` is the public face; the modules below it each own one idea.
+The public face is :class:`Store` and what readers of its data need: the facts of a stored
+partial (:class:`PartialMeta`), a task's figures (:class:`TaskEntry`), a location
+(:class:`Location`), the stored partial as its Arrow stream (:mod:`.streams`) and the page
+plan of paged reads (:mod:`.pageplan`). The modules below it each own one idea.
 """
 
+from shuffled.storage.arrowfile import EOS, SchemaMessage
 from shuffled.storage.index import PartialMeta, TaskEntry
 from shuffled.storage.location import Location
+from shuffled.storage.pageplan import MAX_TOKEN, Page, plan_page
+from shuffled.storage.session import SMALL, BulkSession, PutResult
 from shuffled.storage.store import Store
+from shuffled.storage.streams import (FastPlan, Reencoder, byte_range, fast_plan, stream_pieces,
+                                      unified_schema)
 
-__all__ = ["Location", "PartialMeta", "Store", "TaskEntry"]
+__all__ = ["EOS", "MAX_TOKEN", "SMALL", "BulkSession", "FastPlan", "Location", "Page",
+           "PartialMeta", "PutResult", "Reencoder", "SchemaMessage", "Store", "TaskEntry", "byte_range",
+           "fast_plan", "plan_page", "stream_pieces", "unified_schema"]

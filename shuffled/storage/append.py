@@ -1,8 +1,10 @@
-"""Appending one partial segment to a pack: CRC while streaming, validate, or cut it off.
+"""Appending partial segments to a pack: CRC while streaming, validate, or cut it off.
 
-Every method here blocks; the store calls them from its I/O threads. Nothing appended is
-visible until the group commit (:mod:`shuffled.storage.commit`) records it in the catalog;
-a refused partial is cut off the pack's end, so it leaves nothing.
+Every function here blocks; the store calls them from its I/O threads. An uploaded stream
+is stored as storage format 3 has it (:class:`~.index.PartialMeta`): its schema message
+once per pack and schema, its body, no end-of-stream marker. Nothing appended is visible
+until the group commit (:mod:`shuffled.storage.commit`) records it in the catalog; a
+refused partial is cut off the pack's end, so it leaves nothing.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from dataclasses import dataclass
 
 from shuffled.crc import crc32c
 from shuffled.errors import DigestMismatch, ShuffleError
-from shuffled.protocol import crc_hex
+from shuffled.protocol import PartialKey, crc_hex
 from shuffled.storage import arrowfile
+from shuffled.storage.index import PartialMeta
 from shuffled.storage.packs import Pack
 
 
@@ -24,10 +27,22 @@ class Written:
     """A validated partial segment in a pack, waiting for its commit."""
 
     pack: Pack
-    offset: int
-    size: int
-    crc: int
+    offset: int  # where its body starts in the pack
+    size: int  # of the whole stream
+    crc: int  # of the whole stream
     facts: arrowfile.ArrowFacts
+    schema_at: int  # where its schema message is in the pack
+    stored: int  # bytes appended to the pack for it (a new schema message included)
+
+    def meta(self, key: PartialKey, generation: int, location: int, created: float) -> PartialMeta:
+        """Its catalog facts, once it has a generation."""
+        f = self.facts
+        return PartialMeta(
+            key=key, generation=generation, location=location, path=self.pack.path,
+            offset=self.offset, size=self.size, rows=f.rows, crc=self.crc,
+            schema_len=f.schema_len, schema_crc=f.schema_crc, body_crc=f.body_crc,
+            has_dictionaries=f.has_dictionaries, created=created, pack=self.pack.number,
+            schema_at=self.schema_at, stored=self.stored)
 
 
 def _writeback_starter() -> Callable[[int, int, int], object] | None:
@@ -112,11 +127,17 @@ class Append:
             self._hold = joined[-eos:]
 
     def finish(self, expected_crc: int | None) -> Written:
-        """Check the digest and validate the Arrow stream; the caller cuts on failure."""
+        """Check the digest and validate the Arrow stream, then cut its end-of-stream
+        marker off (packs omit it); the caller cuts the whole on failure. The schema
+        message stays where it came, in front of the body (a streamed partial is large:
+        a shared copy would save nothing worth a second pass)."""
         check_crc(self.crc, expected_crc)
         body_crc = self._body_crc if self._schema_len and self._schema_len > 0 else None
         facts = arrowfile.inspect(str(self.pack.path), self.size, body_crc, self.offset)
-        return Written(self.pack, self.offset, self.size, self.crc, facts)
+        self.pack.cut(self.offset + self.size - len(arrowfile.EOS))
+        self.pack.schemas.setdefault((facts.schema_crc, facts.schema_len), self.offset)
+        return Written(self.pack, self.offset + facts.schema_len, self.size, self.crc, facts,
+                       self.offset, self.size - len(arrowfile.EOS))
 
     def discard(self) -> None:
         """Cut what was appended off the pack."""
@@ -124,32 +145,78 @@ class Append:
             self.pack.cut(self.offset)
 
 
-def append_small(pack: Pack, items: Sequence[tuple[memoryview, int | None]],
-                 ) -> list[Written | ShuffleError]:
-    """Validate small partials held in memory and append the good ones with one write.
+@dataclass(slots=True)
+class Small:
+    """A small partial held in memory: a whole stream (``schema`` None, ``crc`` its CRC32C
+    if declared) or, sent as bulk format 2 has it, a body after ``schema`` (``crc`` the
+    body's CRC32C if declared)."""
+
+    data: memoryview
+    crc: int | None
+    schema: arrowfile.SchemaMessage | None = None
+
+
+def append_small(pack: Pack, items: Sequence[Small]) -> list[Written | ShuffleError]:
+    """Validate small partials held in memory and append the good ones with one write: per
+    schema, its message once per pack; per partial, its body. Bodies of one schema are
+    validated together (:func:`~.arrowfile.validate_bodies`).
 
     Per item: a :class:`Written`, or the domain error refusing it (nothing of it written).
     """
-    out: list[Written | ShuffleError] = []
-    good: list[memoryview] = []
-    at = pack.size
-    for data, expected in items:
+    out: list[Written | ShuffleError | None] = [None] * len(items)
+    parts: list[tuple[int, arrowfile.SchemaMessage, memoryview, int, int]] = []
+    known: dict[bytes, arrowfile.SchemaMessage] = {}
+    for i, item in enumerate(items):
         try:
-            crc = crc32c(data)
-            check_crc(crc, expected)
-            facts = arrowfile.inspect_bytes(data)
+            if item.schema is None:
+                crc = crc32c(item.data)
+                check_crc(crc, item.crc)
+                head, body = arrowfile.split_stream(item.data)
+                schema = known.get(head) or known.setdefault(
+                    head, arrowfile.SchemaMessage.parse(head))
+                body_crc = crc32c(body)
+            else:
+                schema, body = item.schema, item.data
+                body_crc = crc32c(body)
+                check_crc(body_crc, item.crc)
+                crc = schema.stream_crc(body_crc, len(body))
         except ShuffleError as exc:  # refused: reported for this item alone
-            out.append(exc)
+            out[i] = exc
             continue
-        out.append(Written(pack, at, len(data), crc, facts))
-        good.append(data)
-        at += len(data)
+        parts.append((i, schema, body, crc, body_crc))
+    by_schema: dict[int, list[int]] = {}
+    for n, (_, schema, _, _, _) in enumerate(parts):
+        by_schema.setdefault(id(schema), []).append(n)
+    checked: dict[int, tuple[int, int] | ShuffleError] = {}
+    for members in by_schema.values():
+        schema = parts[members[0]][1]
+        for n, got in zip(members, arrowfile.validate_bodies(
+                schema, [parts[n][2] for n in members]), strict=True):
+            checked[n] = got
+    good: list[memoryview] = []
+    start = at = pack.size
+    for n, (i, schema, body, crc, body_crc) in enumerate(parts):
+        got = checked[n]
+        if isinstance(got, ShuffleError):
+            out[i] = got
+            continue
+        head = len(schema.data)
+        schema_at = pack.schemas.get((schema.crc, head))
+        stored = len(body)
+        if schema_at is None:
+            schema_at = pack.schemas[(schema.crc, head)] = at
+            good.append(memoryview(schema.data))
+            at += head
+            stored += head
+        good.append(body)
+        out[i] = Written(pack, at, head + len(body) + len(arrowfile.EOS), crc,
+                         schema.facts(got[0], got[1], body_crc), schema_at, stored)
+        at += len(body)
     if good:
-        start = pack.size
         try:
             pack.write(good)
         except BaseException:
             if pack.fd is not None:
                 pack.cut(start)
             raise
-    return out
+    return [o for o in out if o is not None]

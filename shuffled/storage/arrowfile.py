@@ -10,13 +10,15 @@ size of the partial segments being uploaded).
 
 from __future__ import annotations
 
+import itertools
 import os
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
 
-from shuffled.crc import crc32c
+from shuffled.crc import combine, crc32c
 from shuffled.errors import InvalidBody
 
 CONTINUATION = b"\xff\xff\xff\xff"
@@ -143,3 +145,104 @@ def inspect_bytes(data: bytes | bytearray | memoryview) -> ArrowFacts:
         body_crc=crc32c(view[schema_len: len(view) - len(EOS)]),
         has_dictionaries=dicts,
     )
+
+
+# -- many partials of one schema at once (bulk format 2, and gathered small uploads) ---------
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaMessage:
+    """One Arrow IPC schema message: what partials sent as bodies refer to."""
+
+    data: bytes
+    crc: int
+    has_dictionaries: bool
+
+    @classmethod
+    def parse(cls, data: bytes) -> SchemaMessage:
+        """``data`` if it is exactly one schema message, else InvalidBody."""
+        if len(data) < 8 or data[:4] != CONTINUATION:
+            raise InvalidBody("schema frame is not an Arrow IPC message")
+        (meta_len,) = struct.unpack("<i", data[4:8])
+        if meta_len <= 0 or 8 + meta_len != len(data):
+            raise InvalidBody(f"schema frame of {len(data)} bytes holds a message of "
+                              f"{8 + meta_len}: send exactly one schema message")
+        try:
+            schema = pa.ipc.read_schema(pa.py_buffer(data))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OSError) as exc:
+            raise InvalidBody(f"schema frame is not an Arrow schema message: {exc}") from exc
+        return cls(bytes(data), crc32c(data), schema_has_dictionaries(schema))
+
+    def stream_crc(self, body_crc: int, body_len: int) -> int:
+        """CRC32C of the stream ``schema message + body + end-of-stream marker``."""
+        return combine(combine(self.crc, body_crc, body_len), EOS_CRC, len(EOS))
+
+    def facts(self, rows: int, batches: int, body_crc: int) -> ArrowFacts:
+        return ArrowFacts(rows=rows, batches=batches, schema_len=len(self.data),
+                          schema_crc=self.crc, body_crc=body_crc,
+                          has_dictionaries=self.has_dictionaries)
+
+
+def split_stream(data: memoryview) -> tuple[bytes, memoryview]:
+    """A whole stream held in memory as (schema message, body): cheap checks only (the
+    body is validated by :func:`validate_bodies`); InvalidBody if it has no schema message
+    in front or no end-of-stream marker at the end."""
+    size = len(data)
+    if size < 16 or bytes(data[:4]) != CONTINUATION:
+        raise InvalidBody(f"body of {size} bytes is not an Arrow IPC stream (no "
+                          f"continuation marker; pre-1.0 legacy streams are not accepted)")
+    (meta_len,) = struct.unpack("<i", data[4:8])
+    schema_len = 8 + meta_len
+    if meta_len <= 0 or schema_len > size - len(EOS):
+        raise InvalidBody("body does not start with an Arrow schema message")
+    if bytes(data[size - len(EOS):]) != EOS:
+        raise InvalidBody("Arrow stream has no end-of-stream marker: the body is truncated "
+                          "or the writer was not closed")
+    return bytes(data[:schema_len]), data[schema_len: size - len(EOS)]
+
+
+def validate_bodies(schema: SchemaMessage, bodies: Sequence[memoryview],
+                    ) -> list[tuple[int, int] | InvalidBody]:
+    """Check that each body, after ``schema``, is a valid stream body (dictionary and record
+    batch messages, nothing else): per body its (rows, batches) or the InvalidBody refusing
+    it. All bodies are read as ONE stream with one reader (about 6 us a partial, against
+    ~70 us for a reader per partial), each required to end on a message boundary; on any
+    doubt (a fault, dictionaries, which a joined stream would read as replacements) each
+    is read alone, so a bad one is refused by itself and the others are kept."""
+    if not bodies:
+        return []
+    if not schema.has_dictionaries:
+        joined = b"".join([schema.data, *bodies, EOS])
+        ends = list(itertools.accumulate((len(b) for b in bodies), initial=len(schema.data)))[1:]
+        source = pa.BufferReader(pa.py_buffer(joined))
+        out: list[tuple[int, int] | InvalidBody] = []
+        rows = batches = 0
+        try:
+            reader = pa.ipc.open_stream(source)
+            while len(out) < len(bodies):
+                at = ends[len(out)]
+                if source.tell() == at:  # a body without record batches
+                    out.append((rows, batches))
+                    rows = batches = 0
+                    continue
+                batch = reader.read_next_batch()
+                batch.validate()
+                rows += batch.num_rows
+                batches += 1
+                if source.tell() > at:
+                    break  # a batch straddles two bodies: read them alone
+            else:
+                if source.tell() == len(joined) - len(EOS):
+                    return out
+        except (StopIteration, pa.ArrowInvalid, pa.ArrowTypeError,
+                pa.ArrowNotImplementedError, OSError):
+            pass
+    return [_alone(schema, body) for body in bodies]
+
+
+def _alone(schema: SchemaMessage, body: memoryview) -> tuple[int, int] | InvalidBody:
+    try:
+        rows, batches, _, _ = _validate(pa.py_buffer(b"".join([schema.data, body, EOS])))
+    except InvalidBody as exc:
+        return exc
+    return rows, batches

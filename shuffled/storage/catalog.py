@@ -23,8 +23,11 @@ from typing import Any, TypeVar
 from shuffled.storage import layout
 from shuffled.storage.index import slot_key
 
+#: Storage format 3: ``offset`` is where the body starts, ``schema_at`` where the schema
+#: message is, ``size`` the whole stream's length (:class:`~.index.PartialMeta`).
 COLUMNS = ("sup", "start", "end", "pid", "sub", "generation", "pack", "offset", "size",
-           "rows", "crc", "schema_len", "schema_crc", "body_crc", "dicts", "created")
+           "rows", "crc", "schema_len", "schema_crc", "body_crc", "dicts", "created",
+           "schema_at")
 _COLS = ", ".join(f'"{c}"' for c in COLUMNS)
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS partials (
@@ -33,11 +36,13 @@ CREATE TABLE IF NOT EXISTS partials (
     "offset" INTEGER NOT NULL, size INTEGER NOT NULL, rows INTEGER NOT NULL,
     crc INTEGER NOT NULL, schema_len INTEGER NOT NULL, schema_crc INTEGER NOT NULL,
     body_crc INTEGER NOT NULL, dicts INTEGER NOT NULL, created REAL NOT NULL,
+    schema_at INTEGER NOT NULL,
     PRIMARY KEY (sup, start, "end", pid, sub)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS partials_by_pack ON partials (sup, pack, "offset");
 """
 _KEY = 'sup = ? AND start = ? AND "end" = ? AND pid = ?'
+_BODY_END = '"offset" + size - schema_len - 8'  # where a partial's body ends in its pack
 _INSERT = f"INSERT OR REPLACE INTO partials ({_COLS}) VALUES ({', '.join('?' * len(COLUMNS))})"
 _INSERT_NEW = _INSERT.replace("INSERT OR REPLACE", "INSERT OR IGNORE")
 _COLS_P = ", ".join(f'p."{c}"' for c in COLUMNS)
@@ -175,9 +180,9 @@ class Catalog:
 
     @_disk_errors
     def drop_past(self, sup: str, pack: int, end: int) -> int:
-        """Forget partials of a pack that extend past ``end`` (its bytes are gone)."""
+        """Forget partials of a pack whose body extends past ``end`` (its bytes are gone)."""
         cur = self.writer.execute(
-            'DELETE FROM partials WHERE sup = ? AND pack = ? AND "offset" + size > ?',
+            f"DELETE FROM partials WHERE sup = ? AND pack = ? AND {_BODY_END} > ?",
             (sup, pack, end))
         return cur.rowcount
 
@@ -201,10 +206,11 @@ class Catalog:
     # -- recovery (writer thread, before serving) ----------------------------------------
 
     def pack_tail(self, sup: str, pack: int) -> tuple[int, int, int] | None:
-        """The last partial of one pack: (offset, size, crc), or None if it holds none."""
+        """The last body of one pack: (offset, length, CRC32C), or None if it holds none
+        (a schema message is always before the bodies that refer to it)."""
         return self.writer.execute(
-            'SELECT "offset", size, crc FROM partials WHERE sup = ? AND pack = ? '
-            'ORDER BY "offset" DESC LIMIT 1', (sup, pack)).fetchone()
+            f'SELECT "offset", size - schema_len - 8, body_crc FROM partials '
+            f'WHERE sup = ? AND pack = ? ORDER BY "offset" DESC LIMIT 1', (sup, pack)).fetchone()
 
     @_disk_errors
     def shared_keys(self, other: Path) -> list[tuple[Row, int]]:

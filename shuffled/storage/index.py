@@ -14,6 +14,8 @@ from typing import Any
 
 from shuffled.protocol import Interval, PartialKey, crc_hex
 
+EOS_LEN = 8  # the Arrow IPC end-of-stream marker, which a stream ends with and packs omit
+
 #: (start ms, end ms, partitionId): a partition of a task, as the catalog orders them.
 Slot = tuple[int, int, int]
 
@@ -27,8 +29,14 @@ def slot_key(start: int, end: int, partition_id: int) -> int:
 
 @dataclass(slots=True)
 class PartialMeta:
-    """Everything needed to serve one stored partial segment: bytes
-    ``[offset, offset + size)`` of the pack file ``path``."""
+    """Everything needed to serve one stored partial segment (storage format 3).
+
+    The partial is the Arrow IPC stream it was uploaded as, ``size`` bytes with CRC32C
+    ``crc``, stored in the pack file ``path`` in two ranges: its schema message, ``schema_len``
+    bytes at ``schema_at`` (shared by the partials of the pack with the same schema), and its
+    body, the dictionary and record batch messages, ``body_len`` bytes at ``offset``; the
+    end-of-stream marker is not stored. Bodies of consecutive uploads are adjacent, so a
+    partition's partials written together are one byte range (:mod:`.streams`)."""
 
     key: PartialKey
     generation: int
@@ -44,6 +52,12 @@ class PartialMeta:
     has_dictionaries: bool
     created: float
     pack: int = 0
+    schema_at: int = 0
+    stored: int = 0  # pack bytes its upload appended (0 when read from the catalog)
+
+    @property
+    def body_len(self) -> int:
+        return self.size - self.schema_len - EOS_LEN
 
     @property
     def etag(self) -> str:
@@ -82,19 +96,20 @@ class PartialMeta:
         return (k.supervisor_task_id, k.interval.start, k.interval.end, k.partition_id,
                 k.sub_task_id, self.generation, self.pack, self.offset, self.size, self.rows,
                 self.crc, self.schema_len, self.schema_crc, self.body_crc,
-                int(self.has_dictionaries), self.created)
+                int(self.has_dictionaries), self.created, self.schema_at)
 
     @classmethod
     def from_row(cls, row: tuple[Any, ...], location: int, root: Path) -> PartialMeta:
         (sup, start, end, pid, sub, generation, pack, offset, size, rows, crc, schema_len,
-         schema_crc, body_crc, dicts, created) = row
+         schema_crc, body_crc, dicts, created, schema_at) = row
         # PartialKey validates the ids again: a catalog edited by hand must not smuggle a
         # path component through.
         key = PartialKey(sup, sub, Interval(start, end), pid)
         return cls(key=key, generation=generation, location=location,
                    path=root / sup / f"{pack}.pack", offset=offset, size=size, rows=rows,
                    crc=crc, schema_len=schema_len, schema_crc=schema_crc, body_crc=body_crc,
-                   has_dictionaries=bool(dicts), created=created, pack=pack)
+                   has_dictionaries=bool(dicts), created=created, pack=pack,
+                   schema_at=schema_at)
 
 
 @dataclass(slots=True)

@@ -1,19 +1,25 @@
-"""Where things live in a location (storage format 2: packs).
+"""Where things live in a location (storage format 3: packs, schemas kept once).
 
 ```
 <location>/.lock                      exclusive lock of the daemon using it
 <location>/.tmp/                      scratch (health probes)
-<location>/.shuffled/format           the format mark: "shuffled-storage 2"
+<location>/.shuffled/format           the format mark: "shuffled-storage 3"
 <location>/.shuffled/catalog.sqlite   the index of every partial segment held here
 <location>/<supervisorTaskId>/<n>.pack  partial segments of that task, appended back to back
 ```
 
-A pack holds the partial segments' bytes exactly as uploaded (each one a whole Arrow IPC
-stream) at offsets the catalog records; a replaced partial's old bytes stay in its pack
+A pack holds schema messages and partial segments' bodies (their dictionary and record
+batch messages) back to back, at offsets the catalog records: each upload is an Arrow IPC
+stream, stored as its schema message (once per pack and schema), its body, and no
+end-of-stream marker, so that the bodies of a partition's partials written together are
+one contiguous range (one ``sendfile``). A replaced partial's old bytes stay in its pack
 (readers holding them keep a consistent view) until the task is deleted, which removes the
-task's directory. Format 1 (one ``.arrow`` file + ``.json`` sidecar per partial under
-``<sup>/<interval>/<partition>/<sub>/``) is refused at start; ``shuffled migrate`` converts
-it (see :mod:`shuffled.storage.migrate`).
+task's directory.
+
+Older formats are refused at start with a message naming ``shuffled migrate``, which
+converts them in place (:mod:`shuffled.storage.migrate`): format 2 (0.1.0: each partial a
+whole stream in its pack) by rewriting the catalog only, format 1 (one ``.arrow`` file +
+``.json`` sidecar per partial under ``<sup>/<interval>/<partition>/<sub>/``) by copying.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 FORMAT_TEXT = f"shuffled-storage {FORMAT_VERSION}\n"
 META_DIR = ".shuffled"
 FORMAT_NAME = "format"

@@ -1,12 +1,21 @@
-"""``shuffled migrate``: convert a location from storage format 1 to packs (format 2).
+"""``shuffled migrate``: convert a location to the current storage format (3) in place.
 
-Format 1 (shuffled 0.1) kept one ``<generation>.arrow`` file and a ``<generation>.json``
+Format 2 (shuffled 0.1.0: packs, each partial a whole Arrow IPC stream in its pack) needs no
+byte moved: a partial's stream ``[offset, offset + size)`` is its schema message
+``[offset, offset + schema_len)``, its body, and an end-of-stream marker format 3 no longer
+reads, so the catalog gains ``schema_at = offset`` and ``offset`` moves past the schema, in
+one SQLite transaction (the new column tells a rerun it was done); then the format mark is
+written, the commit point. Interrupted before the mark, the location is still refused and a
+rerun finishes the job.
+
+Format 1 (before packs) kept one ``<generation>.arrow`` file and a ``<generation>.json``
 sidecar per partial segment under ``<sup>/<start>_<end>/<partitionId>/<subTaskId>/``.
-Migration copies each partial's newest generation into packs, records it in the catalog,
-and only then writes the format mark: the mark is the commit point. Interrupted before it,
-the location is still format 1 (plus packs and a catalog that the next run discards and
-redoes); after it, the old files are removed. Nothing a client was acknowledged is lost.
-Run it with the daemon stopped (it takes the location's lock like a daemon does).
+Migration copies each partial's newest generation into packs (whole, so that its catalog row
+reads as format 3 does), records it in the catalog, and only then writes the format mark:
+the mark is the commit point. Interrupted before it, the location is still format 1 (plus
+packs and a catalog that the next run discards and redoes); after it, the old files are
+removed. Nothing a client was acknowledged is lost. Run it with the daemon stopped (it takes
+the location's lock like a daemon does).
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ import json
 import logging
 import os
 import shutil
+import sqlite3
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +93,12 @@ def migrate_location(root: Path, fsync: bool = True,
     location = Location(0, root, None, 0)
     location.open()  # the exclusive lock: refuses while a daemon uses the location
     try:
+        if layout.read_format(root) == 2:
+            done.partials = _catalog_2_to_3(root, fsync)
+            layout.write_format(root, fsync)  # the commit point
+            progress(f"{root}: storage format 2 -> 3: {done.partials} partial segments "
+                     f"(catalog rewritten, no data moved)")
+            return done
         if layout.read_format(root) == layout.FORMAT_VERSION:
             # Past the commit point; a run interrupted there may have left old files.
             if _remove_legacy(root):
@@ -105,14 +121,18 @@ def migrate_location(root: Path, fsync: bool = True,
                     number += 1
                     pack = open_packs[sup] = packs.create(root, 0, sup, number, fsync)
                 offset = pack.size
-                pack.write([memoryview(path.read_bytes())])
+                data = path.read_bytes()
+                schema_len = int(meta["schemaLen"])
+                # Schema message and body in place; the end-of-stream marker is not stored.
+                pack.write([memoryview(data)[: len(data) - 8]])
                 interval = Interval.parse(meta["start"], meta["end"])
                 rows.append((sup, interval.start, interval.end, int(meta["partitionId"]),
-                             meta["subTaskId"], int(meta["generation"]), number, offset,
-                             int(meta["bytes"]), int(meta["rows"]), int(meta["crc32c"], 16),
-                             int(meta["schemaLen"]), int(meta["schemaCrc32c"], 16),
-                             int(meta["bodyCrc32c"], 16), int(bool(meta["hasDictionaries"])),
-                             float(meta["created"])))
+                             meta["subTaskId"], int(meta["generation"]), number,
+                             offset + schema_len, int(meta["bytes"]), int(meta["rows"]),
+                             int(meta["crc32c"], 16), schema_len,
+                             int(meta["schemaCrc32c"], 16), int(meta["bodyCrc32c"], 16),
+                             int(bool(meta["hasDictionaries"])), float(meta["created"]),
+                             offset))
                 done.partials += 1
                 done.bytes += int(meta["bytes"])
                 if done.partials % 10_000 == 0:
@@ -128,6 +148,30 @@ def migrate_location(root: Path, fsync: bool = True,
         return done
     finally:
         location.close()
+
+
+def _catalog_2_to_3(root: Path, fsync: bool) -> int:
+    """Rewrite a format-2 catalog's rows as format 3 reads them (idempotent: a catalog that
+    has ``schema_at`` was rewritten by an interrupted run); the number of partials."""
+    conn = sqlite3.connect(layout.catalog_path(root), isolation_level=None)
+    try:
+        conn.execute(f"PRAGMA synchronous={'FULL' if fsync else 'OFF'}")
+        columns = {r[1] for r in conn.execute("PRAGMA table_info(partials)")}
+        if "schema_at" not in columns:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                # SQLite's DDL is transactional: the column and the new offsets land together.
+                conn.execute("ALTER TABLE partials ADD COLUMN schema_at INTEGER NOT NULL "
+                             "DEFAULT 0")
+                conn.execute('UPDATE partials SET schema_at = "offset", '
+                             '"offset" = "offset" + schema_len')
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        return int(conn.execute("SELECT COUNT(*) FROM partials").fetchone()[0])
+    finally:
+        conn.close()
 
 
 def _remove_legacy(root: Path) -> int:

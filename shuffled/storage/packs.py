@@ -31,7 +31,7 @@ IOV_MAX = 1024  # buffers one pwritev may take (Linux UIO_MAXIOV)
 class Pack:
     """An open pack file and the length written so far (the next partial's offset)."""
 
-    __slots__ = ("location", "sup", "number", "path", "fd", "size", "dead", "fresh")
+    __slots__ = ("location", "sup", "number", "path", "fd", "size", "dead", "fresh", "schemas")
 
     def __init__(self, location: int, sup: str, number: int, path: Path, fd: int) -> None:
         self.location = location
@@ -42,6 +42,9 @@ class Pack:
         self.size = 0
         self.dead = False  # its task was deleted, or a write failed half-way: never reuse
         self.fresh = True  # nothing of it was ever committed
+        # (CRC32C, length) of each schema message written here -> its offset: partials of
+        # the same schema refer to one copy (one writer at a time: no race).
+        self.schemas: dict[tuple[int, int], int] = {}
 
     def __repr__(self) -> str:
         return f"Pack({self.path}, {self.size} bytes)"
@@ -72,6 +75,7 @@ class Pack:
         assert self.fd is not None
         os.ftruncate(self.fd, size)
         self.size = size
+        self.schemas = {k: at for k, at in self.schemas.items() if at < size}
 
     def sync(self) -> None:
         if self.fd is not None:

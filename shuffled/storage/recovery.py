@@ -21,10 +21,10 @@ from shuffled.storage.catalog import Catalog
 
 log = logging.getLogger("shuffled.storage")
 
-#: The last partial of a pack is CRC-checked whole up to this size; beyond it only its
-#: end-of-stream marker is (reading gigabytes at every start would be worse than the risk).
+#: The last body of a pack is CRC-checked whole up to this size; beyond it only its length
+#: is (reading gigabytes at every start would be worse than the risk: with fsync on, a row
+#: is committed only after its bytes are synced, so only fsync off and a power loss tear).
 VERIFY_TAIL_MAX = 64 << 20
-_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
 
 class LegacyLayout(ConfigError):
@@ -41,6 +41,14 @@ def check_format(root: Path, fsync: bool) -> None:
         raise LegacyLayout(f"location {root}: {exc}", setting="locations") from exc
     if version == layout.FORMAT_VERSION:
         return
+    if version is not None and version < layout.FORMAT_VERSION:
+        raise LegacyLayout(
+            f"location {root} holds storage format {version}, written by shuffled 0.1 (each "
+            f"partial a whole Arrow stream); this version reads format "
+            f"{layout.FORMAT_VERSION} (schemas kept once, bodies contiguous). Stop the daemon "
+            f"and run `shuffled migrate --location {root}` to convert it in place (it "
+            f"rewrites the catalog only: seconds, nothing is lost), or empty the location if "
+            f"the data is no longer needed", setting="locations", location=str(root))
     if version is not None:
         raise LegacyLayout(
             f"location {root} holds storage format {version}, written by a newer shuffled "
@@ -80,9 +88,7 @@ def _crc_of(fd: int, offset: int, size: int) -> int:
 
 
 def _tail_ok(fd: int, offset: int, size: int, crc: int) -> bool:
-    if size <= VERIFY_TAIL_MAX:
-        return _crc_of(fd, offset, size) == crc
-    return os.pread(fd, len(_EOS), offset + size - len(_EOS)) == _EOS
+    return size > VERIFY_TAIL_MAX or _crc_of(fd, offset, size) == crc
 
 
 def _settle(catalog: Catalog, sup: str, number: int, path: Path, found: Recovered) -> int:

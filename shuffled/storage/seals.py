@@ -14,10 +14,20 @@ another version is refused at start with a message, never silently read.
 from __future__ import annotations
 
 import json
+import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
+from shuffled.errors import Conflict
+from shuffled.storage.book import TaskBook
+from shuffled.storage.inflight import Uploads
 from shuffled.storage.layout import fsync_dir, meta_dir
+from shuffled.storage.location import Location
+from shuffled.storage.oserrors import translate
+from shuffled.storage.threads import IoThreads
+
+log = logging.getLogger("shuffled.storage")
 
 SEAL_VERSION = 1
 SEALS_DIR = "seals"
@@ -69,3 +79,70 @@ def read_seals(root: Path) -> dict[str, frozenset[str]]:
                              f"reads version {SEAL_VERSION}; upgrade the daemon")
         out[str(body["supervisorTaskId"])] = frozenset(body["subTaskIds"])
     return out
+
+
+class Seals:
+    """The seals of the tasks held, in memory and durable on every healthy location (event
+    loop; file work on the I/O threads). A task's seal is changed under its lock."""
+
+    def __init__(self, locations: Sequence[Location], threads: IoThreads, uploads: Uploads,
+                 book: TaskBook, fsync: bool) -> None:
+        self.locations = list(locations)
+        self.threads = threads
+        self.uploads = uploads
+        self.book = book
+        self.fsync = fsync
+        self.sealed: dict[str, frozenset[str]] = {}
+
+    async def load(self) -> None:
+        """Read every location's seals at start (a task held from then on, even empty)."""
+        for loc in self.locations:
+            for sup, subs in (await self.threads.run(read_seals, loc.path)).items():
+                # Seals only grow: a location that missed an extension has a subset.
+                self.sealed[sup] = self.sealed.get(sup, frozenset()) | subs
+                self.book.ensure(sup)
+
+    async def seal(self, sup: str, sub_task_ids: Sequence[str]) -> bool:
+        """Record that exactly ``sub_task_ids`` of the task are committed, durably on every
+        healthy location. True if new, False if the same seal was already there (a retry);
+        a seal that adds subtasks to the known one extends it (a supervisor that recomputed
+        lost subtasks seals their replacements, docs/failover.md); any other different one
+        is a Conflict: a committed subtask is never taken back. A task not held yet is held
+        from now on (empty), so that expiry and DELETE remove its seal like any data."""
+        subs = frozenset(sub_task_ids)
+        async with self.uploads.lock(sup):
+            known = self.sealed.get(sup)
+            if known is not None:
+                if not known <= subs:
+                    raise Conflict(f"{sup} is already sealed with {len(known - subs)} "
+                                   "subtasks this seal leaves out; a seal may only add "
+                                   "subtasks", sealed=sorted(known)[:100])
+                if known == subs:
+                    return False
+            written = 0
+            failure: OSError | None = None
+            for loc in self.locations:
+                if not loc.healthy:
+                    continue
+                try:
+                    await self.threads.run(write_seal, loc.path, sup, subs, self.fsync)
+                    written += 1
+                except OSError as exc:
+                    failure = failure or exc
+            if not written:
+                raise translate(failure or OSError("no healthy location"), "locations",
+                                f"sealing supervisor task {sup}")
+            self.sealed[sup] = subs
+            self.book.ensure(sup)
+            self.book.touch(sup)
+        return True
+
+    async def remove(self, sup: str) -> None:
+        """Forget the task's seal everywhere (its data is gone; the caller holds its lock)."""
+        if self.sealed.pop(sup, None) is None:
+            return
+        for loc in self.locations:
+            try:
+                await self.threads.run(remove_seal, loc.path, sup)
+            except OSError as exc:  # a stale seal is harmless: the data is gone
+                log.warning("could not remove the seal of %s at %s: %s", sup, loc.path, exc)

@@ -10,27 +10,42 @@ session's :meth:`finish` waits until every one of them is durable.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from shuffled.config import Settings
 from shuffled.errors import Conflict, InsufficientStorage, InvalidBody, ShuffleError, TooLarge
 from shuffled.protocol import PartialKey
-from shuffled.storage.append import Append, Written, append_small
+from shuffled.storage import packs
+from shuffled.storage.append import Append, Small, Written, append_small
+from shuffled.storage.arrowfile import EOS, SchemaMessage
+from shuffled.storage.committer import Committer
 from shuffled.storage.index import PartialMeta
+from shuffled.storage.inflight import Uploads
 from shuffled.storage.location import Location
 from shuffled.storage.oserrors import marks_unhealthy, translate
-from shuffled.storage import packs
 from shuffled.storage.packs import Pack
-
-if TYPE_CHECKING:
-    from shuffled.storage.store import Store
+from shuffled.storage.packsource import PackSource
+from shuffled.storage.threads import IoThreads
 
 SMALL = 1 << 20  # partials up to this size are gathered in memory
 WRITE_BATCH = 1 << 20  # bytes gathered before one I/O-thread hop writes them
 RESERVE_STEP = 8 << 20  # reservation growth while streaming a body of unknown length
 INLINE_MAX = 256 << 10  # appends up to this size to an open pack run on the loop (_place)
 FLUSHES_IN_FLIGHT = 2  # gathered batches validated and written while the next is read
+
+
+@dataclass(frozen=True, slots=True)
+class Writing:
+    """The parts of the store an upload session works with (handed in by the store)."""
+
+    settings: Settings
+    locations: Sequence[Location]
+    threads: IoThreads
+    uploads: Uploads
+    packs: PackSource
+    committer: Committer
 
 
 @dataclass(slots=True)
@@ -43,15 +58,24 @@ class PutResult:
 _Outcome = ShuffleError | tuple[PartialMeta, "asyncio.Future[list[int | None]]", int]
 
 
+async def _framed(schema: SchemaMessage, body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """A body sent alone (bulk format 2) as the stream it stands for."""
+    yield schema.data
+    async for chunk in body:
+        yield chunk
+    yield EOS
+
+
 class BulkSession:
     """Partials of one supervisor task written by one request; use as ``async with``."""
 
-    def __init__(self, store: Store, supervisor_task_id: str) -> None:
-        self.store = store
+    def __init__(self, supervisor_task_id: str, parts: Writing) -> None:
+        self.parts = parts
+        self.settings = parts.settings
         self.sup = supervisor_task_id
         self.cancelled = False  # set by a DELETE of the task: nothing more is committed
         self._packs: dict[int, Pack] = {}
-        self._small: list[tuple[PartialKey, memoryview, int | None]] = []
+        self._small: list[tuple[PartialKey, Small]] = []
         self._small_bytes = 0
         self._small_slots: list[int] = []  # where each gathered partial's outcome goes
         self._writing: list[asyncio.Task[None]] = []  # gathered batches being written
@@ -63,7 +87,7 @@ class BulkSession:
         self._results: list[_Outcome | None] = []
 
     async def __aenter__(self) -> BulkSession:
-        self.store._sessions(self.sup).add(self)
+        self.parts.uploads.open(self.sup, self)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -82,17 +106,21 @@ class BulkSession:
             if futures:
                 await asyncio.shield(asyncio.gather(*futures, return_exceptions=True))
             for pack in [*self._packs.values(), *self._extra]:
-                await self.store._release(pack)
+                await self.parts.packs.release(pack)
             self._packs.clear()
             self._extra.clear()
-            self.store._sessions(self.sup).discard(self)
-            self.store._forget_writes(self.sup)
+            self.parts.uploads.close(self.sup, self)
 
     # -- adding partials ------------------------------------------------------------------
 
     async def add(self, key: PartialKey, body: bytes | bytearray | memoryview | AsyncIterator[bytes],
-                  length: int | None, expected_crc: int | None) -> None:
+                  length: int | None, expected_crc: int | None,
+                  schema: SchemaMessage | None = None) -> None:
         """Write one partial segment; its commit is queued, not awaited.
+
+        ``body`` is a whole Arrow IPC stream of ``length`` bytes (``expected_crc`` its
+        CRC32C) or, with ``schema`` (bulk format 2), the stream's body alone: its dictionary
+        and record batch messages, ``length`` and ``expected_crc`` being the body's.
 
         Raises a ShuffleError when this partial is refused (nothing of it stays; the session
         goes on). A refusal found while validating a gathered small partial is reported by
@@ -101,18 +129,19 @@ class BulkSession:
         """
         if key.supervisor_task_id != self.sup:
             raise ValueError(f"{key} does not belong to supervisor task {self.sup}")
-        limit = self.store.settings.max_partial_bytes
-        if length is not None and length > limit:
-            raise TooLarge(f"partial segment of {length} bytes exceeds the limit of {limit} "
+        limit = self.settings.max_partial_bytes
+        whole = length + len(schema.data) + len(EOS) if schema and length is not None else length
+        if whole is not None and whole > limit:
+            raise TooLarge(f"partial segment of {whole} bytes exceeds the limit of {limit} "
                            f"bytes (max_partial_bytes)", limit=limit)
-        await self.store._wait_for_delete(self.sup)
+        await self.parts.uploads.wait_for_delete(self.sup)
         if self.cancelled:
             raise self._conflict()
         if isinstance(body, (bytes, bytearray, memoryview)) and len(body) <= SMALL:
             view = memoryview(body).cast("B")
             if length is not None and view.nbytes != length:
                 raise InvalidBody(f"body has {view.nbytes} bytes but its length said {length}")
-            self._small.append((key, view, expected_crc))
+            self._small.append((key, Small(view, expected_crc, schema)))
             self._small_slots.append(len(self._results))
             self._results.append(None)
             self._small_bytes += view.nbytes
@@ -128,6 +157,11 @@ class BulkSession:
                 for at in range(0, len(data), WRITE_BATCH):
                     yield bytes(data[at: at + WRITE_BATCH])
             body = once()
+        if schema is not None:  # streamed as the whole stream it stands for
+            if expected_crc is not None and length is not None:
+                expected_crc = schema.stream_crc(expected_crc, length)
+            length = whole
+            body = _framed(schema, body)
         await self._stream(key, body, length, expected_crc)
 
     def cancel(self) -> None:
@@ -152,12 +186,12 @@ class BulkSession:
 
     async def _stream(self, key: PartialKey, body: AsyncIterator[bytes], length: int | None,
                       expected_crc: int | None) -> None:
-        store = self.store
-        limit = store.settings.max_partial_bytes
+        run = self.parts.threads.run
+        limit = self.settings.max_partial_bytes
         loc, pack, _ = await self._place(length or 0, None)
         reserved = length or 0
         loc.reserved_bytes += reserved
-        append = Append(pack, store.settings.fsync)
+        append = Append(pack, self.settings.fsync)
         try:
             pending: list[bytes] = []
             pending_size = size = 0
@@ -178,13 +212,13 @@ class BulkSession:
                 pending.append(chunk)
                 pending_size += len(chunk)
                 if pending_size >= WRITE_BATCH:
-                    await store.run(append.write, pending)
+                    await run(append.write, pending)
                     pending, pending_size = [], 0
             if pending:
-                await store.run(append.write, pending)
+                await run(append.write, pending)
             if length is not None and size != length:
                 raise InvalidBody(f"body has {size} bytes but its length said {length}")
-            written = await store.run(append.finish, expected_crc)
+            written = await run(append.finish, expected_crc)
         except BaseException as exc:
             await self._cut(append)
             if isinstance(exc, OSError):
@@ -196,13 +230,13 @@ class BulkSession:
 
     async def _cut(self, append: Append) -> None:
         try:
-            await asyncio.shield(self.store.run(append.discard))
+            await asyncio.shield(self.parts.threads.run(append.discard))
         except (OSError, asyncio.CancelledError):
             append.pack.dead = True  # cannot cut it back: never append to it again
 
     def _failed(self, loc: Location, exc: OSError, doing: str) -> ShuffleError:
         if marks_unhealthy(exc):
-            self.store._take_out(loc, f"{exc.strerror} while {doing}")
+            self.parts.packs.take_out(loc, f"{exc.strerror} while {doing}")
         dead = self._packs.get(loc.index)
         if dead is not None:
             dead.dead = True  # released (closed) when the session ends
@@ -229,17 +263,15 @@ class BulkSession:
         while self._writing:
             await self._writing.pop(0)
 
-    async def _write_small(self, items: list[tuple[PartialKey, memoryview, int | None]],
-                           slots: list[int]) -> None:
-        total = sum(v.nbytes for _, v, _ in items)
+    async def _write_small(self, items: list[tuple[PartialKey, Small]], slots: list[int]) -> None:
+        total = sum(s.data.nbytes + (len(s.schema.data) if s.schema else 0) for _, s in items)
         try:
-            loc, _, outcomes = await self._place(total, append_small,
-                                                 [(v, crc) for _, v, crc in items])
+            loc, _, outcomes = await self._place(total, append_small, [s for _, s in items])
         except ShuffleError as exc:
             for slot in slots:
                 self._results[slot] = exc
             return
-        good = [(slot, key, outcome) for slot, (key, _, _), outcome
+        good = [(slot, key, outcome) for slot, (key, _), outcome
                 in zip(slots, items, outcomes, strict=True) if not isinstance(outcome, ShuffleError)]
         for slot, outcome in zip(slots, outcomes, strict=True):
             if isinstance(outcome, ShuffleError):
@@ -253,7 +285,7 @@ class BulkSession:
                 ) -> list[_Outcome]:
         if self.cancelled:
             return [self._conflict() for _ in written]
-        metas, future = self.store._commit(loc, written)
+        metas, future = self.parts.committer.submit(loc, written)
         return [(meta, future, i) for i, meta in enumerate(metas)]
 
     def _keep(self, index: int, pack: Pack) -> None:
@@ -271,30 +303,30 @@ class BulkSession:
         call (checking the file system, creating the pack if needed, and writing: one hop).
         A location found full, read-only or failing is skipped (and taken out of service
         when the disk is at fault); InsufficientStorage when none is left."""
-        store = self.store
+        source = self.parts.packs
         tried: set[int] = set()
         while True:
             if self.cancelled:
                 raise self._conflict()
-            loc = store._placement.choose(size, frozenset(tried))
+            loc = source.placement.choose(size, frozenset(tried))
             pack = self._packs.pop(loc.index, None)
-            if pack is not None and (pack.dead or pack.size + size > store.settings.pack_max_bytes):
+            if pack is not None and (pack.dead or pack.size + size > source.max_bytes):
                 # Not released now: partials of it may still be waiting for their group
                 # commit, and releasing a pack nothing was committed to yet removes it.
                 self._extra.append(pack)
                 pack = None
             if pack is None:
-                pack = store._pool.take(loc.index, self.sup)
-            number = store._new_pack_number() if pack is None else 0
+                pack = source.take(loc.index, self.sup)
+            number = source.new_number() if pack is None else 0
             loc.reserved_bytes += size
-            args_ = (loc, self.sup, pack, number, store.settings.fsync, size, job, *args)
+            args_ = (loc, self.sup, pack, number, self.settings.fsync, size, job, *args)
             try:
                 if pack is not None and size <= INLINE_MAX:
                     # An I/O-thread hop costs ~0.2 ms here (thread wake-ups on 2 vCPUs),
                     # more than checking and appending a small batch to the page cache.
                     pack, result = packs.on_pack(*args_)
                 else:
-                    work = asyncio.ensure_future(store.run(packs.on_pack, *args_))
+                    work = asyncio.ensure_future(self.parts.threads.run(packs.on_pack, *args_))
                     self._placing += 1
                     self._placed.clear()
                     work.add_done_callback(self._placing_done)  # when the thread is done
@@ -305,7 +337,7 @@ class BulkSession:
                 tried.add(loc.index)
                 cause = exc.cause
                 if isinstance(cause, OSError) and marks_unhealthy(cause):
-                    store._take_out(loc, f"{cause.strerror} preparing a write")
+                    source.take_out(loc, f"{cause.strerror} preparing a write")
                 continue
             except packs.WriteFailed as exc:
                 self._keep(loc.index, exc.pack)
@@ -334,9 +366,9 @@ class BulkSession:
             try:
                 old = (await asyncio.shield(future))[index]
             except OSError as exc:
-                loc = self.store.locations[meta.location]
+                loc = self.parts.locations[meta.location]
                 if marks_unhealthy(exc):
-                    self.store._take_out(loc, f"{exc.strerror} while committing")
+                    self.parts.packs.take_out(loc, f"{exc.strerror} while committing")
                 out.append(translate(exc, str(loc.path), f"committing {meta.key}"))
                 continue
             except ShuffleError as exc:

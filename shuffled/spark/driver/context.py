@@ -65,6 +65,7 @@ class JobContext:
     task_id: str
     report: TaskReport
     staging: str
+    segments: str  # the directory phase 2 writes this ingestion's segments to (final place)
     auth: Auth = Auth()
     reader: str = "auto"
     say: Callable[[str], None] = lambda _msg: None
@@ -101,9 +102,10 @@ class JobContext:
     def phase2_config(self, multi_value: tuple[str, ...] = ()) -> Phase2Config:
         """What a phase-2 Spark task needs (pickled into its closure); ``multi_value``: the
         string dimensions phase 1 saw holding multi-values (stored as list<string>)."""
-        return Phase2Config(self.task_id, self.layout, self.staging, self.auth.token,
+        return Phase2Config(self.task_id, self.layout, self.segments, self.auth.token,
                             self.auth.ca_file, self.spec.max_bytes_in_memory,
                             retry_seconds=float(self.spec.shuffle_retry_seconds),
                             lost=frozenset(self.lost),
                             fault=tuple(self.fault.get("phase2", {}).items()),
-                            multi_value=multi_value)
+                            multi_value=multi_value, dimension_codec=self.spec.dimension_codec,
+                            metric_codec=self.spec.metric_codec)

@@ -27,7 +27,8 @@ from shuffled.spark.fs import remote
 from shuffled.spark.spec.model import IngestSpec
 from shuffled.spark.driver.job import IngestionFailed, Job
 from shuffled.spark.driver.monitor import Monitor, RowCount, Timing, stage_status
-from shuffled.spark.phase2.publish import publish, write_json_atomic
+from shuffled.spark.phase2.publish import (make_durable_dir, publish, segment_dir,
+                                           write_json_atomic)
 from shuffled.spark.driver.context import READERS, Auth, JobContext
 from shuffled.spark.driver.report import TaskReport
 from shuffled.spark.driver.session import get_session, job_conf
@@ -98,7 +99,8 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
     report = TaskReport(task_id, s.data_source, version, servers)
     spark, created = get_session(master)
     staging = os.path.join(local_dir, f".staging-{task_id}")
-    ctx = JobContext(spark, s, files, tuple(servers), task_id, report, staging,
+    segments = segment_dir(local_dir, version)
+    ctx = JobContext(spark, s, files, tuple(servers), task_id, report, staging, segments,
                      Auth(token, ca_file), reader, say, fault or {})
     monitor = Monitor(task_id, servers, token=token, ca_file=ca_file,
                       timing=Timing(keepalive_seconds, restart_seconds=s.shuffle_retry_seconds),
@@ -112,15 +114,24 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
                 job = None
                 monitor.start()
                 os.makedirs(staging, exist_ok=True)
+                make_durable_dir(segments)
                 job = Job(ctx)
                 staged, plan = job.run()
                 ctx.phase = "publish"
                 started = time.monotonic()
                 report.segments = publish(ds_dir, s.data_source, version, staged,
-                                          shard_spec_builder(s, plan, staged), s.append_to_existing)
-                report.phase("publish", started, segments=len(report.segments))
+                                          shard_spec_builder(s, plan, staged),
+                                          s.append_to_existing, local_root=local_dir)
                 report.status = "SUCCESS"
+                if not report.segments:
+                    shutil.rmtree(segments, ignore_errors=True)  # nothing was written there
+                report.phase("publish", started, segments=len(report.segments))
             except BaseException as exc:
+                if report.status != "SUCCESS":
+                    # Nothing of a failed ingestion stays: its version's directory holds
+                    # only its own segments, which no manifest names (publish raises
+                    # nothing once its manifest is written).
+                    shutil.rmtree(segments, ignore_errors=True)
                 _explain_loss(ctx, exc)  # raises IngestionFailed when daemons were lost
                 raise
             finally:

@@ -1,5 +1,12 @@
-"""Phase-1 partial segments: rolled-up rows cut by (time chunk, partition), each one Arrow
-IPC stream, produced lazily so that a bulk upload sends each while the next is encoded.
+"""Phase-1 partial segments: rolled-up rows cut by (time chunk, partition).
+
+A flush is encoded as ONE Arrow IPC stream with a record batch per partial
+(:func:`encode_flush`): the schema message once, and each partial a byte range of the
+stream, sent as bulk format 2 has it (:meth:`shuffled.client.ShuffleClient.put_flush`) and
+stored as such by the daemon. One writer per flush, not per partial: a Druid-shaped flush
+has thousands of partials of a few hundred rows, for which a writer each cost more than the
+rows (and a codec context each, when compressed). :func:`split_partials` gives each partial
+as a stream of its own (the same rows, the same bytes the daemon serves back).
 
 The rows are ordered by (chunk, partition) once (usually they already are by chunk: the
 rollup sorts by it, then a stable sort by the small combined key), every column is taken
@@ -14,6 +21,7 @@ zero-copy aggregate GET relies on.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -49,6 +57,26 @@ class Encoder:
         self._options = (pa.ipc.IpcWriteOptions(compression=compression)
                          if compression != "none" else None)
         self.raw_bytes = 0
+
+    def compresses(self, nbytes: int, batches: int) -> bool:
+        """Whether a flush of ``batches`` batches holding ``nbytes`` is compressed: its
+        batches average :data:`COMPRESS_MIN_BYTES` or more (one setting per stream; LZ4 on a
+        200-row batch costs ~130 us, 10x its uncompressed encoding, measured)."""
+        return self._options is not None and nbytes >= COMPRESS_MIN_BYTES * max(batches, 1)
+
+    def stream(self, batches: list[pa.RecordBatch]) -> tuple[pa.Buffer, list[int]]:
+        """``batches`` as one IPC stream, and the offset where each batch ends (the first
+        starts after the schema message, ``len(self.head)``)."""
+        nbytes = sum(b.nbytes for b in batches)
+        self.raw_bytes += len(batches) * (len(self.head) + len(EOS)) + nbytes
+        options = self._options if self.compresses(nbytes, len(batches)) else None
+        sink = pa.BufferOutputStream()
+        ends = []
+        with pa.ipc.new_stream(sink, self.schema, options=options) as writer:
+            for batch in batches:
+                writer.write_batch(batch)
+                ends.append(sink.tell())
+        return sink.getvalue(), ends
 
     def encode(self, batch: pa.RecordBatch) -> bytes:
         """One IPC stream holding ``batch`` (at least one row), as ``new_stream`` writes it
@@ -103,23 +131,58 @@ def _column(arr: pa.Array, take: pa.Array | None, lo: int, hi: int,
     return out if out.type == typ else out.cast(typ, safe=False)
 
 
+@dataclass(frozen=True)
+class Flush:
+    """A flush as one IPC stream: ``schema`` (its schema message, ``data[:len(schema)]``)
+    and per partial (chunk, bucket, rows, offset, length) of its batch in ``data``."""
+
+    schema: bytes
+    data: pa.Buffer
+    parts: list[tuple[int, int, int, int, int]]
+
+    def bodies(self) -> Iterator[tuple[int, int, int, memoryview]]:
+        """(chunk, bucket, rows, body) per partial, the body a view of :attr:`data`."""
+        view = memoryview(self.data)
+        for chunk, bucket, rows, offset, length in self.parts:
+            yield chunk, bucket, rows, view[offset: offset + length]
+
+
+def encode_flush(table: pa.Table, layout: Layout, buckets: np.ndarray | None,
+                 encoder: Encoder) -> Flush:
+    """Every partial of ``table`` (as :func:`runs`) as one IPC stream (see the module)."""
+    found = list(runs(table, layout, buckets))
+    data, ends = encoder.stream([batch for _, _, batch in found])
+    head = len(encoder.head)
+    starts = [head, *ends[:-1]]
+    parts = [(chunk, bucket, batch.num_rows, at, end - at)
+             for (chunk, bucket, batch), at, end in zip(found, starts, ends, strict=True)]
+    return Flush(data[:head].to_pybytes() if found else encoder.head, data, parts)
+
+
 def split_partials(table: pa.Table, layout: Layout, buckets: np.ndarray | None = None,
                    encoder: Encoder | None = None) -> Iterator[tuple[int, int, int, bytes]]:
-    """``(chunk, bucket, rows, ipc_bytes)`` for each (chunk, bucket) present in ``table``
-    (rolled-up rows with ``__chunk``, the layout's columns and, unless ``buckets`` gives
-    them, ``__bucket``), in (chunk, bucket) order; lazily, one partial per step.
+    """``(chunk, bucket, rows, ipc_bytes)`` for each (chunk, bucket) present in ``table``,
+    each partial a stream of its own, lazily (see :func:`runs`)."""
+    schema = layout.schema()
+    enc = (encoder if encoder is not None and encoder.schema.equals(schema)
+           else Encoder(schema, encoder.compression if encoder is not None else "none"))
+    for chunk, bucket, batch in runs(table, layout, buckets):
+        yield chunk, bucket, batch.num_rows, enc.encode(batch)
 
-    Columns are put in order a slab of about :data:`SLAB` rows at a time, so the first
-    partial is ready (and on the wire) before the last rows are moved.
-    """
+
+def runs(table: pa.Table, layout: Layout, buckets: np.ndarray | None = None,
+         ) -> Iterator[tuple[int, int, pa.RecordBatch]]:
+    """``(chunk, bucket, rows)`` for each (chunk, bucket) present in ``table`` (rolled-up
+    rows with ``__chunk``, the layout's columns and, unless ``buckets`` gives them,
+    ``__bucket``), in (chunk, bucket) order, the rows a zero-copy slice of a batch in the
+    layout's schema; lazily. Columns are put in order a slab of about :data:`SLAB` rows at
+    a time."""
     if table.num_rows == 0:
         return
     chunks = table.column(CHUNK).to_numpy()
     bucket_of = np.asarray(buckets if buckets is not None else table.column(BUCKET).to_numpy())
     order, starts = run_order(chunks, bucket_of)
     schema = layout.schema()
-    enc = (encoder if encoder is not None and encoder.schema.equals(schema)
-           else Encoder(schema, encoder.compression if encoder is not None else "none"))
     columns = [table.column(f.name).combine_chunks() for f in schema]
     firsts = starts[:-1] if order is None else order[starts[:-1]]
     run_chunks, run_buckets = chunks[firsts].tolist(), bucket_of[firsts].tolist()
@@ -134,5 +197,5 @@ def split_partials(table: pa.Table, layout: Layout, buckets: np.ndarray | None =
             [_column(c, take, lo, hi, f.type) for c, f in zip(columns, schema)], schema=schema)
         for r in range(i, j):
             n = bounds[r + 1] - bounds[r]
-            yield int(run_chunks[r]), int(run_buckets[r]), n, enc.encode(batch.slice(bounds[r] - lo, n))
+            yield int(run_chunks[r]), int(run_buckets[r]), batch.slice(bounds[r] - lo, n)
         i = j

@@ -13,8 +13,9 @@ ring again, so a daemon that comes back is used again (docs/failover.md).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from shuffled.client import RetryPolicy, ShuffleClient, daemon_failed
 from shuffled.errors import ShuffleError
@@ -23,6 +24,9 @@ from shuffled.protocol import PartialKey
 #: Writes give up on a daemon quickly: another one takes the flush just as well. Spans a
 #: brief blip (a few seconds), not a restart: a restarting daemon is passed over.
 WRITE_RETRY = RetryPolicy(attempts=3, backoff=0.2, max_backoff=1.0, deadline=10.0)
+
+Body = bytes | bytearray | memoryview
+
 
 class AllDaemonsFailed(ShuffleError):
     """No daemon of the job took a flush: phase 1 cannot place its output anywhere."""
@@ -68,13 +72,21 @@ class Placer:
                 server, token=self._token, ca_file=self._ca_file, retry=self._retry)
         return client
 
-    def put(self, sup: str, make: Callable[[], Iterator[tuple[PartialKey, bytes]]]) -> Placed:
+    def put(self, sup: str, make: Callable[[], Iterator[tuple[PartialKey, Body]]],
+            schema: bytes | None = None) -> Placed:
         """Send one flush: ``make()`` cuts it, lazily, as the upload streams (again after a
-        failover); with replicas, the bodies the first upload cut are kept and sent as they
-        are to the others."""
-        held: list[tuple[PartialKey, bytes]] | None = [] if self.replicas > 1 else None
+        failover): whole streams, or with ``schema`` the bodies of streams of that schema
+        (:meth:`ShuffleClient.put_flush`); with replicas, the bodies the first upload cut
+        are kept and sent as they are to the others."""
+        held: list[tuple[PartialKey, Body]] | None = [] if self.replicas > 1 else None
 
-        def cut() -> Iterator[tuple[PartialKey, bytes]]:
+        def send(server: str, items: Iterable[tuple[PartialKey, Body]]) -> list[dict[str, Any]]:
+            client = self._client(server)
+            if schema is None:
+                return client.put_partials(sup, items)
+            return client.put_flush(sup, schema, items)
+
+        def cut() -> Iterator[tuple[PartialKey, Body]]:
             for key, body in make():
                 if held is not None:
                     held.append((key, body))
@@ -92,10 +104,10 @@ class Placer:
                 if not servers:
                     if held is not None:
                         held.clear()
-                    answers = self._client(server).put_partials(sup, cut())
+                    answers = send(server, cut())
                 else:
                     assert held is not None  # replicas > 1 keeps the bodies
-                    self._client(server).put_partials(sup, held)
+                    send(server, held)
                     replica_ms += int((time.monotonic() - started) * 1000)
             except Exception as exc:
                 if not daemon_failed(exc):  # else it is the task's own error

@@ -42,7 +42,7 @@ import pyarrow.compute as pc
 from shuffled.protocol import Interval, PartialKey
 from shuffled.spark.spec.granularity import bucket_end
 from shuffled.spark.phase1.native import Bucketer, NativeInput, Split, read_split
-from shuffled.spark.phase1.partials import Encoder, split_partials
+from shuffled.spark.phase1.partials import EOS, Encoder, encode_flush
 from shuffled.spark.phase1.placement import Placer
 from shuffled.spark.rows.multivalue import has_multi
 from shuffled.spark.rows.memory import peak_rss, release_free_memory, reset_peak_rss, rss
@@ -209,29 +209,30 @@ class _Task:
         if self.keep is not None:  # a recompute: only the keys that were lost
             table, buckets = _only(table, buckets, self.keep)
         sup, gran = self.cfg.supervisor_task_id, self.cfg.segment_granularity
-        made: list[tuple[PartialKey, int, int]] = []  # key, rows, bytes
-        raw = [0, 0]  # the encoder's raw-byte count before and after the (last) cut
+        raw = self.encoder.raw_bytes
+        flush = encode_flush(table, self.cfg.layout, buckets, self.encoder)
+        del table, buckets  # the encoded flush is what is held while it is on the wire
+        made: list[tuple[PartialKey, int, int]] = []  # key, rows, stream bytes
+        sent = len(flush.schema)  # on the wire: the schema message once, then the bodies
 
-        def partials() -> Iterator[tuple[PartialKey, bytes]]:
-            # Consumed by the bulk upload as it streams: each partial is encoded while the
-            # previous ones are on the wire. A failed-over flush is cut again.
-            made.clear()
-            raw[0] = self.encoder.raw_bytes
-            for chunk, bucket, rows, body in split_partials(table, self.cfg.layout, buckets,
-                                                            self.encoder):
+        def partials() -> Iterator[tuple[PartialKey, memoryview]]:
+            # Consumed by the bulk upload as it streams (again after a failover).
+            for chunk, bucket, rows, body in flush.bodies():
                 key = PartialKey(sup, sub, Interval(chunk, bucket_end(chunk, gran)), bucket)
-                made.append((key, rows, len(body)))
                 yield key, body
-            raw[1] = self.encoder.raw_bytes
 
-        placed = self.placer.put(sup, partials)
-        self.stats["bytesBeforeCompression"] += raw[1] - raw[0]
-        replicated = sum(size for _, _, size in made) * (len(placed.servers) - 1)
+        for chunk, bucket, rows, body in flush.bodies():
+            key = PartialKey(sup, sub, Interval(chunk, bucket_end(chunk, gran)), bucket)
+            made.append((key, rows, len(flush.schema) + len(body) + len(EOS)))
+            sent += len(body)
+        placed = self.placer.put(sup, partials, schema=flush.schema)
+        self.stats["bytesBeforeCompression"] += self.encoder.raw_bytes - raw
+        self.stats["bytesShuffled"] += sent
+        replicated = sent * (len(placed.servers) - 1)
         self.stats["bytesReplicated"] += replicated
         self.stats["replicationMs"] += placed.replica_ms
         self.stats["failovers"] += placed.failovers
         for (key, rows, size), answer in zip(made, placed.answers, strict=True):
-            self.stats["bytesShuffled"] += size
             self.stats["rowsShipped"] += rows
             self.uploads.append({"kind": "partial", "task": self.partition,
                                  "server": placed.servers[0],

@@ -3,8 +3,9 @@
 Each merge task gets whole partitions (:mod:`.plan`) and reads exactly the committed
 subtasks' partials of each from their daemons (:mod:`.fetch`: replicas, row counts, lost
 daemons reported rather than failing the task). The rows are merged with the combining aggregators, sorted by time then dimensions and written
-as one Parquet file under a per-attempt staging name; the driver publishes the file named by
-the attempt whose result it received. Partitions are fetched in batches, one bulk read per
+as one Parquet file straight to its final place under a per-attempt name
+(:func:`~.publish.segment_name`); the driver publishes the file named by the attempt whose
+result it received, by writing the manifest. Partitions are fetched in batches, one bulk read per
 daemon per batch and one batch ahead of the merging, and a task's files are synced together
 at its end (:mod:`.durable`). Runs on executors: shuffled.client/protocol + pyarrow.
 """
@@ -29,6 +30,7 @@ from shuffled.spark.phase2.fetch import SourceLost, _fetch, _stream
 from shuffled.spark.phase2.plan import (  # noqa: F401  (re-exported: the driver's names)
     Assignment, Phase2Config, assign, balance, merge_tasks,
 )
+from shuffled.spark.phase2.publish import segment_name
 from shuffled.spark.rows.memory import peak_rss, release_free_memory, reset_peak_rss, rss
 from shuffled.spark.phase2.spill import SpillStats, merge_bounded, merge_in_memory
 from shuffled.spark.rows.multivalue import LIST_TYPE, decode
@@ -104,10 +106,15 @@ def _write(table: pa.Table, path: str, cfg: Phase2Config) -> int:
     # Encoded in memory, then one write: Arrow's file output stream costs ~0.3 ms more per
     # file, which is most of a small segment's write.
     sink = pa.BufferOutputStream()
-    pq.write_table(out, sink, compression="zstd", row_group_size=1 << 20)
+    pq.write_table(out, sink, compression=cfg.codecs(out.schema.names), row_group_size=1 << 20)
     data = sink.getvalue()
-    with open(path, "wb") as fh:
-        fh.write(data)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
     return data.size
 
 
@@ -118,7 +125,7 @@ def _write_streamed(cfg: Phase2Config, clients: dict[str, ShuffleClient], a: Ass
     schema = _segment_table(cfg.layout.schema().empty_table(), cfg.multi_value,
                             cfg.layout.hidden).schema
     rows = 0
-    with pq.ParquetWriter(path, schema, compression="zstd") as writer:
+    with pq.ParquetWriter(path, schema, compression=cfg.codecs(schema.names)) as writer:
         def sink(table: pa.Table) -> None:
             nonlocal rows
             rows += table.num_rows
@@ -166,10 +173,6 @@ def _maybe_signal(fault: dict[str, Any]) -> None:
             os.kill(int(target[0]), int(target[1]))
         except ProcessLookupError:
             pass  # stopped already
-
-
-def _name(a: Assignment, attempt: int) -> str:
-    return f"{a.start}_{a.end}_{a.partition}.a{attempt}.parquet"
 
 
 def make_phase2(cfg: Phase2Config):  # type: ignore[no-untyped-def]
@@ -228,7 +231,7 @@ def make_phase2(cfg: Phase2Config):  # type: ignore[no-untyped-def]
                 peak = peak_rss()  # once a batch: /proc reads were 3% of tiny partitions' time
                 for a, parts, merged in zip(batch, tables, merged_all, strict=True):
                     write_started = time.monotonic()
-                    path = os.path.join(cfg.staging_dir, _name(a, attempt))
+                    path = os.path.join(cfg.segment_dir, segment_name(a.start, a.end, a.partition, attempt))
                     size = _write(merged, path, cfg)
                     yield result(a, path, merged.num_rows, size, sum(t.nbytes for t in parts),
                                  fetch_s / len(batch), merge_s, time.monotonic() - write_started,
@@ -237,7 +240,7 @@ def make_phase2(cfg: Phase2Config):  # type: ignore[no-untyped-def]
                 if n:
                     _maybe_signal(dict(cfg.fault))
                 started = time.monotonic()
-                path = os.path.join(cfg.staging_dir, _name(a, attempt))
+                path = os.path.join(cfg.segment_dir, segment_name(a.start, a.end, a.partition, attempt))
                 try:
                     rows, size, spilled = _write_streamed(cfg, clients, a, path, down)
                 except SourceLost as exc:
@@ -249,7 +252,7 @@ def make_phase2(cfg: Phase2Config):  # type: ignore[no-untyped-def]
             # Durable before the task ends, so before the driver can publish any of them:
             # Spark hands the driver a task's results only once the task has succeeded.
             if written:
-                sync_files(written, [cfg.staging_dir])
+                sync_files(written, [cfg.segment_dir])
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
             for c in clients.values():

@@ -21,7 +21,7 @@ class Phase2Config:
 
     supervisor_task_id: str
     layout: Layout
-    staging_dir: str
+    segment_dir: str  # where segments are written: their final place (phase2.publish)
     token: str | None = None
     ca_file: str | None = None
     memory_budget: int = 0
@@ -33,6 +33,14 @@ class Phase2Config:
     lost: frozenset[str] = frozenset()  # daemons the driver knows are gone: never asked
     fault: tuple[tuple[str, Any], ...] = ()  # tests only: ("signal", (pid, sig)) after a fetch
     multi_value: tuple[str, ...] = ()  # dimensions written as list<string> (rows.multivalue)
+    dimension_codec: str = "lz4"  # Parquet codecs of the segments (tuningConfig.indexSpec)
+    metric_codec: str = "lz4"
+
+    def codecs(self, columns: Sequence[str]) -> dict[str, str]:
+        """The Parquet codec of each segment column: the metric codec for the metrics and
+        ``__time`` (a long column, as in Druid), the dimension codec for the rest."""
+        metrics = {m[0] for m in self.layout.metrics} | {"__time"}
+        return {c: self.metric_codec if c in metrics else self.dimension_codec for c in columns}
 
     @property
     def retry(self) -> RetryPolicy:

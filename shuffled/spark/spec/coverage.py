@@ -197,6 +197,16 @@ def _rows() -> list[Field]:
           for c in ("lz4", "zstd", "none")],
         Field(f"{TUN}.shuffleReplicas", 2, S, "ours: daemons each partial is written to (docs/failover.md)"),
         Field(f"{TUN}.shuffleRetrySeconds", 30, S, "ours: how long a read waits for a daemon that does not answer"),
+        *[Field(f"{TUN}.indexSpec.{k}", c, S,
+                f"the Parquet codec of the segments' {what} columns (lz4: Druid's default)"
+                if c == "lz4" else "") for k, what in (
+            ("dimensionCompression", "dimension"), ("metricCompression", "metric and __time"))
+          for c in ("lz4", "zstd", "uncompressed")],
+        *[Field(f"{TUN}.indexSpec.{k}", "lzf", R, "no Parquet codec")
+          for k in ("dimensionCompression", "metricCompression")],
+        *[Field(f"{TUN}.indexSpec.{k}", v, I) for k, v in (
+            ("bitmap", {"type": "roaring"}), ("longEncoding", "longs"),
+            ("stringDictionaryEncoding", {"type": "utf8"}))],
     ]
     done = {r.path[len(TUN) + 1:].split(".")[0] for r in rows if r.path.startswith(f"{TUN}.")}
     rows += [Field(f"{TUN}.{k}", _IGNORED_SAMPLES.get(k, 1), I) for k in sorted(IGNORED["tuningConfig"] - done)]

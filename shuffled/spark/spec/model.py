@@ -71,6 +71,12 @@ DEFAULT_BYTES_IN_MEMORY = 256 << 20
 PARTIAL_CODECS = ("none", "lz4", "zstd")
 DEFAULT_PARTIAL_COMPRESSION = "lz4"  # measured: see README, "Compressed partials"
 
+#: tuningConfig.indexSpec.dimensionCompression / metricCompression (Druid's names, lz4 its
+#: default) -> the Parquet codec of the segment's dimension / metric (and __time) columns.
+#: Druid's "lzf" has no Parquet codec: refused.
+SEGMENT_CODECS = {"lz4": "lz4", "zstd": "zstd", "uncompressed": "none", "none": "none"}
+DEFAULT_SEGMENT_CODEC = "lz4"
+
 DIMENSION_TYPES = ("string", "long", "float", "double")
 #: dimensionsSpec.dimensions[].multiValueHandling (Druid's MultiValueHandling; the default first)
 MULTI_VALUE_HANDLING = ("SORTED_ARRAY", "SORTED_SET", "ARRAY")
@@ -195,6 +201,9 @@ class IngestSpec:
     max_saved_parse_exceptions: int = 20
     max_bytes_in_memory: int = 256 << 20  # a merge task's budget; 0: unbounded (Druid's -1)
     partial_compression: str = DEFAULT_PARTIAL_COMPRESSION
+    # Parquet codecs of the segments' dimension and metric columns (tuningConfig.indexSpec)
+    dimension_codec: str = DEFAULT_SEGMENT_CODEC
+    metric_codec: str = DEFAULT_SEGMENT_CODEC
     shuffle_replicas: int = 1  # daemons each partial is written to (tuningConfig, ours)
     shuffle_retry_seconds: int = 30  # a read's wait for a daemon that does not answer
     transform: TransformSpec = field(default_factory=TransformSpec)

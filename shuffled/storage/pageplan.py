@@ -21,11 +21,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import pyarrow as pa
-
-from shuffled.server.aggregate import stream_of
 from shuffled.storage.arrowfile import EOS
 from shuffled.storage.index import PartialMeta
+from shuffled.storage.streams import messages
 
 BATCH_BITS = 20  # record batches addressable per partial: 1M
 MAX_TOKEN = (1 << 128) - 1  # generations are wide (time-based), so tokens are too
@@ -38,26 +36,6 @@ def token_of(generation: int, batch: int) -> int:
 def position(token: int) -> tuple[int, int]:
     """(generation, batch) of ``token``."""
     return token >> BATCH_BITS, token & ((1 << BATCH_BITS) - 1)
-
-
-@dataclass(frozen=True, slots=True)
-class Message:
-    kind: str  # "schema", "dictionary" or "record batch"
-    offset: int  # in the pack
-    length: int
-
-
-def messages(meta: PartialMeta) -> list[Message]:
-    """The IPC messages of one partial, with their byte ranges in its pack."""
-    reader = stream_of(meta)
-    out = []
-    while True:
-        at = reader.tell()
-        try:
-            message = pa.ipc.read_message(reader)
-        except EOFError:
-            return out
-        out.append(Message(message.type, meta.offset + at, reader.tell() - at))
 
 
 @dataclass
@@ -123,8 +101,9 @@ def plan_page(metas: Sequence[PartialMeta], token: int, max_bytes: int) -> Page:
     if p < len(metas):
         page.next_token = token_of(metas[p].generation, batch)
         here = metas[p]
-        page.pending_bytes = (here.offset + here.size - max(stop_at, here.offset)
-                              + sum(m.size for m in metas[p + 1:]))
+        rest = (here.size if stop_at <= here.offset
+                else here.offset + here.body_len + len(EOS) - stop_at)  # stream bytes left
+        page.pending_bytes = rest + sum(m.size for m in metas[p + 1:])
     else:
         newest = metas[-1].generation + 1 if metas else generation
         page.next_token = token_of(max(newest, generation), 0)

@@ -1,4 +1,4 @@
-"""Read side of the store: tasks, lookups, partitions and pages of a task's listing.
+"""The store's reads: lookups, partitions and pages of a task's listing.
 
 Queries run on the event loop against each location's catalog reader (point lookups and
 index range scans: microseconds to a few milliseconds). A key can briefly have an older
@@ -12,19 +12,19 @@ import asyncio
 import base64
 import heapq
 import json
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO
 
 from shuffled.errors import BadRequest, Conflict, NotFound
 from shuffled.protocol import PartialKey, PartitionKey
+from shuffled.storage.book import TaskBook
 from shuffled.storage.catalog import Catalog, Row
-from shuffled.storage.index import PartialMeta, TaskEntry
+from shuffled.storage.index import PartialMeta
 from shuffled.storage.location import Location
 from shuffled.storage.oserrors import translate
+from shuffled.storage.threads import IoThreads
 
-T = TypeVar("T")
 Cursor = tuple[int, int, int, str]
 
 
@@ -56,29 +56,23 @@ def _newest(rows: list[tuple[int, Row]]) -> dict[str, tuple[int, Row]]:
     return best
 
 
-class Queries:
-    """Mixed into :class:`shuffled.storage.store.Store` (which provides the attributes)."""
+class Reader:
+    """Queries over every location's catalog reader (event loop), opening on the I/O
+    threads."""
 
-    locations: list[Location]
-    catalogs: list[Catalog]
-    _tasks: dict[str, TaskEntry]
-    _executor: ThreadPoolExecutor
-
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        raise NotImplementedError
+    def __init__(self, locations: Sequence[Location], catalogs: Sequence[Catalog],
+                 book: TaskBook, threads: IoThreads) -> None:
+        self.locations = list(locations)
+        self.catalogs = list(catalogs)
+        self.book = book
+        self.threads = threads
 
     def _meta(self, index: int, row: Row) -> PartialMeta:
         return PartialMeta.from_row(row, index, self.locations[index].path)
 
-    def tasks(self) -> list[TaskEntry]:
-        return list(self._tasks.values())
-
-    def task(self, supervisor_task_id: str) -> TaskEntry | None:
-        return self._tasks.get(supervisor_task_id)
-
     def lookup(self, key: PartialKey) -> PartialMeta:
         found: PartialMeta | None = None
-        if key.supervisor_task_id in self._tasks:
+        if key.supervisor_task_id in self.book:
             i = key.interval
             for index, catalog in enumerate(self.catalogs):
                 row = catalog.lookup(key.supervisor_task_id, i.start, i.end, key.partition_id,
@@ -94,7 +88,7 @@ class Queries:
         """The partial segments of one partition, by subtask id; all must exist if named."""
         subs = list(dict.fromkeys(sub_task_ids)) if sub_task_ids is not None else None
         rows: list[tuple[int, Row]] = []
-        if key.supervisor_task_id in self._tasks:
+        if key.supervisor_task_id in self.book:
             i = key.interval
             for index, catalog in enumerate(self.catalogs):
                 rows.extend((index, r) for r in catalog.partition(
@@ -138,11 +132,11 @@ class Queries:
             last = sort_key
         return out, (encode_cursor(last) if more and last is not None else None)
 
-    async def _open_partial(self, key: PartialKey) -> tuple[PartialMeta, IO[bytes]]:
+    async def open_partial(self, key: PartialKey) -> tuple[PartialMeta, IO[bytes]]:
         for _ in range(5):
             meta = self.lookup(key)
             try:
-                return meta, await self.run(open, meta.path, "rb", 0)
+                return meta, await self.threads.run(open, meta.path, "rb", 0)
             except FileNotFoundError:
                 await asyncio.sleep(0)  # deleted meanwhile: look again
                 continue
@@ -150,7 +144,8 @@ class Queries:
                 raise translate(exc, str(self.locations[meta.location].path), "opening") from exc
         raise NotFound(f"no partial segment {key}", key=str(key))
 
-    async def _open_many(self, metas: Sequence[PartialMeta]) -> list[IO[bytes]]:
+    async def open_many(self, metas: Sequence[PartialMeta]) -> list[IO[bytes]]:
+        """Open the packs of ``metas`` (each once) up front; one file object per meta."""
         paths = list(dict.fromkeys(m.path for m in metas))
 
         def _open_all() -> dict[Path, IO[bytes]]:
@@ -165,7 +160,7 @@ class Queries:
                 raise
             return files
         try:
-            opened = await self.run(_open_all)
+            opened = await self.threads.run(_open_all)
         except FileNotFoundError as exc:
             raise Conflict("a partial segment of this partition was deleted while the "
                            "request started; retry") from exc

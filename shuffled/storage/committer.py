@@ -1,0 +1,109 @@
+"""From written to visible: a session's partials handed to their location's group commit,
+and the task's figures updated once they land.
+
+Every partial gets its generation here (:class:`~.horizon.Horizon`), held until its group
+lands; the outcome says, per partial, the size of the copy it replaced (None: new), wherever
+that copy was: an older copy in another location is forgotten there in the background.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+
+from shuffled.protocol import PartialKey
+from shuffled.storage.append import Written
+from shuffled.storage.book import TaskBook
+from shuffled.storage.catalog import Catalog, Row
+from shuffled.storage.commit import GroupCommit, Landed
+from shuffled.storage.horizon import Horizon
+from shuffled.storage.index import PartialMeta, TaskEntry
+from shuffled.storage.inflight import Uploads
+from shuffled.storage.location import Location
+from shuffled.storage.packsource import PackSource
+from shuffled.storage.threads import IoThreads
+
+Outcome = asyncio.Future[list[int | None]]
+
+
+class Committer:
+    """Submits written partials and books what landed (event loop only)."""
+
+    def __init__(self, locations: Sequence[Location], catalogs: Sequence[Catalog],
+                 commits: Sequence[GroupCommit], threads: IoThreads, horizon: Horizon,
+                 book: TaskBook, uploads: Uploads, packs: PackSource,
+                 notify: Callable[[str], None]) -> None:
+        self.locations = list(locations)
+        self.catalogs = list(catalogs)
+        self.commits = list(commits)
+        self.threads = threads
+        self.horizon = horizon
+        self.book = book
+        self.uploads = uploads
+        self.packs = packs
+        self.notify = notify
+
+    def submit(self, loc: Location, written: Sequence[tuple[PartialKey, Written]],
+               ) -> tuple[list[PartialMeta], Outcome]:
+        """Submit partials written to one pack to the location's group commit; the future
+        gives, per partial, the size of the one it replaced (None if new) once durable."""
+        metas = []
+        now = time.time()
+        for key, w in written:
+            metas.append(w.meta(key, self.horizon.next(), loc.index, now))
+        sup = metas[0].key.supervisor_task_id
+        self.horizon.hold([m.generation for m in metas])
+        self.uploads.committing(sup)
+        # An older copy can only be elsewhere if this task already has the partition.
+        entry = self.book.get(sup)
+        several = len(self.locations) > 1 and entry is not None
+        look = [several and m.slot_key in entry.slots for m in metas]  # type: ignore[union-attr]
+        landed = self.commits[loc.index].submit(metas, written[0][1].pack, look)
+        outcome: Outcome = asyncio.get_running_loop().create_future()
+        landed.add_done_callback(lambda f: self._landed(sup, metas, f, outcome))
+        return metas, outcome
+
+    def _landed(self, sup: str, metas: list[PartialMeta], future: asyncio.Future[list[Landed]],
+                outcome: Outcome) -> None:
+        """A group landed (or failed): update the task's figures, then resolve ``outcome``
+        with the size each partial replaced, wherever it was. Runs on the loop."""
+        self.horizon.land([m.generation for m in metas])
+        self.uploads.committed(sup)
+        if future.cancelled():
+            outcome.cancel()
+            return
+        if future.exception() is not None:
+            outcome.set_exception(future.exception())  # type: ignore[arg-type]
+            return
+        entry = self.book.ensure(sup)
+        olds: list[int | None] = []
+        for meta, landed in zip(metas, future.result(), strict=True):
+            index = meta.location
+            loc = self.locations[index]
+            old = landed.old
+            entry.pack_bytes[index] = entry.pack_bytes.get(index, 0) + meta.stored
+            loc.used_bytes += meta.stored
+            if old is None:
+                if landed.elsewhere is not None:
+                    old = self._forget(entry, *landed.elsewhere)
+                entry.files_at[index] = entry.files_at.get(index, 0) + 1
+                loc.files += 1
+            entry.files += old is None
+            entry.bytes += meta.size - (old or 0)
+            entry.slots.add(meta.slot_key)
+            entry.received_bytes += meta.size
+            entry.received_partials += 1
+            olds.append(old)
+        entry.last_access = self.book.clock()
+        entry.accesses += 1
+        outcome.set_result(olds)
+        self.notify(sup)
+
+    def _forget(self, entry: TaskEntry, index: int, row: Row) -> int:
+        """An older copy of a key just replaced in another location: forget it there
+        (readers already prefer the newest generation); returns its size."""
+        self.packs.background(self.threads.on_writer(index, self.catalogs[index].forget, row))
+        entry.files_at[index] = entry.files_at.get(index, 1) - 1
+        self.locations[index].files -= 1
+        return int(row[8])

@@ -1,0 +1,95 @@
+"""Uploads in flight per supervisor task, and the per-task lock.
+
+A DELETE of a task (or its seal) takes the task's lock; an upload waits for a DELETE under
+way before it starts, and a DELETE refuses the task's open upload sessions, lets commits
+already under way land, and only then removes the task's files (:mod:`.removal`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class Session(Protocol):
+    def cancel(self) -> None: ...
+
+    async def settled(self) -> None: ...
+
+
+@dataclass(slots=True)
+class _Writes:
+    """Uploads of one supervisor task in flight: sessions open, commits not yet landed."""
+
+    sessions: set[Session] = field(default_factory=set)
+    committing: int = 0
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Uploads:
+    """Sessions and commits in flight by supervisor task (event loop only)."""
+
+    def __init__(self) -> None:
+        self._writes: dict[str, _Writes] = {}
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+
+    def lock(self, sup: str) -> asyncio.Lock:
+        lock = self._locks.get(sup)
+        if lock is None:
+            lock = asyncio.Lock()
+            self._locks[sup] = lock
+        return lock
+
+    def _of(self, sup: str) -> _Writes:
+        writes = self._writes.get(sup)
+        if writes is None:
+            writes = self._writes[sup] = _Writes()
+            writes.idle.set()
+        return writes
+
+    def _forget(self, sup: str) -> None:
+        writes = self._writes.get(sup)
+        if writes is not None and not writes.sessions and not writes.committing:
+            del self._writes[sup]
+
+    def open(self, sup: str, session: Session) -> None:
+        self._of(sup).sessions.add(session)
+
+    def close(self, sup: str, session: Session) -> None:
+        self._of(sup).sessions.discard(session)
+        self._forget(sup)
+
+    def committing(self, sup: str) -> None:
+        """A group of the task's partials was submitted to a group commit."""
+        writes = self._of(sup)
+        writes.committing += 1
+        writes.idle.clear()
+
+    def committed(self, sup: str) -> None:
+        """That group landed (or failed)."""
+        writes = self._writes[sup]
+        writes.committing -= 1
+        if not writes.committing:
+            writes.idle.set()
+            self._forget(sup)
+
+    async def wait_for_delete(self, sup: str) -> None:
+        """Return once no DELETE (or seal) of ``sup`` holds its lock."""
+        lock = self._locks.get(sup)
+        if lock is not None and lock.locked():
+            async with lock:
+                pass
+
+    async def refuse(self, sup: str) -> None:
+        """Cancel the task's open sessions, wait for their file work and for every commit
+        under way to land (the caller holds the task's lock)."""
+        writes = self._writes.get(sup)
+        if writes is None:
+            return
+        sessions = list(writes.sessions)
+        for session in sessions:
+            session.cancel()
+        await asyncio.gather(*(session.settled() for session in sessions))
+        await writes.idle.wait()

@@ -1,0 +1,101 @@
+"""Opening the store: lock and check every location, reconcile packs and catalogs, and
+load what is held (task figures, partitions, generations, pack numbers, seals)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from shuffled.storage import recovery
+from shuffled.storage.book import TaskBook
+from shuffled.storage.catalog import Catalog
+from shuffled.storage.horizon import Horizon
+from shuffled.storage.location import Location
+from shuffled.storage.packsource import PackSource
+from shuffled.storage.seals import Seals
+from shuffled.storage.threads import IoThreads
+
+log = logging.getLogger("shuffled.storage")
+
+
+@dataclass
+class Opened:
+    """What the start found: partials recovered, and committed ones dropped (no bytes)."""
+
+    recovered: int = 0
+    dropped: int = 0
+
+
+async def open_locations(locations: Sequence[Location], catalogs: Sequence[Catalog],
+                         threads: IoThreads, fsync: bool) -> None:
+    """Lock every location, check its format and open its catalog; on failure, undo."""
+    opened: list[Location] = []
+    try:
+        for loc in locations:
+            await threads.run(loc.open)
+            opened.append(loc)
+            await threads.run(recovery.check_format, loc.path, fsync)
+            await threads.on_writer(loc.index, catalogs[loc.index].open)
+    except BaseException:
+        for loc in opened:
+            loc.close()
+            await threads.on_writer(loc.index, catalogs[loc.index].close)
+        raise
+
+
+async def load(locations: Sequence[Location], catalogs: Sequence[Catalog], threads: IoThreads,
+               book: TaskBook, horizon: Horizon, packs: PackSource, seals: Seals) -> Opened:
+    """Reconcile every location and load its figures into the book (after
+    :func:`open_locations`)."""
+    out = Opened()
+    found_at = [await threads.on_writer(loc.index, recovery.reconcile, loc.path, catalog)
+                for loc, catalog in zip(locations, catalogs, strict=True)]
+    out.dropped += await _forget_shadowed(locations, catalogs, threads)
+    for loc, catalog, found in zip(locations, catalogs, found_at, strict=True):
+        out.dropped += found.dropped
+        packs.last_number = max(packs.last_number, found.max_pack)
+        for sup, count, size, newest in await threads.on_writer(loc.index, catalog.task_figures):
+            entry = book.ensure(sup)
+            entry.files += count
+            entry.bytes += size
+            entry.files_at[loc.index] = count
+            loc.files += count
+            horizon.observe(newest)
+            out.recovered += count
+        for sup, length in found.pack_bytes.items():
+            if sup in book:
+                book.entries[sup].pack_bytes[loc.index] = length
+            loc.used_bytes += length
+        for sup, keys in (await threads.on_writer(loc.index, catalog.slot_keys)).items():
+            entry = book.entries[sup]
+            entry.slots = keys if not entry.slots else entry.slots | keys
+    await seals.load()
+    if out.recovered or out.dropped:
+        log.info("recovered %d partial segments of %d tasks (%d dropped)",
+                 out.recovered, len(book.entries), out.dropped)
+    return out
+
+
+async def _forget_shadowed(locations: Sequence[Location], catalogs: Sequence[Catalog],
+                           threads: IoThreads) -> int:
+    """Forget older copies of keys another location holds newer (left by a crash
+    between a cross-location replace and its background forget), so that figures
+    count every key once. One join per pair of locations, on the writer threads."""
+    stale: dict[int, list[tuple[Any, ...]]] = {}
+    for i, catalog in enumerate(catalogs):
+        for j in range(i + 1, len(catalogs)):
+            other = catalogs[j].path
+            for row, there in await threads.on_writer(i, catalog.shared_keys, other):
+                if there > row[5]:
+                    stale.setdefault(i, []).append(row)
+                else:
+                    stale.setdefault(j, []).append((*row[:5], there))
+    dropped = 0
+    for index, rows in stale.items():
+        await threads.on_writer(index, catalogs[index].forget_many, rows)
+        dropped += len(rows)
+        log.warning("forgot %d older copies in %s of partials another location holds",
+                    len(rows), locations[index].path)
+    return dropped
