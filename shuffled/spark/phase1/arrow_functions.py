@@ -1,8 +1,9 @@
 """The functions of :data:`shuffled.spark.spec.expr.FUNCTIONS` on Arrow, one ``fn_<name>``
-each, computing what the Spark translation (:class:`.transform.Translator`) computes.
+each, computing what the Spark translation (:class:`.transform.Translator`) computes. ``t``
+is the :class:`.arrow_transform.ArrowTranslator` evaluating the arguments.
 
 Arguments Arrow needs as constants (substring's index and length, replace's strings,
-patterns) must be literals here; :func:`.arrow_filters.unsupported` says so before a task
+patterns) must be literals here; :func:`.arrow_transform.unsupported` says so before a task
 runs, and the spec goes through the JVM reader.
 """
 
@@ -15,9 +16,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from shuffled.spark.phase1.arrow_transform import (BOOL, DOUBLE, LONG, STRING, AVal, as_bool,
-                                                   as_double, as_long, as_string, common,
-                                                   masked)
+from shuffled.spark.phase1.arrow_values import (BOOL, DOUBLE, LONG, STRING, AVal, as_bool,
+                                                   as_double, as_long, as_string, binary,
+                                                   common, masked)
 from shuffled.spark.phase1.arrow_regex import java_regex, named_groups
 from shuffled.spark.phase1.spark_time import to_micros
 from shuffled.spark.spec.expr import Call, Lit
@@ -150,7 +151,7 @@ def fn_case_simple(t: Any, n: Call) -> AVal:
     subject, args = n.args[0], list(n.args[1:])
     default = t(args.pop()) if len(args) % 2 else None
     x = t(subject)
-    conds = [t.binary("==", x, t(a)).arr for a in args[0::2]]
+    conds = [binary("==", x, t(a)).arr for a in args[0::2]]
     return _cases(conds, [t(a) for a in args[1::2]], default)
 
 

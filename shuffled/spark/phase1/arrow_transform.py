@@ -1,219 +1,33 @@
-"""Druid expressions on Arrow arrays: the same values :mod:`.transform` computes in Spark SQL.
+"""``transformSpec`` on Arrow: the same values :mod:`.transform` and :mod:`.filters` compute in
+Spark SQL, on whole arrays (never row by row in Python).
 
-Every value has the static Druid type the Spark translation gives it (``LONG``, ``DOUBLE``,
-``STRING``, ``BOOL``, ``NULL``) and the same coercions, null rules and Spark semantics:
-ANSI ``try_`` arithmetic (LONG overflow and division by zero are null), Java's long
-division and remainder, Spark's NaN ordering (NaN equals NaN and is above every number),
-``try_cast`` of text (:mod:`.spark_casts`). Functions are in :mod:`.arrow_functions`; what
-this translation cannot express is found before any task runs (:func:`.arrow_filters.unsupported`).
+:class:`ArrowTranslator` evaluates expression ASTs (:mod:`shuffled.spark.spec.expr`) with
+:mod:`.arrow_values`' types and operators and :mod:`.arrow_functions`; the transforms and
+the filter apply as :mod:`.prepare` applies them.
+
+Filters follow :mod:`.filters` (Druid's SQL-compatible null rules: a filter on null is
+unknown, ``not`` keeps it unknown, a row is kept only when its filter is true).
+:func:`unsupported` tells, before any task runs, what this translation cannot compute
+(non-literal arguments Arrow needs as constants, regular expressions RE2 does not read the
+way Java does, timestamp patterns beyond fixed-width numbers): the spec then takes the JVM
+reader and ``readerReason`` names the function or filter.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from shuffled.spark.phase1.spark_casts import to_double, to_long
-from shuffled.spark.phase1.text_values import java_double_text
+from shuffled.spark.phase1.arrow_functions import pattern_parts
+from shuffled.spark.phase1.arrow_regex import java_regex, named_groups
+from shuffled.spark.phase1 import arrow_functions
+from shuffled.spark.phase1.arrow_values import (BOOL, LONG, NULL, STRING, AVal, as_bool,
+                                                as_double, as_long, as_string, as_value, binary,
+                                                compare, literal, negate, nulls)
 from shuffled.spark.spec.expr import Binary, Call, Ident, Lit, Node, Unary
+from shuffled.spark.spec.transform import TIME, Filter, TransformSpec
 
-LONG, DOUBLE, STRING, BOOL, NULL = "LONG", "DOUBLE", "STRING", "BOOL", "NULL"
-_NUMERIC = (LONG, DOUBLE, BOOL)
-_MIN, _MAX = -(2 ** 63), 2 ** 63 - 1
-_TYPES = {LONG: pa.int64(), DOUBLE: pa.float64(), STRING: pa.string(), BOOL: pa.bool_(),
-          NULL: pa.string()}
-
-
-@dataclass(frozen=True)
-class AVal:
-    """A translated value: the Arrow array (one value per row) and its Druid type."""
-
-    arr: pa.Array
-    type: str
-
-
-def _np(a: pa.Array, fill: object = 0) -> np.ndarray:
-    return a.fill_null(fill).to_numpy(zero_copy_only=False)
-
-
-def _valid(a: pa.Array) -> np.ndarray:
-    return pc.is_valid(a).to_numpy(zero_copy_only=False)
-
-
-def masked(values: np.ndarray, valid: np.ndarray, typ: pa.DataType) -> pa.Array:
-    return pa.array(values, typ, mask=~valid)
-
-
-def nulls(n: int, kind: str) -> AVal:
-    return AVal(pa.nulls(n, _TYPES[kind]), kind)
-
-
-def literal(value: int | float | str | None, n: int) -> AVal:
-    if value is None:
-        return nulls(n, NULL)
-    kind = LONG if isinstance(value, int) else DOUBLE if isinstance(value, float) else STRING
-    return AVal(pa.array([value], _TYPES[kind]).take(pa.array(np.zeros(n, dtype=np.int64))), kind)
-
-
-# --- coercions (transform.py's as_double, as_long, as_string, as_bool, as_value) ---------
-
-def as_double(v: AVal) -> pa.Array:
-    if v.type == STRING:
-        return to_double(v.arr)
-    return v.arr.cast(pa.float64(), safe=False) if v.type != NULL else pa.nulls(len(v.arr), pa.float64())
-
-
-def double_to_long(d: pa.Array) -> pa.Array:
-    """``try_cast(double AS BIGINT)``: toward zero; null for NaN and what does not fit
-    (Spark lets through up to 2^63 and saturates)."""
-    x = _np(d, 0.0).astype(np.float64)
-    with np.errstate(invalid="ignore"):
-        ok = _valid(d) & (np.floor(x) <= 2.0 ** 63) & (np.ceil(x) >= -(2.0 ** 63))
-    t = np.trunc(np.where(ok, x, 0.0))
-    big = t >= 2.0 ** 63
-    out = np.where(big, 0, t).astype(np.int64)
-    out[big] = _MAX
-    return masked(out, ok, pa.int64())
-
-
-def as_long(v: AVal) -> pa.Array:
-    """Druid's ``asLong``: a long as is, else the number truncated toward zero."""
-    if v.type in (LONG, BOOL):
-        return v.arr.cast(pa.int64())
-    if v.type == DOUBLE:
-        return double_to_long(v.arr)
-    if v.type == NULL:
-        return pa.nulls(len(v.arr), pa.int64())
-    return pc.coalesce(to_long(v.arr), double_to_long(to_double(v.arr)))
-
-
-def as_string(v: AVal) -> pa.Array:
-    if v.type == STRING:
-        return v.arr
-    if v.type == BOOL:
-        return v.arr.cast(pa.int64()).cast(pa.string())
-    if v.type == DOUBLE:
-        return java_double_text(v.arr)  # Spark's cast of a double to text: Java's toString
-    return v.arr.cast(pa.string())
-
-
-def as_bool(v: AVal) -> pa.Array:
-    """Druid's truthiness: numbers > 0 (Spark: NaN too); strings equal to 'true' ignoring case."""
-    if v.type == BOOL:
-        return v.arr
-    if v.type == STRING:
-        return pc.equal(pc.utf8_lower(v.arr), "true")
-    if v.type == NULL:
-        return pa.nulls(len(v.arr), pa.bool_())
-    return compare(">", v.arr, pa.array(np.zeros(len(v.arr)), v.arr.type))
-
-
-def as_value(v: AVal) -> AVal:
-    """What a transform outputs: BOOL becomes LONG 1/0, NULL a null string."""
-    if v.type == BOOL:
-        return AVal(v.arr.cast(pa.int64()), LONG)
-    if v.type == NULL:
-        return AVal(pa.nulls(len(v.arr), pa.string()), STRING)
-    return v
-
-
-def cast_value(v: AVal, kind: str) -> pa.Array:
-    """A typed transform output as a dimension or metric of ``kind`` (Spark's try_cast)."""
-    if kind == "string":
-        return as_string(v)
-    if kind == "long":
-        return as_long(v) if v.type != STRING else to_long(v.arr)
-    d = as_double(v)
-    return d if kind == "double" else d.cast(pa.float32(), safe=False)
-
-
-def common(vals: list[AVal]) -> tuple[str, list[pa.Array]]:
-    """One type for the branches of if/case/nvl (transform.common)."""
-    kinds = {v.type for v in vals} - {NULL}
-    if not kinds:
-        kind = STRING
-    elif kinds <= {BOOL}:
-        kind = BOOL
-    elif kinds <= set(_NUMERIC):
-        kind = DOUBLE if DOUBLE in kinds else LONG
-    else:
-        kind = STRING
-    conv = {BOOL: as_bool, LONG: as_long, DOUBLE: as_double, STRING: as_string}[kind]
-    return kind, [conv(v).cast(_TYPES[kind], safe=False) for v in vals]
-
-
-def compare(op: str, x: pa.Array, y: pa.Array) -> pa.Array:
-    """``x op y`` as Spark compares: strings by UTF-8 bytes, doubles with NaN equal to NaN
-    and above every number; null if either side is null."""
-    fn = {"<": pc.less, "<=": pc.less_equal, ">": pc.greater, ">=": pc.greater_equal,
-          "==": pc.equal, "!=": pc.not_equal}[op]
-    if not pa.types.is_floating(x.type):
-        return fn(x, y)
-    nx, ny = pc.is_nan(x), pc.is_nan(y)
-    both, either = pc.and_(nx, ny), pc.or_(nx, ny)
-    if op in ("==", "!="):
-        eq = pc.or_(pc.and_(pc.invert(either), pc.equal(x, y)), both)
-        return eq if op == "==" else pc.invert(eq)
-    # With a NaN: x < y iff only y is NaN; x > y iff only x is NaN; <= and >= add both.
-    if op in ("<", "<="):
-        nan_case = pc.and_(pc.invert(nx), ny) if op == "<" else ny
-    else:
-        nan_case = pc.and_(nx, pc.invert(ny)) if op == ">" else nx
-    return pc.if_else(either, nan_case, fn(x, y))
-
-
-def _long_arith(op: str, x: pa.Array, y: pa.Array) -> pa.Array:
-    """LONG + - * / % with Spark's try_ semantics (overflow and division by zero: null)."""
-    a, b = _np(x).astype(np.int64), _np(y).astype(np.int64)
-    ok = _valid(x) & _valid(y)
-    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-        if op == "+":
-            r = a + b
-            ok &= ((a ^ r) & (b ^ r)) >= 0
-        elif op == "-":
-            r = a - b
-            ok &= ((a ^ b) & (a ^ r)) >= 0
-        elif op == "*":
-            r = a * b
-            safe_a = np.where(a == 0, 1, a)
-            ok &= (a == 0) | ((r // safe_a == b) & ~((a == -1) & (b == _MIN)) & ~((b == -1) & (a == _MIN)))
-        else:
-            zero = b == 0
-            ok &= ~zero
-            wraps = (b == -1) & (a == _MIN)
-            safe_b = np.where(zero | wraps, 1, b)
-            if op == "/":  # Java: toward zero; MIN / -1 wraps to MIN
-                q = a // safe_b
-                q = q + ((q * safe_b != a) & ((a < 0) != (safe_b < 0)))
-                r = np.where(wraps, _MIN, q)
-            else:  # Java's remainder takes the dividend's sign
-                r = np.where(wraps, 0, np.fmod(a, safe_b))
-    return masked(np.where(ok, r, 0), ok, pa.int64())
-
-
-def _double_arith(op: str, x: pa.Array, y: pa.Array) -> pa.Array:
-    a, b = _np(x, 0.0).astype(np.float64), _np(y, 0.0).astype(np.float64)
-    ok = _valid(x) & _valid(y)
-    with np.errstate(all="ignore"):
-        if op == "+":
-            r = a + b
-        elif op == "-":
-            r = a - b
-        elif op == "*":
-            r = a * b
-        elif op == "/":  # by zero: +-Infinity by x's sign (Spark: NaN counts as above 0)
-            sign = np.where(np.isnan(a) | (a > 0), np.inf, np.where(a < 0, -np.inf, np.nan))
-            r = np.where(b == 0, sign, a / np.where(b == 0, 1.0, b))
-        elif op == "%":
-            r = np.where(b == 0, np.nan, np.fmod(a, np.where(b == 0, 1.0, b)))
-        else:  # Java's Math.pow where C's pow differs
-            r = np.power(a, b)
-            r = np.where(np.isnan(b) | ((np.abs(a) == 1) & np.isinf(b)), np.nan, r)
-            r = np.where(b == 0, 1.0, r)
-    return masked(r, ok, pa.float64())
 
 
 class ArrowTranslator:
@@ -224,50 +38,162 @@ class ArrowTranslator:
         self.n = n
 
     def __call__(self, node: Node) -> AVal:
-        from shuffled.spark.phase1 import arrow_functions
-
         if isinstance(node, Lit):
             return literal(node.value, self.n)
         if isinstance(node, Ident):
             return self.columns.get(node.name) or nulls(self.n, NULL)
         if isinstance(node, Unary):
             arg = self(node.arg)
-            if node.op == "!":
-                return AVal(pc.invert(as_bool(arg)), BOOL)
-            if arg.type in (LONG, BOOL):
-                return AVal(_long_arith("-", pa.array(np.zeros(self.n, np.int64)), as_long(arg)), LONG)
-            return AVal(pc.negate(as_double(arg)), DOUBLE)
+            return AVal(pc.invert(as_bool(arg)), BOOL) if node.op == "!" else negate(arg)
         if isinstance(node, Binary):
-            return self.binary(node.op, self(node.left), self(node.right))
+            return binary(node.op, self(node.left), self(node.right))
         assert isinstance(node, Call)
         return getattr(arrow_functions, f"fn_{node.fn}")(self, node)
 
-    def binary(self, op: str, a: AVal, b: AVal) -> AVal:
-        if op in ("&&", "||"):
-            fn = pc.and_kleene if op == "&&" else pc.or_kleene
-            return AVal(fn(as_bool(a), as_bool(b)), BOOL)
-        if op in ("<", "<=", ">", ">=", "==", "!="):
-            if a.type == STRING and b.type == STRING:
-                return AVal(compare(op, a.arr, b.arr), BOOL)
-            kind = _numeric_type(a, b)
-            return AVal(compare(op, _num(a, kind), _num(b, kind)), BOOL)
-        if op == "+" and a.type == STRING and b.type == STRING:
-            return AVal(pc.binary_join_element_wise(a.arr, b.arr, "", null_handling="emit_null"),
-                        STRING)
-        kind = _numeric_type(a, b)
-        x, y = _num(a, kind), _num(b, kind)
-        if kind == LONG:
-            if op == "^":  # Spark: pow in doubles, then try_cast to BIGINT; null below 0
-                p = double_to_long(_double_arith("^", x.cast(pa.float64(), safe=False),
-                                                 y.cast(pa.float64(), safe=False)))
-                return AVal(pc.if_else(pc.greater_equal(y, 0), p, pa.scalar(None, pa.int64())), LONG)
-            return AVal(_long_arith(op, x, y), LONG)
-        return AVal(_double_arith(op, x, y), DOUBLE)
+
+def apply_transforms(spec: TransformSpec, inputs: dict[str, pa.Array], millis: pa.Array,
+                     ) -> tuple[dict[str, AVal], np.ndarray, pa.Array]:
+    """The transforms' outputs (by name), whether the filter keeps each row, and the row
+    time (a ``__time`` transform's LONG value, null if it is not a LONG)."""
+    n = len(millis)
+    before = {TIME: AVal(millis, LONG)}
+    before.update({k: AVal(v, STRING) for k, v in inputs.items()})
+    after = dict(before)
+    for t in spec.transforms:
+        after[t.name] = as_value(ArrowTranslator(before, n)(t.node))
+    keep = np.ones(n, dtype=bool)
+    if spec.filter is not None:
+        keep = pc.fill_null(filter_array(spec.filter, after, n), False).to_numpy(zero_copy_only=False)
+    time = after[TIME]
+    time_arr = time.arr.cast(pa.int64()) if time.type == LONG else pa.nulls(n, pa.int64())
+    produced = {t.name: after[t.name] for t in spec.transforms if t.name != TIME}
+    return produced, keep, time_arr
 
 
-def _numeric_type(a: AVal, b: AVal) -> str:
-    return LONG if a.type in (LONG, BOOL, NULL) and b.type in (LONG, BOOL, NULL) else DOUBLE
+def _equals(v: AVal, value: str | int | float | None, n: int) -> pa.Array:
+    if value is None:
+        return pc.is_null(v.arr)
+    if v.type in (STRING, NULL):
+        return pc.equal(as_string(v), str(value))
+    try:
+        number = float(value)
+    except ValueError:  # a number never equals a non-numeric value (unknown when null)
+        return pc.if_else(pc.is_valid(v.arr), False, pa.scalar(None, pa.bool_()))
+    return compare("==", as_double(v), pa.array(np.full(n, number)))
 
 
-def _num(v: AVal, kind: str) -> pa.Array:
-    return as_long(v) if kind == LONG else as_double(v)
+def filter_array(f: Filter, columns: dict[str, AVal], n: int) -> pa.Array:
+    """The filter as a boolean array (null: unknown)."""
+    kind = f.type
+    if kind in ("true", "false"):
+        return pa.array(np.full(n, kind == "true"))
+    if kind in ("and", "or"):
+        parts = [filter_array(c, columns, n) for c in f.children]
+        out = parts[0]
+        for p in parts[1:]:
+            out = pc.and_kleene(out, p) if kind == "and" else pc.or_kleene(out, p)
+        return out
+    if kind == "not":
+        return pc.invert(filter_array(f.children[0], columns, n))
+    if kind == "expression":
+        assert f.node is not None
+        return as_bool(ArrowTranslator(columns, n)(f.node))
+    v = columns.get(f.column or "") or AVal(pa.nulls(n, pa.string()), NULL)
+    if kind == "selector":
+        return _equals(v, f.values[0], n)
+    if kind == "in":
+        conds = [_equals(v, x, n) for x in f.values]
+        if not conds:
+            return pc.if_else(pc.is_valid(v.arr), False, pa.scalar(None, pa.bool_()))
+        out = conds[0]
+        for c in conds[1:]:
+            out = pc.or_kleene(out, c)
+        return out
+    if kind == "equality":
+        if f.ordering == "STRING":
+            return _equals(v, f.values[0], n)
+        return compare("==", as_double(v), pa.array(np.full(n, float(f.values[0]))))  # type: ignore[arg-type]
+    if kind in ("bound", "range"):
+        numeric = f.ordering not in ("lexicographic", "STRING")
+        x = as_double(v) if numeric else as_string(v)
+        out = pc.is_valid(v.arr)
+        for bound, is_open, lower in ((f.lower, f.lower_open, True), (f.upper, f.upper_open, False)):
+            if bound is None:
+                continue
+            b = pa.array(np.full(n, float(bound))) if numeric else literal(str(bound), n).arr
+            op = (">" if is_open else ">=") if lower else ("<" if is_open else "<=")
+            out = pc.and_kleene(out, compare(op, x, b))
+        return pc.if_else(pc.is_valid(v.arr), out, pa.scalar(None, pa.bool_()))
+    if kind in ("like", "regex"):
+        return pc.match_substring_regex(as_string(v), str(java_regex(str(f.pattern))))
+    if kind == "null":
+        return pc.is_null(v.arr)
+    assert kind == "interval"
+    t = as_long(v)
+    out = None
+    for iv in f.intervals:
+        part = pc.and_(pc.greater_equal(t, iv.start), pc.less(t, iv.end))
+        out = part if out is None else pc.or_kleene(out, part)
+    assert out is not None
+    return out
+
+
+def _regex_problem(pattern: str, find_only: bool = True) -> str | None:
+    translated = java_regex(pattern, find_only)
+    if translated is None:
+        return f"the regular expression {pattern!r} (Java syntax RE2 reads otherwise)"
+    try:
+        pc.match_substring_regex(pa.array([""]), named_groups(translated))
+    except pa.ArrowInvalid:
+        return f"the regular expression {pattern!r} (RE2 cannot compile it)"
+    return None
+
+
+def _node_problem(node: Node) -> str | None:
+    if isinstance(node, Unary):
+        return _node_problem(node.arg)
+    if isinstance(node, Binary):
+        return _node_problem(node.left) or _node_problem(node.right)
+    if not isinstance(node, Call):
+        return None
+    for a in node.args:
+        found = _node_problem(a)
+        if found:
+            return found
+    lits = [a.value if isinstance(a, Lit) else None for a in node.args]
+    if node.fn in ("substring", "replace") and not all(isinstance(a, Lit) for a in node.args[1:]):
+        return f"function {node.fn} with computed arguments (Arrow takes them as constants)"
+    if node.fn in ("regexp_like", "regexp_extract"):
+        found = _regex_problem(str(lits[1]), find_only=node.fn == "regexp_like")
+        return f"function {node.fn}: {found}" if found else None
+    if node.fn in ("timestamp_parse", "timestamp_format") and len(lits) > 1 and lits[1] is not None:
+        if pattern_parts(str(lits[1])) is None:
+            return (f"function {node.fn} with the pattern {lits[1]!r} (natively: yyyy MM dd "
+                    "HH mm ss SSS and literal text)")
+    return None
+
+
+def _filter_problem(f: Filter) -> str | None:
+    for c in f.children:
+        found = _filter_problem(c)
+        if found:
+            return found
+    if f.node is not None:
+        return _node_problem(f.node)
+    if f.type in ("regex", "like") and f.pattern is not None:
+        found = _regex_problem(f.pattern)
+        return f"the regex filter: {found}" if found else None
+    return None
+
+
+def unsupported(spec: TransformSpec) -> str | None:
+    """Why the Arrow translation cannot compute ``spec`` (None: it can)."""
+    for t in spec.transforms:
+        found = _node_problem(t.node)
+        if found:
+            return f"transform {t.name!r}: {found}"
+    if spec.filter is not None:
+        found = _filter_problem(spec.filter)
+        if found:
+            return f"transformSpec.filter: {found}"
+    return None

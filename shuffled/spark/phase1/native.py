@@ -29,14 +29,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from shuffled.spark.spec.granularity import FIXED, MONDAY_OFFSET, MONTHS, WEEK, truncate
+from shuffled.spark.spec.granularity import truncate, truncate_array
 from shuffled.spark.fs import remote
 from shuffled.spark.spec.model import IngestSpec, PartitionPlan
 from shuffled.spark.phase1.prepare import metric_column
 from shuffled.spark.rows.rollup import BAD, CHUNK, TIME
 from shuffled.spark.phase1.sparkhash import pmod_hash
 from shuffled.spark.phase1.native_range import RangeBucketer
+from shuffled.spark.phase1.text_plan import text_input
 from shuffled.spark.phase1.text_prepare import TextInput
+from shuffled.spark.phase1.text_reader import read_text
 
 _UNITS = {"b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "g": 1 << 30,
           "gb": 1 << 30, "t": 1 << 40, "tb": 1 << 40}
@@ -92,19 +94,6 @@ class NativeInput:
     bucketer: Bucketer | RangeBucketer
     text: TextInput | None = None  # JSON or CSV: how to read and type the lines
     reason: str = NATIVE_REASON  # the task report's readerReason
-
-
-def truncate_array(ms: np.ndarray, granularity: str) -> np.ndarray:
-    """:func:`shuffled.spark.spec.granularity.truncate` of every element (int64 epoch millis)."""
-    if granularity == "none":
-        return ms
-    if granularity == "week":
-        return ms - np.mod(ms - MONDAY_OFFSET, WEEK)
-    if granularity in FIXED:
-        return ms - np.mod(ms, FIXED[granularity])
-    months = ms.astype("datetime64[ms]").astype("datetime64[M]").astype(np.int64)
-    months -= np.mod(months, MONTHS[granularity])
-    return months.astype("datetime64[M]").astype("datetime64[ms]").astype(np.int64)
 
 
 def _timestamp_millis(col: pa.ChunkedArray, fmt: str) -> tuple[np.ndarray, np.ndarray]:
@@ -185,8 +174,6 @@ def _source(path: str) -> str | pa.NativeFile:
 def read_split(split: Split, spec: NativeInput, columns: list[str]) -> Iterator[pa.Table]:
     """The phase-1 rows of ``split``, one table per row group (text: per piece of lines)."""
     if spec.text is not None:
-        from shuffled.spark.phase1.text_reader import read_text
-
         yield from read_text(split.path, split.row_groups, spec)
         return
     pf = pq.ParquetFile(_source(split.path), read_dictionary=list(split.dictionary))
@@ -252,9 +239,12 @@ def plan_native(spec: IngestSpec, plan: PartitionPlan, files: list[str],
                 sizing: SplitSizing) -> tuple[NativeInput, list[list[Split]]] | str:
     """The native input description and the splits per task, or why the JVM path is needed."""
     if spec.input_format.type in ("json", "csv"):
-        from shuffled.spark.phase1.text_plan import plan_text  # it builds this module's types
-
-        return plan_text(spec, plan, files, sizing)
+        planned_text = text_input(spec, files, sizing)
+        if isinstance(planned_text, str):
+            return planned_text
+        text, blocks = planned_text
+        return (_native_input(spec, plan, text),
+                pack([Split(path, numbers, size) for path, numbers, size in blocks], sizing))
     if spec.input_format.type != "parquet" or not files:
         return "input is not Parquet files"
     if spec.transform:
@@ -279,8 +269,17 @@ def plan_native(spec: IngestSpec, plan: PartitionPlan, files: list[str],
             rg = meta.row_group(i)
             size = sum(rg.column(c).total_compressed_size for c in range(rg.num_columns))
             row_groups.append(Split(path, (i,), size, dictionary))
-    hash_cols = plan.dimensions or (TIME, *spec.dimension_names)
-    native = NativeInput(
+    return _native_input(spec, plan), pack(row_groups, sizing)
+
+
+def _native_input(spec: IngestSpec, plan: PartitionPlan, text: TextInput | None = None) -> NativeInput:
+    """What every task of ``spec`` needs, with the partition function of ``plan``."""
+    if plan.kind == "range":
+        bucketer: Bucketer | RangeBucketer = RangeBucketer(plan.dimensions, dict(plan.boundaries))
+    else:
+        bucketer = Bucketer(tuple(plan.dimensions or (TIME, *spec.dimension_names)),
+                            plan.num_shards, dict(plan.per_chunk))
+    return NativeInput(
         ts_column=spec.timestamp.column, ts_format=spec.timestamp.format,
         missing_value=spec.timestamp.missing_value,
         dims=tuple((d.name, d.type) for d in spec.dimensions),
@@ -290,15 +289,7 @@ def plan_native(spec: IngestSpec, plan: PartitionPlan, files: list[str],
         query_granularity=spec.query_granularity, segment_granularity=spec.segment_granularity,
         intervals=tuple((truncate(iv.start, spec.segment_granularity), iv.end)
                         for iv in spec.intervals),
-        bucketer=bucketer_of(plan, tuple(hash_cols)))
-    return native, pack(row_groups, sizing)
-
-
-def bucketer_of(plan: PartitionPlan, hash_cols: tuple[str, ...]) -> Bucketer | RangeBucketer:
-    """The partition function of ``plan`` for natively read rows (after their rollup)."""
-    if plan.kind == "range":
-        return RangeBucketer(plan.dimensions, dict(plan.boundaries))
-    return Bucketer(hash_cols, plan.num_shards, dict(plan.per_chunk))
+        bucketer=bucketer, text=text, reason=text.reason if text else NATIVE_REASON)
 
 
 def pack(row_groups: list[Split], sizing: SplitSizing) -> list[list[Split]]:

@@ -3,7 +3,7 @@
 Only file sizes are needed (a task finds its lines itself, :mod:`.text_io`), so planning
 reads nothing but CSV's header lines. The plan is refused, with the reason the task report
 gives as ``readerReason``, for what the native text reader does not compute: inline data,
-transforms :func:`.arrow_filters.unsupported` names, flatten paths of other shapes.
+transforms :func:`.arrow_transform.unsupported` names, flatten paths of other shapes.
 """
 
 from __future__ import annotations
@@ -12,12 +12,10 @@ import math
 from typing import Any
 
 from shuffled.spark.fs import remote
-from shuffled.spark.phase1.arrow_filters import unsupported
+from shuffled.spark.phase1.arrow_transform import unsupported
 from shuffled.spark.phase1.prepare import metric_column, metric_time_column
 from shuffled.spark.phase1.text_prepare import Steps, TextInput
-from shuffled.spark.rows.rollup import TIME
-from shuffled.spark.spec.granularity import truncate
-from shuffled.spark.spec.model import IngestSpec, PartitionPlan
+from shuffled.spark.spec.model import IngestSpec
 
 #: Largest block: a task reads a block in pieces anyway; small blocks balance tasks.
 MAX_BLOCK = 32 << 20
@@ -57,8 +55,10 @@ def _flatten_problem(sources: dict[str, Steps | None]) -> str | None:
     return None
 
 
-def text_input(spec: IngestSpec, files: list[str], sizing: Any) -> tuple[TextInput, list[tuple[str, int, int]]] | str:
-    """The text part of the native input and each file's (path, size, blocks), or why not."""
+def text_input(spec: IngestSpec, files: list[str], sizing: Any,
+               ) -> tuple[TextInput, list[tuple[str, tuple[int, ...], int]]] | str:
+    """The text part of the native input and its splits, (path, block numbers, bytes) each
+    (an HTTP file is one split: fetched once), or why the JVM reader is needed."""
     fmt = spec.input_format
     kind = fmt.type
     if spec.input_source.type == "inline" or not files:
@@ -102,36 +102,13 @@ def text_input(spec: IngestSpec, files: list[str], sizing: Any) -> tuple[TextInp
                          for i, m in enumerate(spec.metrics) if m.first_last),
         transform=spec.transform, columns=columns, delimiter=fmt.delimiter, headers=headers,
         reason=f"newline-delimited {kind.upper()} input the native reader covers")
-    layout = [(p, s, math.ceil(s / block)) for p, s in sized if s > 0]
-    return text, layout
-
-
-def plan_text(spec: IngestSpec, plan: PartitionPlan, files: list[str],
-              sizing: Any) -> tuple[Any, list[list[Any]]] | str:
-    """JSON or CSV: blocks of each file (HTTP: the whole file, fetched once) in tasks."""
-    from shuffled.spark.phase1.native import NativeInput, Split, bucketer_of, pack
-
-    bucketer = bucketer_of(plan, tuple(plan.dimensions or (TIME, *spec.dimension_names)))
-    planned = text_input(spec, files, sizing)
-    if isinstance(planned, str):
-        return planned
-    text, layout = planned
-    if not layout:
-        return "the input files are empty"
-    blocks: list[Split] = []
-    for path, size, count in layout:
+    splits: list[tuple[str, tuple[int, ...], int]] = []
+    for path, size in sized:
+        count = math.ceil(size / block)
         if remote.scheme(path) in ("http", "https"):
-            blocks.append(Split(path, tuple(range(count)), size))
-            continue
-        blocks += [Split(path, (k,), min(text.block, size - k * text.block)) for k in range(count)]
-    native = NativeInput(
-        ts_column=spec.timestamp.column, ts_format=spec.timestamp.format,
-        missing_value=spec.timestamp.missing_value,
-        dims=tuple((d.name, d.type) for d in spec.dimensions),
-        metrics=tuple((metric_column(i), m.input_type, m.field)
-                      for i, m in enumerate(spec.metrics) if m.field),
-        query_granularity=spec.query_granularity, segment_granularity=spec.segment_granularity,
-        intervals=tuple((truncate(iv.start, spec.segment_granularity), iv.end)
-                        for iv in spec.intervals),
-        bucketer=bucketer, text=text, reason=text.reason)
-    return native, pack(blocks, sizing)
+            splits.append((path, tuple(range(count)), size))
+        else:
+            splits += [(path, (k,), min(block, size - k * block)) for k in range(count)]
+    if not splits:
+        return "the input files are empty"
+    return text, splits

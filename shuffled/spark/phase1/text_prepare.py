@@ -18,12 +18,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from shuffled.spark.phase1.arrow_filters import apply_transforms
-from shuffled.spark.phase1.arrow_transform import STRING, AVal, cast_value
+from shuffled.spark.phase1.arrow_transform import apply_transforms
+from shuffled.spark.phase1.arrow_values import STRING, AVal, cast_value
 from shuffled.spark.phase1.text_io import Piece
 from shuffled.spark.phase1.text_values import plain, shown, text_of, timestamp_millis, typed
 from shuffled.spark.rows.multivalue import ITEM, SEP
 from shuffled.spark.rows.rollup import BAD, CHUNK, TIME
+from shuffled.spark.spec.granularity import truncate_array
 from shuffled.spark.spec.transform import TransformSpec
 
 Steps = tuple[str | int, ...]
@@ -126,8 +127,6 @@ def prepare_text(table: pa.Table, lines: np.ndarray, piece: Piece, native: Any) 
             fields.get(time_field, pa.nulls(n, pa.null())) if time_field not in outputs
             else outputs[time_field].arr, "millis", time_field)
     ms = plain(time).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    from shuffled.spark.phase1.native import truncate_array  # native imports this module
-
     chunk = truncate_array(ms, native.segment_granularity)
     if native.intervals:
         inside = np.zeros(n, dtype=bool)
