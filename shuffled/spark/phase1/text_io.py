@@ -77,6 +77,7 @@ class Piece:
     offset: int
     uri: str
     counter: LineCounter
+    line_map: np.ndarray | None = None  # lines of another piece these are (a selection)
 
     @cached_property
     def lines(self) -> Lines:
@@ -89,6 +90,21 @@ class Piece:
 
     def first_line(self) -> int:
         return self.counter.line_at(self.offset)
+
+    def number(self, line: int) -> int:
+        """The 1-based line number in the file of the piece's line ``line``."""
+        return self.first_line() + int(line if self.line_map is None else self.line_map[line])
+
+    def select(self, keep: np.ndarray) -> Piece:
+        """A piece of only the lines ``keep`` (each with its newline), numbered as here."""
+        lines = self.lines
+        raw = np.frombuffer(self.data + b"\n", dtype=np.uint8)
+        starts = lines.starts[keep]
+        lengths = lines.ends[keep] - starts + 1
+        shift = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+        data = raw[shift + np.arange(int(lengths.sum()))].tobytes()
+        mapped = keep if self.line_map is None else self.line_map[keep]
+        return Piece(data, self.offset, self.uri, self.counter, mapped)
 
 
 class LineCounter:
