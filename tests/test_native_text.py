@@ -81,10 +81,11 @@ def test_typed_dimensions_and_metrics(spark: Any, tmp_path: Path) -> None:
     values: list[Any] = [1, -7, 2.5, -2.5, "12", " 13 ", "1.9", "-1.9", "1e3", "1e30", "NaN",
                          "Infinity", "0x1p3", "1.5d", "", "abc", True, None, 9007199254740993,
                          "9223372036854775808", 12345678901234567890]
-    rows = [{"ts": "2018-01-01T00:00:00Z", "l": v, "f": v, "g": v, "m": v} for v in values]
+    rows = [{"ts": "2018-01-01T00:00:00Z", "l": v, "f": v, "g": v, "m": v, "s": v} for v in values]
     write_lines(tmp_path / "in" / "a.json", rows)
+    # "s": text of integers read as float64 (2.5 is among them) comes from their lines
     spec = text_spec(tmp_path / "in", "json",
-                     dimensionsSpec={"dimensions": [{"name": "l", "type": "long"},
+                     dimensionsSpec={"dimensions": ["s", {"name": "l", "type": "long"},
                                                     {"name": "f", "type": "float"},
                                                     {"name": "g", "type": "double"}]},
                      metricsSpec=[{"type": "count", "name": "count"},
@@ -232,3 +233,51 @@ def test_casts_equal_sparks_on_a_corpus(spark: Any) -> None:
     # One value at a time: the all-canonical fast path sees whole arrays of one shape.
     for v in values[-11:-4]:
         assert spark_time.to_micros(pa.array([v] * 3)).to_pylist()[0] == rows[values.index(v)][0], v
+
+
+def _read_all(spec: dict[str, Any]) -> list[pa.Table]:
+    from shuffled.spark.phase1.native import SplitSizing, plan_native, read_split
+    from shuffled.spark.phase1.source import resolve_files
+    from shuffled.spark.spec.model import PartitionPlan
+    from shuffled.spark.spec.parse import parse_spec
+
+    s = parse_spec(spec)
+    planned = plan_native(s, PartitionPlan("hashed", (), num_shards=1), resolve_files(s),
+                          SplitSizing(max_bytes=1 << 16, open_cost=0, parallelism=2))
+    assert not isinstance(planned, str), planned
+    native, tasks = planned
+    return [t for task in tasks for split in task for t in read_split(split, native, [])]
+
+
+@pytest.mark.parametrize("content,what", [
+    (b'{"ts": "2018-01-01T00:00:00Z", "d": "a"}\r{"ts": "2018-01-01T00:00:00Z", "d": "b"}\n',
+     "lone carriage return"),
+    (b'{"ts": "2018-01-01T00:00:00Z", "d": "a"}\n{\'ts\': \'2018\', \'d\': \'q\'}\n', "Spark's parser reads"),
+    (b'{"ts": "2018-01-01T00:00:00Z", "d": "a"} {"ts": "2019"}\n{"ts": "2018"}\n',
+     "more than one JSON value"),
+    (b'{"ts": "2018-01-01T00:00:00Europe/Paris", "d": "a"}\n', "region time zone"),
+    (b'{"ts": "2018-01-01T00:00:00Z", "d": NaN}\n', "NaN or Infinity"),
+])
+def test_what_the_native_reader_declines_in_the_data(tmp_path: Path, content: bytes, what: str) -> None:
+    """Found only in a task: Declined (the driver then runs phase 1 through the JVM)."""
+    from shuffled.spark.phase1.text_io import Declined
+    from shuffled.spark.phase1.spark_time import RegionZone
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.json").write_bytes(content)
+    with pytest.raises((Declined, RegionZone), match=what):
+        _read_all(text_spec(tmp_path / "in", "json"))
+
+
+def test_csv_quoting_the_parsers_read_differently_is_declined(tmp_path: Path) -> None:
+    from shuffled.spark.phase1.text_io import Declined
+
+    (tmp_path / "in").mkdir()
+    for i, line in enumerate(['2018-01-01T00:00:00Z,"a""b"', '2018-01-01T00:00:00Z,"x"y',
+                              '2018-01-01T00:00:00Z,"back\\slash"']):
+        (tmp_path / "in" / "a.csv").write_text(f"ts,d\n2018-01-01T00:00:00Z,plain\n{line}\n")
+        with pytest.raises(Declined, match="a.csv:3: CSV quoting"):
+            _read_all(text_spec(tmp_path / "in", {"type": "csv", "findColumnsFromHeader": True}))
+    (tmp_path / "in" / "a.csv").write_text('ts,d\n2018-01-01T00:00:00Z,"quoted, fine"\n')
+    tables = _read_all(text_spec(tmp_path / "in", {"type": "csv", "findColumnsFromHeader": True}))
+    assert [t.column("d").to_pylist() for t in tables] == [["quoted, fine"]]
