@@ -77,7 +77,9 @@ def text_input(spec: IngestSpec, files: list[str], sizing: Any,
             sized.append((path, remote.size(path)))
         except OSError as exc:
             return f"cannot find the size of {path}: {exc}"
-    total = sum(s for _, s in sized)
+    # As Spark sizes file splits: each file also costs openCostInBytes, so small files
+    # are not all packed into one task.
+    total = sum(s + sizing.open_cost for _, s in sized)
     target = min(sizing.max_bytes, max(sizing.open_cost, math.ceil(total / max(sizing.parallelism, 1))))
     block = max(MIN_BLOCK, min(MAX_BLOCK, target))
     columns: tuple[str, ...] = ()
@@ -106,9 +108,10 @@ def text_input(spec: IngestSpec, files: list[str], sizing: Any,
     for path, size in sized:
         count = math.ceil(size / block)
         if remote.scheme(path) in ("http", "https"):
-            splits.append((path, tuple(range(count)), size))
+            splits.append((path, tuple(range(count)), size + sizing.open_cost))
         else:
-            splits += [(path, (k,), min(block, size - k * block)) for k in range(count)]
+            splits += [(path, (k,), min(block, size - k * block) + (sizing.open_cost if k == 0 else 0))
+                       for k in range(count)]
     if not splits:
         return "the input files are empty"
     return text, splits

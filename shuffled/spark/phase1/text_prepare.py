@@ -117,7 +117,7 @@ def prepare_text(table: pa.Table, lines: np.ndarray, piece: Piece, native: Any) 
     names = dict(text.metric_names)
     for column, kind, source in native.metrics:
         name = names.get(column, source)
-        value, bad, src = _typed_input(fields, outputs, source, kind)
+        value, bad, src = _typed_input(fields, outputs, source, kind, resolver(source))
         cols[column] = value
         problems.append((bad, lambda i, s=src, f=source, m=name: f"field [{f}] of metric [{m}]: not a number [{show(s, i, f)}]"))
     for column, time_column, time_field, chars in text.first_last:
@@ -150,6 +150,8 @@ def _json_text(line: str, steps: Steps) -> str:
         ok = isinstance(value, list) if isinstance(step, int) else isinstance(value, dict)
         value = value[step] if ok and (not isinstance(step, int) or step < len(value)) and (
             isinstance(step, int) or step in value) else None
+    if isinstance(value, bool):
+        return "true" if value else "false"
     return "null" if value is None else str(value)
 
 
