@@ -78,7 +78,7 @@ class JsonParser:
                         and self._retype(kind.group("path"), kind.group("new"), piece, 0, False)):
                     break
                 continue
-            if table.num_rows == count and b"\n\n" not in piece.data:
+            if table.num_rows == count and not piece.empty_lines:
                 rows = np.arange(count, dtype=np.int64)
                 table, rows = self._nulls(table, piece, rows, bad)
                 return [Run(table, rows)], bad
