@@ -108,6 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     meta["notes"] = ctx.notes
     meta["daemon_peaks_mib"] = ctx.peaks
     meta["daemon_rss_split_mib"] = ctx.split
+    meta["daemon_step_peaks_mib"] = ctx.steps
     print("\n" + report.table(results))
     for note in ctx.notes:
         print(f"- {note}")

@@ -61,6 +61,7 @@ class Ctx:
     peaks: dict[str, float] = field(default_factory=dict)  # daemon label -> VmHWM MiB
     split: dict[str, dict[str, float]] = field(default_factory=dict)  # label -> RssAnon/File
     notes: list[str] = field(default_factory=list)
+    steps: dict[str, dict[str, float]] = field(default_factory=dict)  # label -> step peaks
     spark_conf: tuple[str, ...] = ()  # KEY=VALUE settings for both sides of comparison 5
 
     def scratch(self, name: str) -> Path:
@@ -82,7 +83,10 @@ class Ctx:
         finally:
             self.split[label] = poller.stop()
             if d.proc is not None:
-                self.peaks[label] = d.tree.peak_rss_mib()
+                peak = d.tree.peak_rss_mib()
+                d.mark("rest")
+                self.peaks[label] = max([peak, *d.steps.values()])
+                self.steps[label] = d.steps
             d.stop()
 
     @contextmanager

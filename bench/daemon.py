@@ -31,6 +31,11 @@ class Daemon:
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_seconds = 0.0
         self.spawned = 0.0  # time.monotonic() at spawn
+        self.steps: dict[str, float] = {}  # step -> its peak RSS, MiB (:meth:`mark`)
+
+    def mark(self, step: str) -> None:
+        """Record the daemon's peak RSS since the previous mark as ``step``'s."""
+        self.steps[step] = round(self.tree.step_peak_mib(), 1)
 
     @property
     def tree(self) -> Tree:

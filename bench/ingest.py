@@ -33,6 +33,7 @@ from bench.context import Ctx
 from bench.daemon import Daemon
 from bench.data import END, START, PartialFile, total, write_partials
 from bench.peers import Nginx
+from bench.procs import Tree
 from bench.stats import Result, alternate, compare, median
 from shuffled.protocol import Interval
 
@@ -41,15 +42,20 @@ INTERVAL = Interval.parse(START, END)
 Sample = Callable[[], dict[str, float]]
 
 
-def _timed(run: Callable[[], None], nbytes: int, after: Callable[[], None]) -> Sample:
-    """A sample: ``sync``, time ``run`` (MB/s of ``nbytes``), then ``after`` untimed."""
+def _timed(run: Callable[[], None], nbytes: int, after: Callable[[], None],
+           tree: Callable[[], Tree] | None = None) -> Sample:
+    """A sample: ``sync``, time ``run`` (MB/s of ``nbytes``; with ``tree``, the server's CPU
+    seconds per GB), then ``after`` untimed."""
     def sample() -> dict[str, float]:
         os.sync()
+        cpu0 = tree().cpu() if tree else 0.0
         began = time.perf_counter()
         run()
         seconds = time.perf_counter() - began
+        cpu = tree().cpu() - cpu0 if tree else 0.0
         after()
-        return {"mbps": nbytes / seconds / 1e6, "seconds": seconds}
+        return {"mbps": nbytes / seconds / 1e6, "seconds": seconds,
+                "cpu_per_gb": cpu / (nbytes / 1e9)}
     return sample
 
 
@@ -138,7 +144,7 @@ def _large(ctx: Ctx, files: list[PartialFile], durable: Daemon, fast: Daemon, n:
     ours_d, ours_f = _Shuffled(durable, files, 1), _Shuffled(fast, files, 1)
     _clear(dd_dir)()
     got = alternate({
-        "durable": _timed(ours_d.curl, nbytes, ours_d.after),
+        "durable": _timed(ours_d.curl, nbytes, ours_d.after, lambda: durable.tree),
         "dd": _timed(lambda: _dd(files, dd_dir), nbytes, _clear(dd_dir)),
         "nofsync": _timed(ours_f.curl, nbytes, ours_f.after),
         "webdav": _timed(_nginx_put(n.url, files, 1), nbytes, _clear(n.root / "put")),
@@ -165,13 +171,16 @@ def _small(ctx: Ctx, files: list[PartialFile], durable: Daemon, fast: Daemon, n:
     joined.write_bytes(b"".join(ours_d.bodies))
     _clear(dd_dir)()
     got = alternate({
-        "durable": _timed(ours_d.threads, nbytes, ours_d.after),
+        "durable": _timed(ours_d.threads, nbytes, ours_d.after, lambda: durable.tree),
         "loop": _timed(lambda: _fdatasync_loop(ours_d.bodies, dd_dir), nbytes, _clear(dd_dir)),
-        "bulk": _timed(ours_d.bulk, nbytes, ours_d.after),
+        "bulk": _timed(ours_d.bulk, nbytes, ours_d.after, lambda: durable.tree),
         "dd_one": _timed(lambda: _dd_one(joined, dd_dir), nbytes, _clear(dd_dir)),
-        "nofsync": _timed(ours_f.curl, nbytes, ours_f.after),
-        "webdav": _timed(_nginx_put(n.url, files, par), nbytes, _clear(n.root / "put")),
+        "nofsync": _timed(ours_f.curl, nbytes, ours_f.after, lambda: fast.tree),
+        "webdav": _timed(_nginx_put(n.url, files, par), nbytes, _clear(n.root / "put"),
+                         lambda: n.tree),
     }, s.repeats)
+    durable.mark("small PUTs and bulk uploads")
+    fast.mark("small PUTs")
     what = f"{len(files):,} x {s.small_size >> 10} KiB"
     common = {"bytes": nbytes, "files": len(files), "parallel": par, "repeats": s.repeats,
               "seconds_median": {k: median(v["seconds"]) for k, v in got.items()},
@@ -186,6 +195,12 @@ def _small(ctx: Ctx, files: list[PartialFile], durable: Daemon, fast: Daemon, n:
         compare("ingest_small_nofsync", f"3. PUT {what}, curl {par} in flight, fsync off vs "
                 f"nginx WebDAV PUT", median(got["nofsync"]["mbps"]),
                 median(got["webdav"]["mbps"]), "MB/s", ">=", 0.8, **common),
+        compare("ingest_small_cpu", f"3. PUT {what}, curl {par} in flight, fsync off: server "
+                f"CPU per GB vs nginx WebDAV", median(got["nofsync"]["cpu_per_gb"]),
+                median(got["webdav"]["cpu_per_gb"]), "CPU s/GB", "<=", 2.0, **common),
+        compare("ingest_small_bulk_cpu", f"3. {what} in ONE bulk upload: daemon CPU per GB vs "
+                f"nginx WebDAV's for the same bytes by PUTs", median(got["bulk"]["cpu_per_gb"]),
+                median(got["webdav"]["cpu_per_gb"]), "CPU s/GB", "<=", 2.0, **common),
     ]
 
 

@@ -68,4 +68,5 @@ def overall(ctx: Ctx) -> Result:
     which = max(peaks, key=lambda k: peaks[k]) if peaks else None
     return absolute("memory_peak_rss", "4. daemon peak RSS over runs 1-4", worst, "MiB",
                     "<", LIMIT_MIB, worst_run=which, peaks=peaks,
-                    polled_peaks_mib={k: ctx.split.get(k) for k in peaks})
+                    polled_peaks_mib={k: ctx.split.get(k) for k in peaks},
+                    step_peaks_mib={k: ctx.steps.get(k) for k in peaks})

@@ -107,6 +107,18 @@ class Tree:
         """Largest VmHWM (peak resident set) among the process and its children, MiB."""
         return max(status_kib(p, "VmHWM") for p in self.pids()) / 1024
 
+    def step_peak_mib(self) -> float:
+        """The peak since the last call (or the start), then reset (``clear_refs`` 5, our
+        own processes): the peak of one step of a comparison, which a poller can miss."""
+        peak = self.peak_rss_mib()
+        for pid in self.pids():
+            try:
+                with open(f"/proc/{pid}/clear_refs", "w", encoding="ascii") as fh:
+                    fh.write("5")
+            except OSError:
+                pass  # not ours to reset, or gone: the next step's peak includes this one
+        return peak
+
 
 def stop(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
     """SIGTERM our child by pid, wait up to ``timeout``, then SIGKILL it."""

@@ -37,13 +37,16 @@ def run(ctx: Ctx) -> list[Result]:
     size = files[0].size
     with ctx.daemon("serve_large", base / "loc") as d, ctx.nginx(base / "nginx") as n:
         upload(d, "bench-large", files, parallel=1)
+        d.mark("upload")
         ours = partial_urls(d, "bench-large", files) * s.large_rounds
         theirs = [n.url + p for p in mirror(n.root, "large", files)] * s.large_rounds
         sides = {"shuffled": _sampler(ours, lambda: d.tree, size),
                  "nginx": _sampler(theirs, lambda: n.tree, size)}
         for warm in sides.values():  # page cache and connections warm for both
             warm()
+        d.mark("warm-up GETs")
         got = alternate(sides, s.repeats)
+        d.mark("GETs")
     o, b = got["shuffled"], got["nginx"]
     common = {"bytes": size, "rounds": s.large_rounds, "repeats": s.repeats,
               "samples": got}

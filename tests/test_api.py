@@ -1,4 +1,4 @@
-"""Every endpoint of DESIGN.md section 3 against a real daemon with real directories."""
+"""Every endpoint of docs/design.md section 3 against a real daemon with real directories."""
 
 from __future__ import annotations
 

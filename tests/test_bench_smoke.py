@@ -33,7 +33,7 @@ def test_quick_bench_writes_results(tmp_path: Path) -> None:
     readme.write_text("# x\n")
     done = subprocess.run(
         [sys.executable, "-m", "bench", "--quick", "--skip", "e2e", "--skip", "druid",
-         "--out", str(out),
+         "--skip", "druid_json", "--out", str(out),
          "--readme", str(readme), "--write-readme", "--workdir", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -42,7 +42,7 @@ def test_quick_bench_writes_results(tmp_path: Path) -> None:
     names = {r["name"] for r in results}
     assert {"serve_large_throughput", "serve_large_cpu", "serve_small_aggregate",
             "ingest_large_durable", "ingest_small_durable", "ingest_small_nofsync",
-            "ingest_small_bulk", "memory_flat", "memory_peak_rss", "scale_rss",
+            "ingest_small_bulk", "serve_small_cpu", "ingest_small_cpu", "memory_flat", "memory_peak_rss", "scale_rss",
             "scale_fill_rss", "scale_restart", "scale_first_page", "scale_fill_rate",
             "merge_seconds", "merge_rss_budget"} <= names
     scale = next(r for r in results if r["name"] == "scale_rss")["detail"]
@@ -57,6 +57,10 @@ def test_quick_bench_writes_results(tmp_path: Path) -> None:
             assert r["target"]
     meta = json.loads((tmp_path / "results-meta.json").read_text())
     assert meta["quick"] is True and meta["machine"]["cores"]
+    # Each daemon of comparisons 1-4 has its peak RSS per step, the "rest" last.
+    steps = meta["daemon_step_peaks_mib"]
+    assert list(steps["serve_small"]) == ["bulk upload", "warm-up GETs", "GETs", "rest"]
+    assert all(v > 0 for v in steps["serve_small"].values())
     text = readme.read_text()
     assert "## Benchmarks" in text and "<!-- bench:start -->" in text
     assert "| comparison |" in text and "<!-- bench:end -->" in text

@@ -1,4 +1,4 @@
-"""Black-box checks of the shuffled HTTP API (DESIGN.md section 3/4 and README).
+"""Black-box checks of the shuffled HTTP API (docs/design.md section 3/4 and README).
 
 The daemon runs as a subprocess exactly as a user would start it; the client side uses only
 the standard library (http.client), pyarrow (to build and read Arrow IPC streams) and crc32c.

@@ -118,20 +118,24 @@ class _Terminal(io.StringIO):
 
 @pytest.mark.parametrize("tty", [True, False])
 def test_progress_is_one_live_line_on_a_terminal(tty: bool) -> None:
-    from shuffled.cli import _Progress
+    from shuffled.cli.terminal import Progress
 
     out = _Terminal(tty)
-    progress = _Progress(out)
+    progress = Progress(out)
     progress("phase 1: rolling up and shuffling partial segments")
-    for done in (1, 2, 4):
+    # Spark stops listing a stage when its last task ends: the last tick seen is 3/4.
+    for done in (1, 2, 3):
         progress(f"phase 1 (partial segments): {done}/4 tasks done, {done * 1000:,} rows, "
                  f"{done / 2} MB shuffled")
     progress("phase 1 done: 4 subtasks, 100 rows")
     progress.close()
     text = out.getvalue()
     if tty:  # the ticks rewrite one line in place; the other messages are lines of their own
-        assert text.count("\r\x1b[K") == 3
+        assert text.count("\r\x1b[K") == 4  # three ticks, then the bar redrawn full
         assert "[##########..........] 2/4 tasks, 2,000 rows, 1.0 MB shuffled" in text
+        last_bar = text.rsplit("\r\x1b[K", 1)[1]
+        assert last_bar.startswith("phase 1 (partial segments): [####################] 4/4 "
+                                   "tasks\nphase 1 done"), last_bar
         assert text.count("\n") == 3
     else:
         assert "\r" not in text and text.count("\n") == 5

@@ -26,7 +26,7 @@ from tests.conftest import PREFIX, arrow_bytes, sample_table
 from tests.procs import DaemonProcess
 
 DAY_MS = 86_400_000
-RSS_LIMIT = 300 << 20  # DESIGN.md section 8: 1M partials held, daemon RSS < 300 MiB
+RSS_LIMIT = 300 << 20  # docs/design.md section 8: 1M partials held, daemon RSS < 300 MiB
 
 
 def build(root: Path, sup: str, count: int, subs: int) -> list[bytes]:

@@ -185,7 +185,7 @@ def run_soak(tmp_path: Path, seconds: float) -> dict[str, float]:
     assert not mismatches, mismatches[:5]
     assert figures["requests"] > 0 and warm and late
     assert max(late) <= max(warm) * RSS_GROWTH_LIMIT + RSS_SLACK, figures  # flat memory
-    assert peak < 150 * MIB, figures  # DESIGN.md section 8
+    assert peak < 150 * MIB, figures  # docs/design.md section 8
     return figures
 
 

@@ -33,7 +33,7 @@ from shuffled.client.http import (
     Transport,
     read_json,
 )
-from shuffled.errors import BadRequest, DigestMismatch, NotFound, ShuffleError
+from shuffled.errors import BadRequest, DigestMismatch, NotFound, ShuffleError, Unauthorized
 from shuffled.protocol import (
     API_PREFIX,
     ARROW_STREAM,
@@ -80,6 +80,7 @@ class ShuffleClient:
         self.retry = retry
         self._http = Transport(base_url, token=token, ca_file=ca_file, timeout=timeout, retry=retry)
         self._status_prefix: str | None = None
+        self._token_sent = token is not None  # for health()'s 401 message
 
     # -- partial segments ---------------------------------------------------------------
 
@@ -447,10 +448,19 @@ class ShuffleClient:
     # -- status -------------------------------------------------------------------------
 
     def health(self) -> bool:
-        """True if the daemon answers ``GET /status/health`` with ``true``; one try, never raises
-        for an unreachable or unhealthy server."""
+        """True if the daemon answers ``GET /status/health`` with ``true``; one try, False for
+        an unreachable or unhealthy server. Raises :class:`Unauthorized` (naming the server
+        and whether a token was sent) when it refuses the token: a live daemon, not a dead
+        one, and the remedy is the token, not the URL."""
         try:
             value = self._status_get("/status/health", read_json, NO_RETRY)
+        except Unauthorized as exc:
+            sent = self._token_sent
+            raise Unauthorized(
+                f"shuffle server {self.base_url} answered 401: "
+                + ("it refused the bearer token given (wrong token)" if sent else
+                   "it requires a bearer token and none was given (missing token)"),
+                server=self.base_url, token_sent=sent) from exc
         except (ShuffleError, OSError, http.client.HTTPException):
             return False
         return value is True

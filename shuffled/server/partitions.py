@@ -84,8 +84,9 @@ async def read_partitions(request: web.Request) -> web.StreamResponse:
         # frames are planned too, so the answer's length is known: large pieces go out by
         # sendfile, which bypasses chunked coding (RFC 9112 section 7.1) and so needs a
         # Content-Length.
-        planned = [(metas, *_frame(key, metas)) for key, metas in
-                   ((key, state.store.partition(key, subs)) for key, subs in wanted)]
+        found = state.store.partitions(sup, wanted)
+        planned = [(metas, *_frame(key, metas))
+                   for (key, _), metas in zip(wanted, found, strict=True)]
         end = encode_end(len(wanted))
         total = sum(len(head) + (plan.length if plan else 0) for _, head, plan in planned)
         state.store.touch(sup)

@@ -3,14 +3,16 @@
 What an operator looks at before opening Grafana: each location's fill level, reserve and
 health; the tasks held (the largest :data:`MAX_TASKS` by bytes, so a daemon holding 100k
 tasks still answers at once) with partials, last access, time to expiry and state; the
-last sweeps and their outcome; version and uptime. No JavaScript: a meta refresh every
-:data:`REFRESH` seconds. Every value is HTML-escaped. It follows the auth rules of
-``/status`` (the bearer token when auth is on).
+last sweeps and their outcome; version, uptime, machine and address. No JavaScript: a
+meta refresh every :data:`REFRESH` seconds. Every value is HTML-escaped. With auth on it
+takes the bearer token, or HTTP basic auth with the token as the password, which a
+browser asks for itself (:mod:`.login`, docs/ops.md).
 """
 
 from __future__ import annotations
 
 import heapq
+import socket
 import time
 from html import escape
 
@@ -29,9 +31,10 @@ _STYLE = """
 body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}
 h1{font-size:1.4em;margin:0 0 .2em} h2{font-size:1.1em;margin:1.4em 0 .4em}
 table{border-collapse:collapse;min-width:60%} td,th{padding:.25em .7em;text-align:left;
-border-bottom:1px solid #ddd} th{background:#f4f4f4} td.n{text-align:right;
+border-bottom:1px solid #ddd} th{background:#f4f4f4} td.n{text-align:right;white-space:nowrap;
 font-variant-numeric:tabular-nums} .bar{width:12em;height:.9em;background:#eee;
-border:1px solid #bbb} .fill{height:100%;background:#4a8} .hi{background:#d84}
+border:1px solid #bbb;display:flex} .fill{height:100%} .ours{background:#27a}
+.others{background:#aab} .others.hi{background:#d84}
 .bad{color:#b00;font-weight:bold} .ok{color:#070} .meta{color:#666}
 """
 
@@ -53,18 +56,41 @@ def _ago(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def fill(loc: Location, usage: tuple[int, int]) -> dict[str, float]:
+    """What a location's bar shows, as shares of the file system (0..1): ``ours`` (the
+    partials this daemon holds) and ``others`` (everything else not free to this daemon:
+    other files, and blocks the file system keeps in reserve), so a disk filled by
+    others never looks empty; ``used`` their sum; ``cap``, our bytes against
+    ``max_bytes`` when one is set (-1 without)."""
+    total, free = usage
+    if total <= 0:
+        return {"ours": 0.0, "others": 0.0, "used": 0.0, "cap": -1.0}
+    used = max(0, total - free)
+    ours = min(loc.used_bytes, used) / total
+    return {"ours": ours, "others": max(0.0, used / total - ours), "used": used / total,
+            "cap": min(1.0, loc.used_bytes / loc.max_bytes) if loc.max_bytes else -1.0}
+
+
 def _location_row(loc: Location, usage: tuple[int, int]) -> str:
     total, free = usage
-    capacity = loc.max_bytes or total
-    share = min(1.0, loc.used_bytes / capacity) if capacity and capacity > 0 else 0.0
+    share = fill(loc, usage)
     health = ('<span class="ok">healthy</span>' if loc.healthy else
               f'<span class="bad">unhealthy</span> {escape(str(loc.last_error or ""))}')
-    return (f"<tr><td><code>{escape(str(loc.path))}</code></td>"
-            f'<td><div class="bar" title="{share:.0%}"><div class="fill{" hi" if share > .85 else ""}"'
-            f' style="width:{share * 100:.1f}%"></div></div></td>'
-            f'<td class="n">{_bytes(loc.used_bytes)}</td>'
-            f'<td class="n">{_bytes(capacity) if capacity and capacity > 0 else "?"}</td>'
+    title = (f"file system {share['used']:.0%} not free: shuffled {share['ours']:.1%}, "
+             f"other files and reserved blocks {share['others']:.1%}")
+    bar = (f'<div class="bar" title="{title}"><div class="fill ours" '
+           f'style="width:{share["ours"] * 100:.1f}%"></div><div class="fill others'
+           f'{" hi" if share["used"] > .85 else ""}" style="width:{share["others"] * 100:.1f}%">'
+           f"</div></div>")
+    disk = (f"{_bytes(total - free)} of {_bytes(total)} ({share['used']:.0%})"
+            if total > 0 else "?")
+    cap = (f"{_bytes(loc.max_bytes)} ({share['cap']:.0%} used)" if loc.max_bytes
+           else "none")
+    return (f"<tr><td><code>{escape(str(loc.path))}</code></td><td>{bar}</td>"
+            f'<td class="n ours-bytes">{_bytes(loc.used_bytes)}</td>'
+            f'<td class="n">{disk}</td>'
             f'<td class="n">{_bytes(free) if free >= 0 else "?"}</td>'
+            f'<td class="n">{cap}</td>'
             f'<td class="n">{_bytes(loc.reserve_bytes)}</td><td class="n">{loc.files}</td>'
             f"<td>{health}</td></tr>")
 
@@ -88,14 +114,17 @@ def _sweep_row(record: SweepRecord, now: float) -> str:
 
 
 def render(state: DaemonState, usages: list[tuple[int, int]], task_states: dict[str, str],
-           now: float) -> str:
-    """The page's HTML (``usages``: (file system bytes, free bytes) per location)."""
+           now: float, where: str = "") -> str:
+    """The page's HTML (``usages``: (file system bytes, free bytes) per location;
+    ``where``: the machine and the address this page was served from)."""
     store, settings = state.store, state.settings
     tasks = store.tasks()
     shown = heapq.nlargest(MAX_TASKS, tasks, key=lambda t: t.bytes)
     sweeper = state.sweeper
     sweeps = list(reversed(sweeper.history)) if sweeper is not None else []
-    head = (f"<h1>shuffled {escape(__version__)}</h1><p class=meta>up {_ago(time.time() - state.started)}"
+    head = (f"<h1>shuffled {escape(__version__)}"
+            + (f" on <span id=where>{escape(where)}</span>" if where else "")
+            + f"</h1><p class=meta>up {_ago(time.time() - state.started)}"
             f" &middot; {len(tasks)} tasks &middot; {sum(t.files for t in tasks)} partials &middot; "
             f"{_bytes(sum(t.bytes for t in tasks))} held &middot; uploads {state.uploads.active}, "
             f"downloads {state.downloads.active} in flight"
@@ -112,11 +141,15 @@ def render(state: DaemonState, usages: list[tuple[int, int]], task_states: dict[
         f"{settings.sweep_period:g} s; expiry after {settings.expiry_timeout:g} s)</td></tr>")
     return f"""<!doctype html>
 <html lang=en><head><meta charset=utf-8><meta http-equiv=refresh content="{REFRESH}">
-<title>shuffled status</title><style>{_STYLE}</style></head><body>
+<title>shuffled {escape(where)} status</title><style>{_STYLE}</style></head><body>
 {head}
 <h2>Locations</h2>
-<table id=locations><tr><th>path</th><th>fill</th><th>used</th><th>capacity</th><th>free</th>
-<th>reserve</th><th>partials</th><th>health</th></tr>{locs}</table>
+<p class=meta>The bar is the location's file system: <span style="color:#27a">&#9632;</span>
+this daemon's partial segments, <span style="color:#889">&#9632;</span> other files and
+space the file system keeps in reserve (not free to this daemon).</p>
+<table id=locations><tr><th>path</th><th>file system</th><th>shuffled holds</th>
+<th>file system not free</th><th>free</th><th>max size</th><th>reserve</th><th>partials</th>
+<th>health</th></tr>{locs}</table>
 <h2>Tasks</h2>
 <table id=tasks><tr><th>supervisor task</th><th>state</th><th>bytes</th><th>partials</th>
 <th>partitions</th><th>last access</th><th>expiry</th></tr>{rows}</table>{more}
@@ -128,7 +161,17 @@ def render(state: DaemonState, usages: list[tuple[int, int]], task_states: dict[
 """
 
 
+def _where(request: web.Request) -> str:
+    """``host (address:port)``: which daemon this is, when several run on one machine."""
+    sockname = request.transport.get_extra_info("sockname") if request.transport else None
+    if not sockname:
+        return socket.gethostname()
+    address = f"[{sockname[0]}]" if ":" in sockname[0] else sockname[0]
+    return f"{socket.gethostname()} ({address}:{sockname[1]})"
+
+
 async def page(request: web.Request) -> web.Response:
+    """``GET /ui`` and ``GET /``: the status page."""
     state = state_of(request)
     store = state.store
 
@@ -140,5 +183,7 @@ async def page(request: web.Request) -> web.Response:
             states[sup] = "failed"
         elif sup in store.seals:
             states[sup] = "sealed"
-    html = render(state, await store.run(disk_usages, store.locations), states, store.clock())
+    html = render(state, await store.run(disk_usages, store.locations), states, store.clock(),
+                  where=_where(request))
     return web.Response(text=html, content_type="text/html", charset="utf-8")
+

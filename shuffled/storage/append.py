@@ -156,7 +156,17 @@ class Small:
     schema: arrowfile.SchemaMessage | None = None
 
 
-def append_small(pack: Pack, items: Sequence[Small]) -> list[Written | ShuffleError]:
+def start_writeback(pack: Pack) -> None:
+    """Start writing back the pack's dirty pages once :data:`WRITEBACK_STEP` bytes are
+    waiting (without waiting for it), so that the commit's fdatasync finds little left."""
+    fd = pack.fd
+    if _START_WRITEBACK and fd is not None and pack.size - pack.writeback >= WRITEBACK_STEP:
+        _START_WRITEBACK(fd, pack.writeback, pack.size - pack.writeback)
+        pack.writeback = pack.size
+
+
+def append_small(pack: Pack, items: Sequence[Small], fsync: bool = False,
+                 ) -> list[Written | ShuffleError]:
     """Validate small partials held in memory and append the good ones with one write: per
     schema, its message once per pack; per partial, its body. Bodies of one schema are
     validated together (:func:`~.arrowfile.validate_bodies`).
@@ -219,4 +229,6 @@ def append_small(pack: Pack, items: Sequence[Small]) -> list[Written | ShuffleEr
             if pack.fd is not None:
                 pack.cut(start)
             raise
+        if fsync:
+            start_writeback(pack)
     return [o for o in out if o is not None]

@@ -281,6 +281,20 @@ class Catalog:
             rows = [r for r in rows if r[4] in wanted]
         return rows
 
+    def partitions(self, sup: str, slots: Sequence[tuple[int, int, int]]) -> list[Row]:
+        """Every partial of these partitions (start, end, partitionId) of ``sup``: one query
+        per :data:`_FIND_BATCH` of them (a bulk read asks for up to a thousand; a query each
+        cost more than reading them)."""
+        out: list[Row] = []
+        for at in range(0, len(slots), _FIND_BATCH):
+            chunk = slots[at: at + _FIND_BATCH]
+            values = ", ".join(["(?, ?, ?)"] * len(chunk))
+            out.extend(self.reader.execute(
+                f'WITH k(start, "end", pid) AS (VALUES {values}) SELECT {_COLS_P} FROM '
+                f'partials p JOIN k USING (start, "end", pid) WHERE p.sup = ?',
+                [*(v for slot in chunk for v in slot), sup]).fetchall())
+        return out
+
     def page(self, sup: str, after: tuple[int, int, int, str] | None, limit: int) -> list[Row]:
         """Up to ``limit`` partials of ``sup`` after ``after`` in (start, end, partitionId,
         subTaskId) order: an index range scan, whatever the task's size."""

@@ -51,9 +51,13 @@ class Location:
             self.path.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
-            raise ConfigError(
-                f"locations: cannot use {self.path}: {exc.strerror}", setting="locations"
-            ) from exc
+            if self.path.exists() and not self.path.is_dir():
+                what = f"{self.path} is a file, not a directory; give --location a directory"
+            else:
+                what = (f"cannot use {self.path}: {exc.strerror}; give --location a directory "
+                        f"this user can create and write")
+            raise ConfigError(f"locations: {what} (it is created if missing)",
+                              setting="locations") from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

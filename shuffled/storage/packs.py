@@ -31,7 +31,8 @@ IOV_MAX = 1024  # buffers one pwritev may take (Linux UIO_MAXIOV)
 class Pack:
     """An open pack file and the length written so far (the next partial's offset)."""
 
-    __slots__ = ("location", "sup", "number", "path", "fd", "size", "dead", "fresh", "schemas")
+    __slots__ = ("location", "sup", "number", "path", "fd", "size", "dead", "fresh", "schemas",
+                 "writeback")
 
     def __init__(self, location: int, sup: str, number: int, path: Path, fd: int) -> None:
         self.location = location
@@ -45,6 +46,7 @@ class Pack:
         # (CRC32C, length) of each schema message written here -> its offset: partials of
         # the same schema refer to one copy (one writer at a time: no race).
         self.schemas: dict[tuple[int, int], int] = {}
+        self.writeback = 0  # write-back of dirty pages started up to here
 
     def __repr__(self) -> str:
         return f"Pack({self.path}, {self.size} bytes)"

@@ -93,6 +93,34 @@ class Reader:
             for index, catalog in enumerate(self.catalogs):
                 rows.extend((index, r) for r in catalog.partition(
                     key.supervisor_task_id, i.start, i.end, key.partition_id, subs))
+        return self._chosen(key, subs, rows)
+
+    def partitions(self, supervisor_task_id: str,
+                   wanted: Sequence[tuple[PartitionKey, Sequence[str] | None]],
+                   ) -> list[list[PartialMeta]]:
+        """:meth:`partition` of each of ``wanted`` (a bulk read), with one query per
+        location for them all; NotFound for the first one that is not all there."""
+        slots = list(dict.fromkeys((k.interval.start, k.interval.end, k.partition_id)
+                                   for k, _ in wanted))
+        found: dict[tuple[int, int, int], list[tuple[int, Row]]] = {s: [] for s in slots}
+        if supervisor_task_id in self.book:
+            for index, catalog in enumerate(self.catalogs):
+                for r in catalog.partitions(supervisor_task_id, slots):
+                    found[(r[1], r[2], r[3])].append((index, r))
+        out = []
+        for key, subs in wanted:
+            rows = found[(key.interval.start, key.interval.end, key.partition_id)]
+            named = list(dict.fromkeys(subs)) if subs is not None else None
+            if named is not None:
+                keep = set(named)
+                rows = [(i, r) for i, r in rows if r[4] in keep]
+            out.append(self._chosen(key, named, rows))
+        return out
+
+    def _chosen(self, key: PartitionKey, subs: list[str] | None,
+                rows: list[tuple[int, Row]]) -> list[PartialMeta]:
+        """The newest copy of each subtask's partial among ``rows``, in subtask order (or
+        the order named); NotFound if there is none, or a named one is missing."""
         best = _newest(rows)
         if subs is None:
             if not best:

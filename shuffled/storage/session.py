@@ -34,6 +34,11 @@ WRITE_BATCH = 1 << 20  # bytes gathered before one I/O-thread hop writes them
 RESERVE_STEP = 8 << 20  # reservation growth while streaming a body of unknown length
 INLINE_MAX = 256 << 10  # appends up to this size to an open pack run on the loop (_place)
 FLUSHES_IN_FLIGHT = 2  # gathered batches validated and written while the next is read
+# Written partials are handed to the group commit once this many bytes of them are waiting,
+# when the sender pauses, or at the end of the request: a batch streaming steadily pays one
+# round of syncs per DEFER_BYTES, not one per group that happened to be ready (each round
+# is an fdatasync and a WAL fsync, several ms apiece: more than the bytes' own write).
+DEFER_BYTES = 32 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +90,10 @@ class BulkSession:
         self._placed.set()
         # Per partial: the refusal, or its meta and commit future; None while gathered.
         self._results: list[_Outcome | None] = []
+        # Written, not yet handed to the group commit: (location, result slot, key, written).
+        self._deferred: list[tuple[Location, int, PartialKey, Written]] = []
+        self._deferred_bytes = 0
+        self._eager = False  # the sender paused: commit what is written at once
 
     async def __aenter__(self) -> BulkSession:
         self.parts.uploads.open(self.sup, self)
@@ -98,6 +107,7 @@ class BulkSession:
             if self._writing:
                 await asyncio.shield(asyncio.gather(*self._writing, return_exceptions=True))
                 self._writing.clear()
+            self._submit_deferred()  # whatever was written whole is committed, as it came
             self._small.clear()
             self._small_slots.clear()
             # Commits under way complete whatever happened to the request: wait for them
@@ -129,6 +139,7 @@ class BulkSession:
         """
         if key.supervisor_task_id != self.sup:
             raise ValueError(f"{key} does not belong to supervisor task {self.sup}")
+        self._eager = False
         limit = self.settings.max_partial_bytes
         whole = length + len(schema.data) + len(EOS) if schema and length is not None else length
         if whole is not None and whole > limit:
@@ -226,7 +237,8 @@ class BulkSession:
             raise
         finally:
             loc.reserved_bytes -= reserved
-        self._results.extend(self._submit(loc, [(key, written)]))
+        self._results.append(None)
+        self._defer(loc, [(len(self._results) - 1, key, written)])
 
     async def _cut(self, append: Append) -> None:
         try:
@@ -243,8 +255,11 @@ class BulkSession:
         return translate(exc, str(loc.path), doing)
 
     async def flush(self) -> None:
-        """Start writing the gathered small partials now (a bulk request whose sender
-        paused: what arrived is committed without waiting for more)."""
+        """Start writing the gathered small partials now and commit them once written (a
+        bulk request whose sender paused: what arrived is committed without waiting for
+        more)."""
+        self._eager = True
+        self._submit_deferred()
         await self._flush_small()
 
     async def _flush_small(self) -> None:
@@ -266,7 +281,8 @@ class BulkSession:
     async def _write_small(self, items: list[tuple[PartialKey, Small]], slots: list[int]) -> None:
         total = sum(s.data.nbytes + (len(s.schema.data) if s.schema else 0) for _, s in items)
         try:
-            loc, _, outcomes = await self._place(total, append_small, [s for _, s in items])
+            loc, _, outcomes = await self._place(total, append_small, [s for _, s in items],
+                                                 self.settings.fsync)
         except ShuffleError as exc:
             for slot in slots:
                 self._results[slot] = exc
@@ -277,8 +293,26 @@ class BulkSession:
             if isinstance(outcome, ShuffleError):
                 self._results[slot] = outcome
         if good:
-            submitted = self._submit(loc, [(key, w) for _, key, w in good])
-            for (slot, _, _), result in zip(good, submitted, strict=True):
+            self._defer(loc, good)
+
+    def _defer(self, loc: Location, written: list[tuple[int, PartialKey, Written]]) -> None:
+        """Queue written partials for the group commit (see :data:`DEFER_BYTES`)."""
+        for slot, key, w in written:
+            self._deferred.append((loc, slot, key, w))
+            self._deferred_bytes += w.stored
+        if self._eager or self._deferred_bytes >= DEFER_BYTES:
+            self._submit_deferred()
+
+    def _submit_deferred(self) -> None:
+        """Hand every queued partial to its location's group commit, one submission per
+        pack (a group syncs each pack once)."""
+        deferred, self._deferred, self._deferred_bytes = self._deferred, [], 0
+        by_pack: dict[int, list[tuple[Location, int, PartialKey, Written]]] = {}
+        for item in deferred:
+            by_pack.setdefault(id(item[3].pack), []).append(item)
+        for items in by_pack.values():
+            submitted = self._submit(items[0][0], [(key, w) for _, _, key, w in items])
+            for (_, slot, _, _), result in zip(items, submitted, strict=True):
                 self._results[slot] = result
 
     def _submit(self, loc: Location, written: list[tuple[PartialKey, Written]],
@@ -356,6 +390,7 @@ class BulkSession:
         :meth:`add` did not refuse, in order."""
         await self._flush_small()
         await self._drain_writes()
+        self._submit_deferred()
         out: list[PutResult | ShuffleError] = []
         for result in self._results:
             assert result is not None, "gathered partials were flushed above"

@@ -52,7 +52,16 @@ async def load(locations: Sequence[Location], catalogs: Sequence[Catalog], threa
     out = Opened()
     found_at = [await threads.on_writer(loc.index, recovery.reconcile, loc.path, catalog)
                 for loc, catalog in zip(locations, catalogs, strict=True)]
-    out.dropped += await _forget_shadowed(locations, catalogs, threads)
+    dropped, touched = await _forget_shadowed(locations, catalogs, threads)
+    out.dropped += dropped
+    for index in touched:
+        # A forgotten copy may have been its pack's only or last partial: settle that
+        # location's packs again, or the pack stays on disk with nothing referring to it.
+        loc = locations[index]
+        again = await threads.on_writer(index, recovery.reconcile, loc.path, catalogs[index])
+        again.dropped += found_at[index].dropped
+        again.max_pack = max(again.max_pack, found_at[index].max_pack)
+        found_at[index] = again
     for loc, catalog, found in zip(locations, catalogs, found_at, strict=True):
         out.dropped += found.dropped
         packs.last_number = max(packs.last_number, found.max_pack)
@@ -79,10 +88,11 @@ async def load(locations: Sequence[Location], catalogs: Sequence[Catalog], threa
 
 
 async def _forget_shadowed(locations: Sequence[Location], catalogs: Sequence[Catalog],
-                           threads: IoThreads) -> int:
+                           threads: IoThreads) -> tuple[int, list[int]]:
     """Forget older copies of keys another location holds newer (left by a crash
     between a cross-location replace and its background forget), so that figures
-    count every key once. One join per pair of locations, on the writer threads."""
+    count every key once. One join per pair of locations, on the writer threads.
+    Returns the rows forgotten and the indexes of the locations they were in."""
     stale: dict[int, list[tuple[Any, ...]]] = {}
     for i, catalog in enumerate(catalogs):
         for j in range(i + 1, len(catalogs)):
@@ -98,4 +108,4 @@ async def _forget_shadowed(locations: Sequence[Location], catalogs: Sequence[Cat
         dropped += len(rows)
         log.warning("forgot %d older copies in %s of partials another location holds",
                     len(rows), locations[index].path)
-    return dropped
+    return dropped, sorted(stale)

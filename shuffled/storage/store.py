@@ -224,6 +224,12 @@ class Store:
         """The partial segments of one partition, by subtask id; all must exist if named."""
         return self.reader.partition(key, sub_task_ids)
 
+    def partitions(self, supervisor_task_id: str,
+                   wanted: Sequence[tuple[PartitionKey, Sequence[str] | None]],
+                   ) -> list[list[PartialMeta]]:
+        """:meth:`partition` of many partitions of one task (a bulk read), batched."""
+        return self.reader.partitions(supervisor_task_id, wanted)
+
     def page(self, supervisor_task_id: str, cursor: str | None, limit: int,
              ) -> tuple[list[PartialMeta], str | None]:
         return self.reader.page(supervisor_task_id, cursor, limit)

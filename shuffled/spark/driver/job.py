@@ -20,6 +20,7 @@ from shuffled.client import ShuffleClient, ShuffleUnavailable
 from shuffled.errors import ShuffleError
 from shuffled.spark.driver import recovery
 from shuffled.spark.driver.context import JobContext
+from shuffled.spark.driver.report import counted
 from shuffled.spark.phase1 import native
 from shuffled.spark.phase1 import sink
 from shuffled.spark.phase1 import tasks as phase1
@@ -67,7 +68,8 @@ class Job:
         self.report.phase("determinePartitions", started, timeChunks=chunks,
                           estimatedRows=sum(card.values()) if card else None)
         self.say(f"determine partitions: {plan.kind}, "
-                 + (f"{chunks} time chunks, {sum(plan.shards(c) for c in card)} partitions"
+                 + (f"{counted(chunks, 'time chunk')}, "
+                    f"{counted(sum(plan.shards(c) for c in card), 'partition')}"
                     if card else f"numShards {plan.num_shards}"))
         partials = self.phase1(prepared, plan)
         hook = self.ctx.fault.get("between_phases")
@@ -184,8 +186,9 @@ class Job:
         started = time.monotonic()
         self.ctx.phase = "recompute (lost daemon)"
         keys = sum(len(k) for k in only.values())
-        self.say(f"recovering: {', '.join(self.ctx.lost)} lost; recomputing {len(only)} "
-                 f"phase-1 subtasks for {keys} partitions on {len(self.ctx.survivors)} daemons")
+        self.say(f"recovering: {', '.join(self.ctx.lost)} lost; recomputing "
+                 f"{counted(len(only), 'phase-1 subtask')} for {counted(keys, 'partition')} on "
+                 f"{counted(len(self.ctx.survivors), 'daemon')}")
         recomputed = self._recompute(only)
         after = recovery.replace(partials, only, recomputed)
         self.recovery.round(when, started, lost=sorted(gone) or sorted(self.ctx.lost),
@@ -244,9 +247,10 @@ class Job:
                           compression=self.spec.partial_compression,
                           reader=reader, readerReason=reason,
                           multiValueDimensions=sorted(self.multi_value))
-        self.say(f"phase 1 done: {len(self.report.subtasks)} subtasks, {r['processed']} rows, "
-                 f"{r['unparseable']} unparseable, {r['thrownAway']} thrown away, "
-                 f"{len(partials)} partials, {self.report.bytes_shuffled} bytes shuffled")
+        self.say(f"phase 1 done: {counted(len(self.report.subtasks), 'subtask')}, "
+                 f"{counted(r['processed'], 'row')}, {r['unparseable']} unparseable, "
+                 f"{r['thrownAway']} thrown away, {counted(len(partials), 'partial')}, "
+                 f"{counted(self.report.bytes_shuffled, 'byte')} shuffled")
         if r["unparseable"] > s.max_parse_exceptions:
             first = bad[0] if bad else {}
             where = f"; first at {first.get('file')}:{first.get('line')}: {first.get('message')}" if first else ""
@@ -298,8 +302,8 @@ class Job:
         if tasks is None:
             tasks = phase2.merge_tasks(assignments, sum(int(p.get("bytes", 0)) for p in partials),
                                        self.spark.sparkContext.defaultParallelism)
-        self.say(f"phase 2: merging {len(assignments)} partitions in "
-                 f"{min(tasks, len(assignments))} tasks"
+        self.say(f"phase 2: merging {counted(len(assignments), 'partition')} in "
+                 f"{counted(min(tasks, len(assignments)), 'task')}"
                  + (" (sized from phase 1's rows and bytes)" if sized else ""))
         os.makedirs(self.ctx.staging, exist_ok=True)
         done: dict[recovery.PartitionId, dict[str, Any]] = {}
@@ -317,7 +321,7 @@ class Job:
                 for server in r.get("missing", ()):
                     self.ctx.lost.setdefault(server, f"lacks committed partials: {r['why']}")
                     self.recovery.lost.setdefault(server, self.ctx.lost[server])
-            self.say(f"phase 2: {len(wanted)} partitions could not be read from "
+            self.say(f"phase 2: {counted(len(wanted), 'partition')} could not be read from "
                      f"{', '.join(sorted({s for r in lost for s in r['lost']}))}")
             partials = self.sealed(partials, "during phase 2", wanted)
             self.ctx.phase = "phase 2 (merge)"
@@ -350,7 +354,8 @@ class Job:
                               default=0),
                           partitionsSpilled=len(spilled),
                           spillBytes=sum(r["spillBytes"] for r in spilled))
-        self.say(f"phase 2 done: {len(results)} segments, {self.report.rows_out} rows")
+        self.say(f"phase 2 done: {counted(len(results), 'segment')}, "
+                 f"{counted(self.report.rows_out, 'row')}")
         return results
 
     def _merge(self, assignments: list[phase2.Assignment], tasks: int,

@@ -7,6 +7,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+def counted(n: int, noun: str) -> str:
+    """``1 partition``, ``2 partitions``: a count with its noun in the right number."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 @dataclass
 class TaskReport:
     """Accumulates what a job did; :meth:`to_json` is what lands in ``task-report.json``."""
@@ -95,7 +100,8 @@ class TaskReport:
         lines = [
             f"{self.status}: {self.task_id} ({self.data_source}, version {self.version})",
             f"  rows: {r['processed']} processed, {r['unparseable']} unparseable, "
-            f"{r['thrownAway']} thrown away -> {self.rows_out} rows in {len(self.segments)} segments",
+            f"{r['thrownAway']} thrown away -> {counted(self.rows_out, 'row')} in "
+            f"{counted(len(self.segments), 'segment')}",
             f"  bytes: {r['processedBytes']} processed, {self.bytes_shuffled} shuffled",
         ]
         times = ", ".join(f"{k} {v['ingest/task/time'] / 1000:.2f}s" for k, v in self.phases.items())

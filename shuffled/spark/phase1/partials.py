@@ -64,16 +64,17 @@ class Encoder:
         200-row batch costs ~130 us, 10x its uncompressed encoding, measured)."""
         return self._options is not None and nbytes >= COMPRESS_MIN_BYTES * max(batches, 1)
 
-    def stream(self, batches: list[pa.RecordBatch]) -> tuple[pa.Buffer, list[int]]:
-        """``batches`` as one IPC stream, and the offset where each batch ends (the first
-        starts after the schema message, ``len(self.head)``)."""
-        nbytes = sum(b.nbytes for b in batches)
-        self.raw_bytes += len(batches) * (len(self.head) + len(EOS)) + nbytes
-        options = self._options if self.compresses(nbytes, len(batches)) else None
+    def stream(self, batches: Iterator[pa.RecordBatch], compress: bool,
+               ) -> tuple[pa.Buffer, list[int]]:
+        """``batches`` (consumed one at a time) as one IPC stream, compressed or not, and
+        the offset where each batch ends (the first starts after the schema message,
+        ``len(self.head)``)."""
+        options = self._options if compress else None
         sink = pa.BufferOutputStream()
         ends = []
         with pa.ipc.new_stream(sink, self.schema, options=options) as writer:
             for batch in batches:
+                self.raw_bytes += len(self.head) + len(EOS) + batch.nbytes
                 writer.write_batch(batch)
                 ends.append(sink.tell())
         return sink.getvalue(), ends
@@ -149,14 +150,24 @@ class Flush:
 
 def encode_flush(table: pa.Table, layout: Layout, buckets: np.ndarray | None,
                  encoder: Encoder) -> Flush:
-    """Every partial of ``table`` (as :func:`runs`) as one IPC stream (see the module)."""
-    found = list(runs(table, layout, buckets))
-    data, ends = encoder.stream([batch for _, _, batch in found])
+    """Every partial of ``table`` (as :func:`runs`) as one IPC stream (see the module),
+    encoded as the rows are put in order, a slab at a time: the flush holds its table and
+    its encoded bytes, never a third, reordered copy."""
+    keys: list[tuple[int, int, int]] = []
+    plan = _plan(table, buckets)
+    compress = encoder.compresses(table.nbytes, len(plan[1]) - 1)
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for chunk, bucket, batch in _runs(table, layout, plan):
+            keys.append((chunk, bucket, batch.num_rows))
+            yield batch
+
+    data, ends = encoder.stream(batches(), compress)
     head = len(encoder.head)
     starts = [head, *ends[:-1]]
-    parts = [(chunk, bucket, batch.num_rows, at, end - at)
-             for (chunk, bucket, batch), at, end in zip(found, starts, ends, strict=True)]
-    return Flush(data[:head].to_pybytes() if found else encoder.head, data, parts)
+    parts = [(chunk, bucket, rows, at, end - at)
+             for (chunk, bucket, rows), at, end in zip(keys, starts, ends, strict=True)]
+    return Flush(data[:head].to_pybytes() if keys else encoder.head, data, parts)
 
 
 def split_partials(table: pa.Table, layout: Layout, buckets: np.ndarray | None = None,
@@ -177,11 +188,30 @@ def runs(table: pa.Table, layout: Layout, buckets: np.ndarray | None = None,
     ``__bucket``), in (chunk, bucket) order, the rows a zero-copy slice of a batch in the
     layout's schema; lazily. Columns are put in order a slab of about :data:`SLAB` rows at
     a time."""
+    if table.num_rows:
+        yield from _runs(table, layout, _plan(table, buckets))
+
+
+Plan = tuple[np.ndarray | None, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _plan(table: pa.Table, buckets: np.ndarray | None) -> Plan:
+    """The row order, run starts, chunks and buckets of :func:`run_order` (no runs for
+    an empty table)."""
     if table.num_rows == 0:
-        return
+        empty = np.zeros(0, np.int64)
+        return None, np.zeros(1, np.int64), empty, empty
     chunks = table.column(CHUNK).to_numpy()
     bucket_of = np.asarray(buckets if buckets is not None else table.column(BUCKET).to_numpy())
     order, starts = run_order(chunks, bucket_of)
+    return order, starts, chunks, bucket_of
+
+
+def _runs(table: pa.Table, layout: Layout, plan: Plan,
+          ) -> Iterator[tuple[int, int, pa.RecordBatch]]:
+    order, starts, chunks, bucket_of = plan
+    if len(starts) < 2:
+        return
     schema = layout.schema()
     columns = [table.column(f.name).combine_chunks() for f in schema]
     firsts = starts[:-1] if order is None else order[starts[:-1]]

@@ -49,6 +49,11 @@ from shuffled.spark.rows.memory import peak_rss, release_free_memory, reset_peak
 from shuffled.spark.rows.rollup import BAD, BUCKET, CHUNK, Layout, combine, rollup_input
 
 
+#: A full raw buffer whose rollup keeps at least this share of its rows does not fold
+#: (Trino's adaptive partial aggregation uses the same ratio).
+UNFOLDABLE = 0.8
+
+
 @dataclass(frozen=True)
 class Phase1Config:
     """Everything a phase-1 task needs; pickled into the Spark closure."""
@@ -97,6 +102,7 @@ class _Task:
         self.raw_rows = 0
         self.pending: list[pa.Table] = []
         self.pending_rows = 0
+        self.unfoldable = False  # keys do not fold: held tables are no longer combined
         self.flushes = 0
         self.uploads: list[dict[str, Any]] = []
         self.stats = {"rowsIn": 0, "processed": 0, "unparseable": 0, "thrownAway": 0,
@@ -137,7 +143,12 @@ class _Task:
 
     def _rollup_raw(self) -> None:
         self._rollup_raw_only()
-        if len(self.pending) > 1 and self._pending_bytes() > self.cfg.pending_limit:
+        if self.unfoldable and self._pending_bytes() > self.cfg.pending_limit // 2:
+            # Keys that do not fold within a buffer will not fold across buffers either:
+            # combining held tables would only copy them (3x their size at the peak, the
+            # largest allocation of a phase-1 task on such input). Ship them as they are.
+            self.flush()
+        elif len(self.pending) > 1 and self._pending_bytes() > self.cfg.pending_limit:
             # One rolled-up table has nothing left to combine: only merge several.
             merged = self._pending_table()
             self.pending, self.pending_rows = [merged], merged.num_rows
@@ -159,6 +170,10 @@ class _Task:
             # their own dictionaries; grouping unifies them) until the partials are cut.
             rolled = rollup_input(pa.concat_tables(self.raw), self.cfg.layout, self.extra,
                                   dictionaries=True)
+            # Trino's adaptive partial aggregation: once a full buffer keeps nearly every
+            # row, the combiner stops combining held tables (it still rolls up each buffer).
+            if self.raw_rows >= self.cfg.max_rows and rolled.num_rows >= UNFOLDABLE * self.raw_rows:
+                self.unfoldable = True
             self.raw, self.raw_rows = [], 0
             self.pending.append(rolled)
             self.pending_rows += rolled.num_rows
@@ -188,7 +203,10 @@ class _Task:
         sub = f"p{self.partition}-a{self.attempt}-f{self.flushes}"
         self.flushes += 1
         self.wait_uploaded()  # one flush on the wire at a time: memory stays bounded
-        self._uploading = self._uploader.submit(self._upload, table, sub)
+        # Handed over in a list the upload empties: the work item's arguments would keep
+        # the table alive until the upload ends, beside its encoded bytes.
+        self._uploading = self._uploader.submit(self._upload, [table], sub)
+        del table
 
     def wait_uploaded(self) -> None:
         """Wait for the upload under way, raising what it raised."""
@@ -200,9 +218,10 @@ class _Task:
         self._uploader.shutdown(wait=True, cancel_futures=True)
         self.placer.close()
 
-    def _upload(self, table: pa.Table, sub: str) -> None:
+    def _upload(self, holder: list[pa.Table], sub: str) -> None:
         """On the upload thread: partition, cut and send one flush's partials to its
         daemons (the placer fails over past unusable ones, docs/failover.md)."""
+        table = holder.pop()
         buckets = self.bucketer(table) if self.bucketer is not None else None
         self.multi.update(d for d in self.cfg.multi_value
                           if d not in self.multi and has_multi(table.column(d)))

@@ -16,7 +16,7 @@ import json
 import os
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -63,11 +63,15 @@ def batches(assignments: Iterable[Assignment], partitions: int = BATCH_PARTITION
 merge_partition = merge_in_memory  # all partials of one partition -> its segment's rows
 
 
-def merge_partitions(parts: Sequence[list[pa.Table]], layout: Layout) -> list[pa.Table]:
+def merge_partitions(parts: Sequence[list[pa.Table]], layout: Layout,
+                     finish: Callable[[pa.Table], pa.Table] | None = None) -> list[pa.Table]:
     """:func:`merge_partition` of each of ``parts``, with one group-by and one sort for
-    them all: Acero's per-call cost (~0.3 ms) was most of merging a small partition."""
+    them all: Acero's per-call cost (~0.3 ms) was most of merging a small partition.
+    ``finish`` (e.g. :func:`_segment_table`) is applied to the merged rows of them all
+    before they are cut, once per batch instead of once per segment."""
     if len(parts) == 1:
-        return [merge_partition(parts[0], layout)]
+        merged = merge_partition(parts[0], layout)
+        return [finish(merged) if finish else merged]
     schema = layout.schema()
     flat = [t for tables in parts for t in tables]
     if all(t.schema.equals(flat[0].schema) for t in flat):  # the usual case: cast once
@@ -80,6 +84,8 @@ def merge_partitions(parts: Sequence[list[pa.Table]], layout: Layout) -> list[pa
     table = table.sort_by([(k, "ascending", "at_start") for k in [_SEGMENT, *layout.keys]])
     counts = np.bincount(table.column(_SEGMENT).to_numpy(), minlength=len(parts))
     table = table.drop_columns([_SEGMENT])
+    if finish is not None:
+        table = finish(table)
     starts = np.concatenate([[0], np.cumsum(counts)])
     return [table.slice(int(starts[n]), int(counts[n])) for n in range(len(parts))]
 
@@ -99,10 +105,10 @@ def _segment_table(table: pa.Table, multi_value: Sequence[str] = (),
     return table
 
 
-def _write(table: pa.Table, path: str, cfg: Phase2Config) -> int:
-    """Write one staged segment, not synced (the task syncs its files together at its end;
-    the per-attempt name means a torn file of a failed attempt is never published)."""
-    out = _segment_table(table, cfg.multi_value, cfg.layout.hidden)
+def _write(out: pa.Table, path: str, cfg: Phase2Config) -> int:
+    """Write one segment (rows as :func:`_segment_table` makes them), not synced (the task
+    syncs its files together at its end; the per-attempt name means a torn file of a
+    failed attempt is never published)."""
     # Encoded in memory, then one write: Arrow's file output stream costs ~0.3 ms more per
     # file, which is most of a small segment's write.
     sink = pa.BufferOutputStream()
@@ -226,7 +232,8 @@ def make_phase2(cfg: Phase2Config):  # type: ignore[no-untyped-def]
                 batch = [a for a, _ in kept]
                 tables = [t for _, t in kept]
                 merge_started = time.monotonic()
-                merged_all = merge_partitions(tables, cfg.layout)
+                merged_all = merge_partitions(tables, cfg.layout, lambda t: _segment_table(
+                    t, cfg.multi_value, cfg.layout.hidden))
                 merge_s = (time.monotonic() - merge_started) / len(batch)
                 peak = peak_rss()  # once a batch: /proc reads were 3% of tiny partitions' time
                 for a, parts, merged in zip(batch, tables, merged_all, strict=True):

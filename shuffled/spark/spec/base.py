@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Any
 
@@ -58,9 +59,18 @@ class JsonObject:
         value = self.value.get(key)
         return default if value is None else value
 
+    def missing(self, key: str) -> SpecError:
+        """``key`` is required; if a key given here looks like a misspelling of it, say so."""
+        given = [k for k in self.value if k not in self.seen and k != key]
+        close = difflib.get_close_matches(key, given, n=1, cutoff=0.75)
+        if close:
+            return SpecError(self.at(key), f"is required; {self.path} has {close[0]!r} "
+                                           f"instead: rename it to {key!r}")
+        return SpecError(self.at(key), "is required")
+
     def obj(self, key: str, *, required: bool = True) -> JsonObject:
         if required and self.value.get(key) is None:
-            raise SpecError(self.at(key), "is required")
+            raise self.missing(key)
         self.seen.add(key)
         return JsonObject(self.value.get(key), self.at(key), required=required)
 
@@ -68,7 +78,7 @@ class JsonObject:
         value = self.get(key, default)
         if value is None:
             if required:
-                raise SpecError(self.at(key), "is required")
+                raise self.missing(key)
             return None
         if not isinstance(value, str) or not value:
             raise SpecError(self.at(key), f"must be a non-empty string, not {value!r}")
@@ -92,7 +102,9 @@ class JsonObject:
         """Refuse every key that was neither read nor listed as ignored."""
         for key in self.value:
             if key not in self.seen and key not in ignored:
-                raise SpecError(self.at(key), "is not a supported field")
+                close = difflib.get_close_matches(key, sorted(self.seen), n=1, cutoff=0.75)
+                raise SpecError(self.at(key), "is not a supported field" + (
+                    f" (a misspelling of {close[0]!r}?)" if close else ""))
 
 
 def choice(obj: JsonObject, key: str, allowed: tuple[str, ...] | list[str], default: str | None) -> str:

@@ -1,0 +1,128 @@
+"""Command line: the only place touching argv, environ and exit codes (its commands'
+bodies are in :mod:`.serve` and :mod:`.ingest`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from shuffled import __version__
+from shuffled.cli.ingest import cmd_ingest, spark_conf
+from shuffled.cli.serve import cmd_migrate, cmd_serve
+from shuffled.config import FIELDS, Settings
+from shuffled.errors import ConfigError, ShuffleError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+# What `shuffled --help` says the program is (the module docstring is for contributors).
+DESCRIPTION = """\
+shuffled: a shuffle data server for Druid-style two-phase batch ingestion on Spark.
+
+  shuffled serve --location DIR ...    run the shuffle daemon
+  shuffled ingest SPEC.json            run a Druid index_parallel spec on Spark
+                                       (an embedded daemon unless --shuffle-server)
+
+Exit codes: 0 done; 1 the command failed (one paragraph on stderr says what and what
+to try); 2 a setting or argument is wrong (the message names it).
+Docs: README.md and docs/ (docs/design.md, docs/ops.md, docs/configuration.md)."""
+
+
+def _serve_parser(sub: argparse._SubParsersAction) -> None:
+    defaults = Settings()
+    parser = sub.add_parser(
+        "serve", help="run the shuffle data daemon",
+        description="Run the shuffle daemon. Every setting can also come from a TOML file "
+                    "(--config) or a SHUFFLED_<NAME> environment variable; flags win.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config", metavar="FILE", help="TOML settings file")
+    for spec in FIELDS:
+        default = getattr(defaults, spec.name)
+        shown = "" if spec.name == "auth_token" else f" (default: {default if default not in (None, ()) else 'none'})"
+        parser.add_argument(
+            spec.flag, dest=spec.name, metavar=spec.metavar,
+            action="append" if spec.repeatable else "store",
+            help=f"{spec.help}{shown}; env SHUFFLED_{spec.name.upper()}",
+        )
+
+
+def _ingest_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "ingest", help="run a Druid index_parallel spec on Spark",
+        description="Two-phase perfect-rollup ingestion through shuffled. Prints where the "
+                    "segments, manifest and task report went; a failure is one paragraph "
+                    "on stderr and exit code 1.")
+    parser.add_argument("spec", help="Druid native batch spec (JSON, type index_parallel)")
+    parser.add_argument("--master", help="Spark master URL (default local[*])")
+    parser.add_argument("--shuffle-server", action="append", dest="shuffle_servers",
+                        metavar="URL",
+                        help="shuffled daemon URL; repeat for several (default: an embedded one)")
+    parser.add_argument("--output", default="segments",
+                        help="output directory, or s3://bucket/prefix (default ./segments)")
+    parser.add_argument("--auth-token-file", help="bearer token for the shuffle servers")
+    parser.add_argument("--ca-file", help="CA bundle to verify https shuffle servers")
+    parser.add_argument("--show-rows", type=int, default=0, metavar="N",
+                        help="print up to N rows of the resulting segments")
+    parser.add_argument("--verbose", action="store_true",
+                        help="on failure print the traceback, and let Spark log at WARN")
+    parser.add_argument("--phase1-reader", choices=("auto", "native", "jvm"), default="auto",
+                        help="how phase 1 reads input: native (pyarrow, Parquet only), jvm "
+                             "(Spark), or auto: native where it applies (default)")
+    parser.add_argument("--conf", action="append", type=spark_conf, metavar="KEY=VALUE",
+                        help="a Spark setting, as spark-submit takes it (e.g. "
+                             "spark.executorEnv.AWS_REGION=eu-west-1); repeat for several")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="shuffled", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"shuffled {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    _ingest_parser(sub)
+    migrate = sub.add_parser(
+        "migrate", help="convert locations in storage format 1 to packs (daemon stopped)",
+        description="Convert storage locations from format 1 (a file per partial segment) "
+                    "to format 2 (packs + catalog) in place. Run with the daemon stopped; "
+                    "safe to run again after an interruption.")
+    migrate.add_argument("--config", metavar="FILE", help="TOML settings file (its locations)")
+    migrate.add_argument("--location", action="append", dest="locations", metavar="PATH",
+                         help="location to convert; repeat for several (default: the "
+                              "configured locations)")
+    sub.add_parser("config-reference", help="print the configuration reference (Markdown)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``shuffled`` command line on ``argv``; returns the exit code (see DESCRIPTION)."""
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "serve":
+            return cmd_serve(args)
+        if args.command == "ingest":
+            return cmd_ingest(args)
+        if args.command == "migrate":
+            return cmd_migrate(args)
+        if args.command == "config-reference":
+            from shuffled.config import reference_markdown
+
+            sys.stdout.write(reference_markdown())
+            return EXIT_OK
+    except ConfigError as err:
+        print(f"shuffled: configuration error: {err.message}", file=sys.stderr)
+        return EXIT_USAGE
+    except ShuffleError as err:
+        print(f"shuffled: {err.message}", file=sys.stderr)
+        return EXIT_FAILED
+    except (OSError, json.JSONDecodeError) as err:
+        print(f"shuffled: {err}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())
