@@ -330,3 +330,18 @@ def test_a_task_reads_on_while_its_flush_is_uploaded(tmp_path: Path,
             c.delete_task("overlap")
     finally:
         daemon.stop()
+
+
+def test_a_column_of_many_distinct_values_is_hashed_in_slices_alike(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keys that never fold: a dictionary as large as its rows is hashed a slice of rows at
+    a time, each with a dictionary of its own values; the hashes are the same."""
+    from shuffled.spark.phase1 import sparkhash
+
+    rng = np.random.default_rng(3)
+    values = pa.array([None if i % 97 == 0 else f"id-{v}" for i, v in
+                       enumerate(rng.integers(0, 1 << 40, 5000))])
+    t = pa.array(rng.integers(-(2 ** 62), 2 ** 62, 5000), pa.int64())
+    whole = spark_hash([t, values.dictionary_encode(), values]).tolist()
+    monkeypatch.setattr(sparkhash, "ROWS_AT_A_TIME", 700)  # slices, dictionaries > 700
+    assert spark_hash([t, values.dictionary_encode(), values]).tolist() == whole

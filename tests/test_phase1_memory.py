@@ -53,3 +53,23 @@ def test_unfoldable_input_is_shipped_without_combining_held_tables(tmp_path: Pat
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["stats"]["rowsIn"] == got["shipped"] == 1_000_000  # nothing folded, all sent
     assert got["poolPeak"] <= 110 << 20, got["poolPeak"] / 2**20  # 154 MiB with the combine
+
+
+def test_batches_of_a_row_group_keep_only_the_dictionary_values_they_use(tmp_path: Path) -> None:
+    """Parquet's reader gives batch k of a row group the dictionary read so far; the native
+    reader compacts it to the batch's own values (same rows, same nulls)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from shuffled.spark.phase1.native import compact
+
+    values = [None if i % 13 == 0 else f"v{i}" for i in range(40_000)]
+    pq.write_table(pa.table({"s": values}), tmp_path / "f.parquet", row_group_size=40_000)
+    pf = pq.ParquetFile(tmp_path / "f.parquet", read_dictionary=["s"])
+    batches = list(pf.iter_batches(batch_size=10_000, columns=["s"]))
+    assert len(batches[-1].column(0).dictionary) > 2 * batches[-1].num_rows  # the growth
+    for batch in batches:
+        col = batch.column(0)
+        small = compact(col)
+        assert len(small.dictionary) <= len(small)
+        assert small.to_pylist() == col.to_pylist()

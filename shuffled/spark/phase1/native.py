@@ -141,7 +141,7 @@ def prepare_batch(table: pa.Table, spec: NativeInput, path: str, first_row: int)
             src = pa.DictionaryArray.from_arrays(pa.nulls(n, pa.int32()), pa.array([], pa.string()))
         else:
             src = pa.nulls(n, pa.int64())
-        cols[name] = src if kind == "string" else src.cast(pa.int64())
+        cols[name] = compact(src) if kind == "string" else src.cast(pa.int64())
     for column, kind, source in spec.metrics:
         src = table.column(source) if source in names else pa.nulls(n, pa.int64())
         target = {"long": pa.int64(), "double": pa.float64(), "float": pa.float32(),
@@ -149,6 +149,24 @@ def prepare_batch(table: pa.Table, spec: NativeInput, path: str, first_row: int)
         cols[column] = src.cast(target, safe=False)
     cols[BAD] = bad
     return pa.table(cols)
+
+
+def compact(col: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """A dictionary column with a dictionary of only the values its rows use, when the
+    dictionary is over twice the rows: Parquet's reader hands the batches of a row group the
+    dictionary read so far (batch k of a column that never repeats carries k batches' worth
+    of values), which held and unified across a task's raw rows cost more than the rows."""
+    if isinstance(col, pa.ChunkedArray):
+        return pa.chunked_array([compact(c) for c in col.chunks], col.type)
+    if not pa.types.is_dictionary(col.type) or len(col.dictionary) <= 2 * len(col):
+        return col
+    valid = pc.is_valid(col).to_numpy(zero_copy_only=False)
+    idx = col.indices.fill_null(0).to_numpy(zero_copy_only=False)
+    used, remap = np.unique(idx[valid], return_inverse=True)
+    codes = np.zeros(len(col), dtype=np.int32)
+    codes[valid] = remap
+    indices = pa.array(codes, pa.int32(), mask=None if valid.all() else ~valid)
+    return pa.DictionaryArray.from_arrays(indices, col.dictionary.take(pa.array(used)))
 
 
 def _bad_flags(ts_col: pa.ChunkedArray, valid: np.ndarray, keep: np.ndarray, path: str,
@@ -171,8 +189,15 @@ def _source(path: str) -> str | pa.NativeFile:
     return remote.open_random(path) if remote.is_remote(path) else path
 
 
+#: Rows read at a time from a row group: a writer's row group can hold millions of rows,
+#: which read whole (and prepared: about twice its size) took a task's memory beyond its
+#: budget before any rollup began.
+READ_ROWS = 1 << 17
+
+
 def read_split(split: Split, spec: NativeInput, columns: list[str]) -> Iterator[pa.Table]:
-    """The phase-1 rows of ``split``, one table per row group (text: per piece of lines)."""
+    """The phase-1 rows of ``split``, up to :data:`READ_ROWS` rows at a time (text: per
+    piece of lines, :data:`.text_io.PIECE` bytes)."""
     if spec.text is not None:
         yield from read_text(split.path, split.row_groups, spec)
         return
@@ -181,8 +206,11 @@ def read_split(split: Split, spec: NativeInput, columns: list[str]) -> Iterator[
     offsets = np.cumsum([0] + [pf.metadata.row_group(i).num_rows
                                for i in range(pf.metadata.num_row_groups)])
     for rg in split.row_groups:
-        table = pf.read_row_group(rg, columns=present, use_threads=False)
-        yield prepare_batch(table, spec, split.path, int(offsets[rg]))
+        first = int(offsets[rg])
+        for batch in pf.iter_batches(batch_size=READ_ROWS, row_groups=[rg], columns=present,
+                                     use_threads=False):
+            yield prepare_batch(pa.Table.from_batches([batch]), spec, split.path, first)
+            first += batch.num_rows
 
 
 def _schema_problem(schema: pa.Schema, spec: IngestSpec) -> str | None:

@@ -84,6 +84,14 @@ class Phase1Config:
         """Bytes of rolled-up rows held before they are compacted (and maybe flushed)."""
         return self.max_bytes // 4 if self.max_bytes else 1 << 62
 
+    @property
+    def raw_limit(self) -> int:
+        """Bytes of raw rows gathered before they are rolled up (besides maxRowsInMemory):
+        a rollup's working set is a few times its input, and on input that does not fold
+        its output is a flush, so this bounds both by the budget whatever a row weighs (at
+        least 1 MiB: rolling up smaller slices only adds per-call work)."""
+        return max(self.max_bytes // 16, 1 << 20) if self.max_bytes else 1 << 62
+
 
 class _Task:
     def __init__(self, cfg: Phase1Config, bucketer: Bucketer | None = None) -> None:
@@ -100,6 +108,7 @@ class _Task:
         self.server = self.placer.order[0]
         self.raw: list[pa.Table] = []
         self.raw_rows = 0
+        self.raw_bytes = 0
         self.pending: list[pa.Table] = []
         self.pending_rows = 0
         self.unfoldable = False  # keys do not fold: held tables are no longer combined
@@ -132,13 +141,16 @@ class _Task:
         if table.num_rows == 0:
             return
         # Roll up in large slices: per-batch rollup of mostly-distinct keys would only add
-        # work. A batch larger than maxRowsInMemory is taken a slice at a time (the bound).
-        step = self.cfg.max_rows
+        # work. A batch larger than maxRowsInMemory or the raw share of maxBytesInMemory is
+        # taken a slice at a time (the bounds).
+        per_row = max(1, table.nbytes // table.num_rows)
+        step = max(1, min(self.cfg.max_rows, self.cfg.raw_limit // per_row))
         for lo in range(0, table.num_rows, step):
             piece = table.slice(lo, step) if table.num_rows > step else table
             self.raw.append(piece)
             self.raw_rows += piece.num_rows
-            if self.raw_rows >= self.cfg.max_rows:
+            self.raw_bytes += piece.num_rows * per_row
+            if self.raw_rows >= self.cfg.max_rows or self.raw_bytes >= self.cfg.raw_limit:
                 self._rollup_raw()
 
     def _rollup_raw(self) -> None:
@@ -172,9 +184,10 @@ class _Task:
                                   dictionaries=True)
             # Trino's adaptive partial aggregation: once a full buffer keeps nearly every
             # row, the combiner stops combining held tables (it still rolls up each buffer).
-            if self.raw_rows >= self.cfg.max_rows and rolled.num_rows >= UNFOLDABLE * self.raw_rows:
+            full = self.raw_rows >= self.cfg.max_rows or self.raw_bytes >= self.cfg.raw_limit
+            if full and rolled.num_rows >= UNFOLDABLE * self.raw_rows:
                 self.unfoldable = True
-            self.raw, self.raw_rows = [], 0
+            self.raw, self.raw_rows, self.raw_bytes = [], 0, 0
             self.pending.append(rolled)
             self.pending_rows += rolled.num_rows
 
