@@ -3,6 +3,8 @@ past daemons that are gone (a closed port) or draining, on real daemons."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,6 +15,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from shuffled.client import ShuffleClient
+from shuffled.spark.records import Partial
 from shuffled.protocol import API_PREFIX, Interval, PartialKey
 from shuffled.server.embedded import EmbeddedDaemon
 from shuffled.server.state import STATE
@@ -122,20 +125,21 @@ def test_replicas_land_on_distinct_daemons_and_all_gone_is_one_error(two: list[s
 
 
 def test_recompute_replaces_exactly_the_lost_keys_of_the_lost_subtasks() -> None:
-    def p(task: int, flush: int, start: int, part: int, *servers: str) -> dict[str, Any]:
-        return {"task": task, "sub": f"p{task}-a{task + 10}-f{flush}", "start": start,
-                "end": start + 1, "partition": part, "server": servers[0],
-                "replicas": list(servers), "rows": 1, "bytes": 1}
+    def p(task: int, flush: int, start: int, part: int, *servers: str) -> Partial:
+        return Partial(task=task, sub=f"p{task}-a{task + 10}-f{flush}", start=start,
+                       end=start + 1, partition=part, server=servers[0],
+                       replicas=tuple(servers), rows=1, bytes=1)
 
     partials = [p(0, 0, 0, 0, "A"), p(0, 0, 0, 1, "A"), p(0, 1, 0, 0, "B"),  # task 0
                 p(1, 0, 0, 0, "B"), p(1, 0, 1, 0, "A", "C"),  # task 1: replicated on C
                 p(2, 0, 1, 1, "C")]
     only = recovery.lost_keys(partials, {"A"})
     assert only == {0: frozenset({(0, 0), (0, 1)})}  # task 1's partial has a replica
-    redone = [p(0, 0, 0, 0, "B") | {"sub": "p0-a99-f0"}, p(0, 0, 0, 1, "C") | {"sub": "p0-a99-f0"}]
+    redone = [replace(p(0, 0, 0, 0, "B"), sub="p0-a99-f0"),
+              replace(p(0, 0, 0, 1, "C"), sub="p0-a99-f0")]
     after = recovery.replace(partials, only, redone)
     # Task 0's flush 1 on B held key (0, 0) too: dropped, since the recompute has its rows.
-    assert sorted((x["task"], x["sub"], x["start"], x["partition"]) for x in after) == [
+    assert sorted((x.task, x.sub, x.start, x.partition) for x in after) == [
         (0, "p0-a99-f0", 0, 0), (0, "p0-a99-f0", 0, 1), (1, "p1-a11-f0", 0, 0),
         (1, "p1-a11-f0", 1, 0), (2, "p2-a12-f0", 1, 1)]
     assert recovery.lost_keys(partials, {"A"}, wanted={(0, 1, 1)}) == {0: frozenset({(0, 1)})}

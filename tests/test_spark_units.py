@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from shuffled.spark.records import Partial, Segment
+
 import copy
 import json
 import random
@@ -233,11 +235,12 @@ def test_range_boundaries_split_evenly_and_skip_repeats() -> None:
 
 
 def test_assign_and_balance_cover_every_partial_once() -> None:
-    partials = [{"server": f"http://s{i % 2}", "sub": f"p{i}-a{i}-f0", "start": 0, "end": 10,
-                 "partition": i % 3, "rows": 10 + i} for i in range(9)]
+    partials = [Partial(task=i, server=f"http://s{i % 2}", replicas=(f"http://s{i % 2}",),
+                        sub=f"p{i}-a{i}-f0", start=0, end=10, partition=i % 3, rows=10 + i,
+                        bytes=1) for i in range(9)]
     assignments = assign(partials)
     assert len(assignments) == 3
-    assert sum(a.rows for a in assignments) == sum(p["rows"] for p in partials)
+    assert sum(a.rows for a in assignments) == sum(p.rows for p in partials)
     groups = balance(assignments, 2)
     assert sorted(a.partition for g in groups for a in g) == [0, 1, 2]
     assert isinstance(groups[0][0], Assignment)
@@ -246,13 +249,14 @@ def test_assign_and_balance_cover_every_partial_once() -> None:
 def test_publish_replaces_covered_intervals_atomically(tmp_path: Path) -> None:
     ds = tmp_path / "ds"
 
-    def stage(name: str, start: int, end: int, part: int, version: str) -> dict[str, Any]:
+    def stage(name: str, start: int, end: int, part: int, version: str) -> Segment:
         path = ds / "segments" / version / name  # merge tasks write in place
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"x")
-        return {"start": start, "end": end, "partition": part, "rows": 1, "bytes": 1, "path": str(path)}
+        return Segment(start=start, end=end, partition=part, rows=1, rows_in=1, bytes=1,
+                       path=str(path), attempt=1)
 
-    shard = lambda s, off: {"type": "numbered", "partitionNum": s["partition"] + off}  # noqa: E731
+    shard = lambda s, off: {"type": "numbered", "partitionNum": s.partition + off}  # noqa: E731
     publish(str(ds), "ds", "v1", [stage("a", 0, 10, 0, "v1"), stage("b", 10, 20, 0, "v1")],
             shard, False)
     loser = ds / "segments" / "v2" / "c.a1.parquet"  # an attempt that did not commit

@@ -29,6 +29,7 @@ from shuffled.spark.phase1.prepare import (bucket_column, metric_column, metric_
                                             multi_value_dimensions, prepare)
 from shuffled.spark.phase1.source import load_input, resolve_lines
 from shuffled.spark.phase1.text_io import Declined
+from shuffled.spark import records
 from shuffled.spark.phase2 import merge as phase2
 from shuffled.spark.rows.rollup import BAD, BUCKET, CHUNK, TIME
 from shuffled.spark.spec.model import PartitionPlan
@@ -56,7 +57,7 @@ class Job:
         self.may_be_multi: tuple[str, ...] = ()  # string dimensions whose input may hold arrays
         self.multi_value: set[str] = set()  # those phase 1 saw holding multi-values
 
-    def run(self) -> tuple[list[dict[str, Any]], PartitionPlan]:
+    def run(self) -> tuple[list[records.Segment], PartitionPlan]:
         s = self.spec
         rows = load_input(self.spark, s, self.ctx.files)
         self.may_be_multi = multi_value_dimensions(rows, s)
@@ -78,7 +79,7 @@ class Job:
         self.recovery.restarts = self.ctx.monitor.restarts() if self.ctx.monitor else {}
         return staged, plan
 
-    def phase1(self, prepared: DataFrame, plan: PartitionPlan) -> list[dict[str, Any]]:
+    def phase1(self, prepared: DataFrame, plan: PartitionPlan) -> list[records.Partial]:
         s = self.spec
         self.ctx.phase = "phase 1 (partial segments)"
         if self.ctx.rows is not None:
@@ -99,8 +100,8 @@ class Job:
                          f"natively in {len(planned[1])} tasks")
                 self._native_input = planned
                 lines = self._native(cfg, *planned)
-                declined = [item["reason"] for item in map(json.loads, lines)
-                            if item["kind"] == "declined"]
+                declined = [r.reason for r in map(records.load, lines)
+                            if isinstance(r, records.Declined)]
                 if not declined:
                     return self._collect(lines, started, "native", planned[0].reason)
                 # Input the plan could not foresee (text_io.Declined): every task's partials
@@ -128,14 +129,15 @@ class Job:
             try:
                 lines = phase1.run_native_task(cfg, ninput, (x for t in it for x in t))
             except Declined as exc:  # see phase1()
-                return [json.dumps({"kind": "declined", "reason": str(exc)})]
+                return [records.dump(records.Declined(str(exc)))]
             if rows is not None:  # the progress line's rows, once the task is done
-                rows.add(int(json.loads(lines[-1]).get("rowsIn", 0)))
+                stats = records.load(lines[-1])
+                rows.add(stats.rows_in if isinstance(stats, records.TaskStats) else 0)
             return lines
 
         return rdd.mapPartitions(run).collect()
 
-    def _recompute(self, only: dict[int, frozenset[recovery.Key]]) -> list[dict[str, Any]]:
+    def _recompute(self, only: dict[int, frozenset[recovery.Key]]) -> list[records.Partial]:
         """Re-run the phase-1 subtasks ``only`` names, each on its own input split, for
         only their lost keys, on the surviving daemons; returns their partials."""
         subtasks = sorted(only)
@@ -163,11 +165,10 @@ class Job:
             lines = self.spark.sparkContext.runJob(
                 self._handoff.rdd, lambda rows: phase1.run_rows_task(cfg, rows, schema),
                 subtasks)
-        items = [json.loads(line) for line in lines]
-        return [i for i in items if i["kind"] == "partial"]
+        return [r for r in map(records.load, lines) if isinstance(r, records.Partial)]
 
-    def recover(self, partials: list[dict[str, Any]], when: str,
-                wanted: set[recovery.PartitionId] | None = None) -> list[dict[str, Any]]:
+    def recover(self, partials: list[records.Partial], when: str,
+                wanted: set[recovery.PartitionId] | None = None) -> list[records.Partial]:
         """Ask which daemons are gone (waiting out a restart); if any held committed
         partials with no surviving replica, recompute them: the committed list after."""
         monitor = self.ctx.monitor
@@ -193,7 +194,7 @@ class Job:
                             subtasksRecomputed=len(only), keysRecomputed=keys,
                             partialsDropped=len(partials) + len(recomputed) - len(after),
                             partialsRecomputed=len(recomputed),
-                            bytesRecomputed=sum(int(p["bytes"]) for p in recomputed))
+                            bytesRecomputed=sum(p.bytes for p in recomputed))
         return after
 
     def _jvm(self, prepared: DataFrame, plan: PartitionPlan, cfg: phase1.Phase1Config) -> list[str]:
@@ -214,17 +215,17 @@ class Job:
             return [line for line in fh if line.strip()]
 
     def _collect(self, lines: list[str], started: float, reader: str,
-                 reason: str) -> list[dict[str, Any]]:
+                 reason: str) -> list[records.Partial]:
         s = self.spec
-        partials, bad = [], []
-        for line in lines:
-            item = json.loads(line)
-            if item["kind"] == "partial":
-                partials.append(item)
-            else:
-                self.report.add_subtask(item)
-                bad.extend(item["bad"])
-                self.multi_value.update(item.get("multiValue", ()))
+        partials: list[records.Partial] = []
+        bad: list[dict[str, Any]] = []
+        for record in map(records.load, lines):
+            if isinstance(record, records.Partial):
+                partials.append(record)
+            elif isinstance(record, records.TaskStats):
+                self.report.add_subtask(record)
+                bad.extend(dict(b) for b in record.bad)
+                self.multi_value.update(record.multi_value)
         bad = bad[: s.max_saved_parse_exceptions]
         resolve_lines(bad)
         for b in bad:
@@ -257,7 +258,7 @@ class Job:
                 f"{r['unparseable']} unparseable rows{where}", unparseable=r["unparseable"])
         return partials
 
-    def seal(self, partials: list[dict[str, Any]]) -> list[str]:
+    def seal(self, partials: list[records.Partial]) -> list[str]:
         """Tell each daemon which subtasks committed partials there (the seal): its paged
         reads then serve only those and say when a partition is complete. A seal after a
         recompute adds the recomputed subtasks. Returns the daemons that could not be
@@ -276,8 +277,8 @@ class Job:
                 failed.append(server)
         return failed
 
-    def sealed(self, partials: list[dict[str, Any]], when: str,
-               wanted: set[recovery.PartitionId] | None = None) -> list[dict[str, Any]]:
+    def sealed(self, partials: list[records.Partial], when: str,
+               wanted: set[recovery.PartitionId] | None = None) -> list[records.Partial]:
         """:meth:`recover`, then :meth:`seal`, again while a daemon fails its seal."""
         for _ in range(len(self.ctx.servers) + 1):
             partials = self.recover(partials, when, wanted)
@@ -285,7 +286,7 @@ class Job:
                 return partials
         raise IngestionFailed("the shuffle daemons could not be sealed")
 
-    def phase2(self, partials: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def phase2(self, partials: list[records.Partial]) -> list[records.Segment]:
         self.ctx.phase = "phase 2 (merge)"
         if self.ctx.rows is not None:
             self.ctx.rows.start()
@@ -298,29 +299,29 @@ class Job:
         tasks = self.spec.total_merge_tasks
         sized = tasks is None
         if tasks is None:
-            tasks = phase2.merge_tasks(assignments, sum(int(p.get("bytes", 0)) for p in partials),
+            tasks = phase2.merge_tasks(assignments, sum(p.bytes for p in partials),
                                        self.spark.sparkContext.defaultParallelism)
         self.say(f"phase 2: merging {counted(len(assignments), 'partition')} in "
                  f"{counted(min(tasks, len(assignments)), 'task')}"
                  + (" (sized from phase 1's rows and bytes)" if sized else ""))
         os.makedirs(self.ctx.staging, exist_ok=True)
-        done: dict[recovery.PartitionId, dict[str, Any]] = {}
+        done: dict[recovery.PartitionId, records.Segment] = {}
         todo = assignments
         for round_ in range(len(self.ctx.servers) + 1):
             results, lost = self._merge(todo, tasks)
-            done.update({(r["start"], r["end"], r["partition"]): r for r in results})
+            done.update({r.key: r for r in results})
             if not lost:
                 break
             # Some partitions could not be read: the daemons named are restarting (then
             # they are read again) or gone (then what they held is recomputed first).
             again_started = time.monotonic()
-            wanted = {(r["start"], r["end"], r["partition"]) for r in lost}
+            wanted = {r.key for r in lost}
             for r in lost:  # answered without rows it committed: its data is gone
-                for server in r.get("missing", ()):
-                    self.ctx.lost.setdefault(server, f"lacks committed partials: {r['why']}")
+                for server in r.missing:
+                    self.ctx.lost.setdefault(server, f"lacks committed partials: {r.why}")
                     self.recovery.lost.setdefault(server, self.ctx.lost[server])
             self.say(f"phase 2: {counted(len(wanted), 'partition')} could not be read from "
-                     f"{', '.join(sorted({s for r in lost for s in r['lost']}))}")
+                     f"{', '.join(sorted({s for r in lost for s in r.lost}))}")
             partials = self.sealed(partials, "during phase 2", wanted)
             self.ctx.phase = "phase 2 (merge)"
             todo = [a for a in phase2.assign(partials)
@@ -333,31 +334,30 @@ class Job:
         results = [done[(a.start, a.end, a.partition)] for a in assignments
                    if (a.start, a.end, a.partition) in done]
         expected = {(a.start, a.end, a.partition): a.rows for a in assignments}
-        got = {(r["start"], r["end"], r["partition"]): r["rowsIn"] for r in results}
+        got = {r.key: r.rows_in for r in results}
         if got != expected or len(results) != len(assignments):
             raise IngestionFailed("phase 2 results do not match the phase-1 partitions")
         groups = min(tasks, len(assignments))
-        self.report.rows_out = sum(r["rows"] for r in results)
-        self.report.bytes_fetched = sum(r["bytesFetched"] for r in results)
-        spent = {f"{k}Seconds": round(sum(r.get(f"{k}Ms", 0.0) for r in results) / 1000, 3)
+        self.report.rows_out = sum(r.rows for r in results)
+        self.report.bytes_fetched = sum(r.bytes_fetched for r in results)
+        spent = {f"{k}Seconds": round(sum(getattr(r, f"{k}_ms") for r in results) / 1000, 3)
                  for k in ("fetch", "merge", "write")}  # summed over the merge tasks
-        spilled = [r for r in results if "spillFiles" in r]
+        spilled = [r for r in results if r.spill_files is not None]
         self.report.phase("partialSegmentMerge", started, tasks=groups,
                           partitions=len(results), rowsOut=self.report.rows_out, **spent,
                           memoryBudgetBytes=self.spec.max_bytes_in_memory or None,
-                          peakTaskRssBytes=max((r.get("peakRss", 0) for r in results), default=0),
+                          peakTaskRssBytes=max((r.peak_rss for r in results), default=0),
                           # what a task added to its worker: the budget's measure
                           peakTaskRssGrowthBytes=max(
-                              (r.get("peakRss", 0) - r.get("rssAtStart", 0) for r in results),
-                              default=0),
+                              (r.peak_rss - r.rss_at_start for r in results), default=0),
                           partitionsSpilled=len(spilled),
-                          spillBytes=sum(r["spillBytes"] for r in spilled))
+                          spillBytes=sum(r.spill_bytes or 0 for r in spilled))
         self.say(f"phase 2 done: {counted(len(results), 'segment')}, "
                  f"{counted(self.report.rows_out, 'row')}")
         return results
 
     def _merge(self, assignments: list[phase2.Assignment], tasks: int,
-               ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+               ) -> tuple[list[records.Segment], list[records.Lost]]:
         """One phase-2 Spark job: (results, partitions reported lost)."""
         groups = phase2.balance(assignments, tasks)
         fn = phase2.make_phase2(self.ctx.phase2_config(tuple(sorted(self.multi_value))))
@@ -367,8 +367,10 @@ class Job:
         def run(it: Iterator[list[phase2.Assignment]]) -> Iterator[str]:
             for line in fn(a for g in it for a in g):
                 if rows is not None:  # the progress line's rows, once the task is done
-                    rows.add(int(json.loads(line).get("rows", 0)))
+                    done = records.load(line)
+                    rows.add(done.rows if isinstance(done, records.Segment) else 0)
                 yield line
 
-        lines = [json.loads(x) for x in rdd.mapPartitions(run).collect()]
-        return [r for r in lines if "lost" not in r], [r for r in lines if "lost" in r]
+        got = [records.load(x) for x in rdd.mapPartitions(run).collect()]
+        return ([r for r in got if isinstance(r, records.Segment)],
+                [r for r in got if isinstance(r, records.Lost)])

@@ -33,7 +33,7 @@ from shuffled.spark.hooks import NONE, Hooks
 from shuffled.spark.driver.context import READERS, Auth, JobContext
 from shuffled.spark.driver.report import TaskReport
 from shuffled.spark.driver.session import get_session, job_conf
-from shuffled.spark.phase2.shards import shard_spec_builder
+from shuffled.spark.phase2.shards import renumbered, shard_spec_builder
 from shuffled.spark.phase1.source import csv_columns, resolve_files
 from shuffled.spark.spec.parse import parse_spec
 
@@ -119,6 +119,7 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
                 staged, plan = job.run()
                 ctx.phase = "publish"
                 started = time.monotonic()
+                staged = renumbered(s, staged)
                 report.segments = publish(ds_dir, s.data_source, version, staged,
                                           shard_spec_builder(s, plan, staged),
                                           s.append_to_existing, local_root=local_dir)

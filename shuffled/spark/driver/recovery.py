@@ -17,42 +17,32 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from shuffled.spark.records import Partial, PartitionId
+
 T = TypeVar("T")
 
 Key = tuple[int, int]  # (interval start, partitionId): a phase-2 partition
-PartitionId = tuple[int, int, int]  # (start, end, partitionId), as phase 2 names them
+__all__ = ["Key", "PartitionId", "Recovery", "cut", "lost_keys", "on_daemons", "replace"]
 
 
-def task_of(partial: dict[str, Any]) -> int:
-    """The phase-1 subtask (Spark partition) that wrote ``partial``."""
-    if "task" in partial:
-        return int(partial["task"])
-    return int(str(partial["sub"]).split("-", 1)[0][1:])  # p<partition>-a<attempt>-f<n>
-
-
-def replicas_of(partial: dict[str, Any]) -> tuple[str, ...]:
-    return tuple(partial.get("replicas") or (partial["server"],))
-
-
-def lost_keys(partials: Iterable[dict[str, Any]], gone: Collection[str],
+def lost_keys(partials: Iterable[Partial], gone: Collection[str],
               wanted: Collection[PartitionId] | None = None) -> dict[int, frozenset[Key]]:
     """Per phase-1 subtask, the keys it must recompute: those of its partials whose every
     replica is on a ``gone`` daemon (and, if given, in a ``wanted`` partition)."""
     out: dict[int, set[Key]] = {}
     for p in partials:
-        if wanted is not None and (p["start"], p["end"], p["partition"]) not in wanted:
+        if wanted is not None and p.key not in wanted:
             continue
-        if all(r in gone for r in replicas_of(p)):
-            out.setdefault(task_of(p), set()).add((p["start"], p["partition"]))
+        if all(r in gone for r in p.replicas):
+            out.setdefault(p.task, set()).add((p.start, p.partition))
     return {t: frozenset(keys) for t, keys in sorted(out.items())}
 
 
-def replace(partials: list[dict[str, Any]], only: dict[int, frozenset[Key]],
-            recomputed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def replace(partials: list[Partial], only: dict[int, frozenset[Key]],
+            recomputed: list[Partial]) -> list[Partial]:
     """The committed list after a recompute: each recomputed subtask's partials of its
     recomputed keys dropped (wherever they are), the recompute's partials added."""
-    kept = [p for p in partials
-            if (p["start"], p["partition"]) not in only.get(task_of(p), frozenset())]
+    kept = [p for p in partials if (p.start, p.partition) not in only.get(p.task, frozenset())]
     return kept + recomputed
 
 
@@ -68,12 +58,12 @@ def cut(items: Sequence[T], pieces: int) -> list[list[T]]:
     return [p for p in out if p]
 
 
-def on_daemons(partials: Iterable[dict[str, Any]]) -> dict[str, set[str]]:
+def on_daemons(partials: Iterable[Partial]) -> dict[str, set[str]]:
     """The committed subtask ids on each daemon (what the seal names)."""
     out: dict[str, set[str]] = {}
     for p in partials:
-        for server in replicas_of(p):
-            out.setdefault(server, set()).add(p["sub"])
+        for server in p.replicas:
+            out.setdefault(server, set()).add(p.sub)
     return out
 
 

@@ -6,6 +6,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from shuffled.spark.records import TaskStats
+
 
 def counted(n: int, noun: str) -> str:
     """``1 partition``, ``2 partitions``: a count with its noun in the right number."""
@@ -46,26 +48,26 @@ class TaskReport:
     def phase(self, name: str, started: float, **facts: Any) -> None:
         self.phases[name] = {"ingest/task/time": int((time.monotonic() - started) * 1000), **facts}
 
-    def add_subtask(self, stats: dict[str, Any]) -> None:
+    def add_subtask(self, stats: TaskStats) -> None:
         self.subtasks.append({
-            "id": f"p{stats['partition']}-a{stats['attempt']}",
-            "sparkPartition": stats["partition"], "attemptNumber": stats["attemptNumber"],
-            "server": stats["server"], "ingest/task/time": stats["ms"],
-            "ingest/task/bytes/processed": stats["bytesProcessed"],
-            "rows": stats["rowsIn"], "bytesShuffled": stats["bytesShuffled"],
+            "id": f"p{stats.partition}-a{stats.attempt}",
+            "sparkPartition": stats.partition, "attemptNumber": stats.attempt_number,
+            "server": stats.server, "ingest/task/time": stats.ms,
+            "ingest/task/bytes/processed": stats.bytes_processed,
+            "rows": stats.rows_in, "bytesShuffled": stats.bytes_shuffled,
         })
-        for key, src in (("processed", "processed"), ("processedBytes", "bytesProcessed"),
-                         ("unparseable", "unparseable"), ("thrownAway", "thrownAway")):
-            self.rows[key] += int(stats[src])
-        self.bytes_shuffled += int(stats["bytesShuffled"])
-        self.bytes_before_compression += int(stats.get("bytesBeforeCompression", 0))
-        self.rows_shipped += int(stats.get("rowsShipped", 0))
-        self.bytes_replicated += int(stats.get("bytesReplicated", 0))
-        self.replication_ms += int(stats.get("replicationMs", 0))
-        self.failovers += int(stats.get("failovers", 0))
-        self.peak_rss = max(self.peak_rss, int(stats.get("peakRss", 0)))
-        self.peak_rss_growth = max(self.peak_rss_growth,
-                                   int(stats.get("peakRss", 0)) - int(stats.get("rssAtStart", 0)))
+        self.rows["processed"] += stats.processed
+        self.rows["processedBytes"] += stats.bytes_processed
+        self.rows["unparseable"] += stats.unparseable
+        self.rows["thrownAway"] += stats.thrown_away
+        self.bytes_shuffled += stats.bytes_shuffled
+        self.bytes_before_compression += stats.bytes_before_compression
+        self.rows_shipped += stats.rows_shipped
+        self.bytes_replicated += stats.bytes_replicated
+        self.replication_ms += stats.replication_ms
+        self.failovers += stats.failovers
+        self.peak_rss = max(self.peak_rss, stats.peak_rss)
+        self.peak_rss_growth = max(self.peak_rss_growth, stats.peak_rss - stats.rss_at_start)
 
     def to_json(self) -> dict[str, Any]:
         elapsed = int((time.time() - self.started) * 1000)

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from shuffled.client import RetryPolicy
 from shuffled.spark.hooks import NONE, Hooks
+from shuffled.spark.records import Partial
 from shuffled.spark.phase2.spill import WORK_FACTOR
 
 
@@ -83,20 +83,20 @@ class Assignment:
 
 
 
-def assign(partials: list[dict[str, Any]]) -> list[Assignment]:
+def assign(partials: list[Partial]) -> list[Assignment]:
     """Group committed partials by (interval, partition), sources per replica set (the
-    daemons holding a flush: ``replicas``, or its one ``server``)."""
+    daemons holding a flush)."""
     Sources = dict[tuple[str, ...], tuple[list[str], int]]
     by_part: dict[tuple[int, int, int], Sources] = {}
     sizes: dict[tuple[int, int, int], int] = {}
     for p in partials:
-        key = (p["start"], p["end"], p["partition"])
+        key = p.key
         sources = by_part.setdefault(key, {})
-        replicas = tuple(p.get("replicas") or (p["server"],))
+        replicas = p.replicas or (p.server,)
         subs, rows = sources.get(replicas, ([], 0))
-        subs.append(p["sub"])
-        sources[replicas] = (subs, rows + p["rows"])
-        sizes[key] = sizes.get(key, 0) + int(p.get("bytes", 0))
+        subs.append(p.sub)
+        sources[replicas] = (subs, rows + p.rows)
+        sizes[key] = sizes.get(key, 0) + p.bytes
     out = []
     for key, sources in sorted(by_part.items()):
         merged = tuple((srv, tuple(sorted(set(subs))), rows)

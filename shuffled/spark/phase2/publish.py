@@ -34,6 +34,7 @@ from typing import Any
 from shuffled.protocol import Interval
 from shuffled.spark.fs import remote
 from shuffled.spark.phase2.durable import fsync_dir
+from shuffled.spark.records import Segment
 
 MANIFEST = "manifest.json"
 
@@ -98,31 +99,31 @@ def segment_name(start: int, end: int, partition: int, attempt: int) -> str:
 
 
 def _plan(old: list[dict[str, Any]], data_source: str, version: str,
-          staged: list[dict[str, Any]], shard_spec: Any, append: bool, root: str,
+          staged: list[Segment], shard_spec: Any, append: bool, root: str,
           ) -> tuple[list[tuple[str, dict[str, Any]]], list[dict[str, Any]], list[dict[str, Any]]]:
     """Each written segment's (local path, descriptor) pair, the old segments kept and those
     the new version replaces. ``root``: the local directory the paths are relative to."""
-    new_ivs = sorted({(s["start"], s["end"]) for s in staged})
+    new_ivs = sorted({(s.start, s.end) for s in staged})
     keep, dropped = [], []
     for seg in old:
         iv = _interval(seg)
         inside = any(s <= iv.start and iv.end <= e for s, e in new_ivs)
         (dropped if inside and not append else keep).append(seg)
     moves = []
-    for s in sorted(staged, key=lambda x: (x["start"], x["partition"])):
-        iv = Interval(s["start"], s["end"])
+    for s in sorted(staged, key=lambda x: (x.start, x.partition)):
+        iv = Interval(s.start, s.end)
         seg_version, offset = version, 0
         if append:
             same = [k for k in keep if k["interval"] == str(iv)]
             if same:
                 seg_version = max(k["version"] for k in same)
                 offset = 1 + max(k["partitionNum"] for k in same if k["version"] == seg_version)
-        num = s["partition"] + offset
-        rel = os.path.relpath(s["path"], root).replace(os.sep, "/")
-        moves.append((s["path"], {
+        num = s.partition + offset
+        rel = os.path.relpath(s.path, root).replace(os.sep, "/")
+        moves.append((s.path, {
             "dataSource": data_source, "interval": str(iv), "version": seg_version,
-            "partitionNum": num, "shardSpec": shard_spec(s, offset), "rows": s["rows"],
-            "bytes": s["bytes"], "path": rel,
+            "partitionNum": num, "shardSpec": shard_spec(s, offset), "rows": s.rows,
+            "bytes": s.bytes, "path": rel,
         }))
     return moves, keep, dropped
 
@@ -134,13 +135,13 @@ def _manifest(data_source: str, version: str, keep: list[dict[str, Any]],
     return {"dataSource": data_source, "version": version, "segments": segments}
 
 
-def publish(ds_dir: str, data_source: str, version: str, staged: list[dict[str, Any]],
+def publish(ds_dir: str, data_source: str, version: str, staged: list[Segment],
             shard_spec: Any, append: bool, local_root: str | None = None,
             ) -> list[dict[str, Any]]:
     """Publish the written segments; returns their descriptors as written to the manifest.
 
-    ``staged`` items have start, end, partition, rows, bytes, path (the segment file, in
-    place under ``local_root``: ``ds_dir`` itself for a local output, the local directory
+    ``staged`` are the written segments (:class:`~shuffled.spark.records.Segment`: the path of
+    each file, in place under ``local_root``: ``ds_dir`` itself for a local output, the local directory
     the segments were written to for an ``s3://`` one, :func:`publish_s3`). Every file is
     durable already (the merge tasks sync theirs). ``shard_spec(item, numbered_offset)``
     builds each shardSpec.
@@ -178,7 +179,7 @@ def remove_unpublished(published: set[str]) -> int:
     return removed
 
 
-def publish_s3(base: str, data_source: str, version: str, staged: list[dict[str, Any]],
+def publish_s3(base: str, data_source: str, version: str, staged: list[Segment],
                shard_spec: Any, append: bool, local_root: str) -> list[dict[str, Any]]:
     """Publish to ``s3://bucket/prefix/<dataSource>``: upload every segment, then PUT the
     manifest, the commit point (one object PUT is atomic for readers), then delete what

@@ -3,44 +3,48 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
+from shuffled.spark.records import Segment
 from shuffled.spark.spec.model import IngestSpec, PartitionPlan
 
 HASH_FUNCTION = "spark_murmur3_32"  # Spark's hash(): Murmur3 x86_32, seed 42
 
 
-def shard_spec_builder(spec: IngestSpec, plan: PartitionPlan,
-                       staged: list[dict[str, Any]]) -> Callable[[dict[str, Any], int], dict[str, Any]]:
-    """A ``(staged segment, partition offset) -> shardSpec`` function for :func:`publish`.
+def renumbered(spec: IngestSpec, staged: list[Segment]) -> list[Segment]:
+    """For ``dynamic`` specs, the partitions of each interval renumbered 0..n-1 (numbered
+    shard specs must be contiguous; ``bucket`` keeps the old number); else ``staged``."""
+    if spec.partitions.type != "dynamic":
+        return staged
+    by_iv: dict[tuple[int, int], list[Segment]] = {}
+    for s in staged:
+        by_iv.setdefault((s.start, s.end), []).append(s)
+    return [replace(s, bucket=s.partition, partition=i) for items in by_iv.values()
+            for i, s in enumerate(sorted(items, key=lambda x: x.partition))]
 
-    For ``dynamic`` specs the partitions of each interval are renumbered 0..n-1 (numbered
-    shard specs must be contiguous); ``staged`` items are updated in place.
-    """
+
+def shard_spec_builder(spec: IngestSpec, plan: PartitionPlan,
+                       staged: list[Segment]) -> Callable[[Segment, int], dict[str, Any]]:
+    """A ``(segment, partition offset) -> shardSpec`` function for :func:`publish`, over
+    the segments as :func:`renumbered` gives them."""
     kind = spec.partitions.type
     counts: dict[tuple[int, int], int] = {}
     for s in staged:
-        counts[(s["start"], s["end"])] = counts.get((s["start"], s["end"]), 0) + 1
-    if kind == "dynamic":
-        by_iv: dict[tuple[int, int], list[dict[str, Any]]] = {}
-        for s in staged:
-            by_iv.setdefault((s["start"], s["end"]), []).append(s)
-        for items in by_iv.values():
-            for i, s in enumerate(sorted(items, key=lambda x: x["partition"])):
-                s["bucket"], s["partition"] = s["partition"], i
+        counts[(s.start, s.end)] = counts.get((s.start, s.end), 0) + 1
 
-    def build(s: dict[str, Any], offset: int) -> dict[str, Any]:
-        num = s["partition"] + offset
+    def build(s: Segment, offset: int) -> dict[str, Any]:
+        num = s.partition + offset
         if offset or kind == "dynamic":
             return {"type": "numbered", "partitionNum": num,
-                    "partitions": counts[(s["start"], s["end"])]}
-        shards = plan.shards(s["start"])
+                    "partitions": counts[(s.start, s.end)]}
+        shards = plan.shards(s.start)
         if kind == "hashed":
             return {"type": "hashed", "partitionNum": num, "partitions": shards,
                     "numCorePartitions": shards,
                     "partitionDimensions": list(spec.partitions.dimensions),
                     "partitionFunction": HASH_FUNCTION}
-        bounds = plan.boundaries.get(s["start"], [])
+        bounds = plan.boundaries.get(s.start, [])
         start = list(bounds[num - 1]) if num > 0 and bounds else None
         end = list(bounds[num]) if num < len(bounds) else None
         if kind == "single_dim":
