@@ -6,7 +6,6 @@ docs/failover.md for what happens when a daemon is lost.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
