@@ -156,13 +156,7 @@ class _Batch:
             frame = parse_fixed(raw)
             header = parse_header(frame, bytes(await reader.exactly(frame.header_len)))
             if frame.end:
-                declared = end_count(header)
-                if declared != self.count:
-                    raise FramingError(f"END frame says {declared} partial segments, "
-                                       f"{self.count} were sent", field="body")
-                if not await reader.at_eof():
-                    raise FramingError("bytes follow the END frame", field="body")
-                return
+                return await self._end(end_count(header))
             key, crc = data_key(self.sup, header)
             self.count += 1
             await self._add(key, crc, frame.body_len)
@@ -191,14 +185,16 @@ class _Batch:
                 except ShuffleError as exc:  # the partials after it cannot be read
                     raise FramingError(exc.message, field="body") from exc
             else:
-                declared = framing2.number(frame, header)
-                if declared != self.count:
-                    raise FramingError(f"END frame says {declared} partial segments, "
-                                       f"{self.count} were sent", field="body")
-                if not await reader.at_eof():
-                    raise FramingError("bytes follow the END frame", field="body")
-                return
+                return await self._end(framing2.number(frame, header))
             raw = bytes(await reader.exactly(FIXED_LEN))
+
+    async def _end(self, declared: int) -> None:
+        """The END frame (either format): its count must match, and nothing may follow."""
+        if declared != self.count:
+            raise FramingError(f"END frame says {declared} partial segments, {self.count} "
+                               f"were sent", field="body")
+        if not await self.reader.at_eof():
+            raise FramingError("bytes follow the END frame", field="body")
 
     async def _add(self, key: PartialKey, crc: int | None, length: int,
                    schema: SchemaMessage | None = None) -> None:
