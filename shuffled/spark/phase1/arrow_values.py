@@ -18,9 +18,9 @@ import pyarrow.compute as pc
 
 from shuffled.spark.phase1.spark_casts import to_double, to_long
 from shuffled.spark.phase1.text_values import java_double_text
+from shuffled.spark.spec.expr import (BOOL, DOUBLE, LONG, NULL, NUMERIC as _NUMERIC, STRING,
+                                      branch_type)
 
-LONG, DOUBLE, STRING, BOOL, NULL = "LONG", "DOUBLE", "STRING", "BOOL", "NULL"
-_NUMERIC = (LONG, DOUBLE, BOOL)
 _MIN, _MAX = -(2 ** 63), 2 ** 63 - 1
 _TYPES = {LONG: pa.int64(), DOUBLE: pa.float64(), STRING: pa.string(), BOOL: pa.bool_(),
           NULL: pa.string()}
@@ -131,15 +131,7 @@ def cast_value(v: AVal, kind: str) -> pa.Array:
 
 def common(vals: list[AVal]) -> tuple[str, list[pa.Array]]:
     """One type for the branches of if/case/nvl (transform.common)."""
-    kinds = {v.type for v in vals} - {NULL}
-    if not kinds:
-        kind = STRING
-    elif kinds <= {BOOL}:
-        kind = BOOL
-    elif kinds <= set(_NUMERIC):
-        kind = DOUBLE if DOUBLE in kinds else LONG
-    else:
-        kind = STRING
+    kind = branch_type({v.type for v in vals})
     conv = {BOOL: as_bool, LONG: as_long, DOUBLE: as_double, STRING: as_string}[kind]
     return kind, [conv(v).cast(_TYPES[kind], safe=False) for v in vals]
 

@@ -23,12 +23,12 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from shuffled.spark.spec.base import SpecError
-from shuffled.spark.spec.expr import Binary, Call, Ident, Lit, Node, Unary
+from shuffled.spark.spec.expr import (BOOL, DOUBLE, LONG, NULL, NUMERIC as _NUMERIC, STRING,
+                                      Binary, Call, Ident, Lit, Node, Unary, branch_type)
 from shuffled.spark.spec.granularity import MONDAY_OFFSET, WEEK
 from shuffled.spark.spec.patterns import joda_to_spark, like_to_regex, parse_period, period_millis
 
-LONG, DOUBLE, STRING, BOOL, NULL = "LONG", "DOUBLE", "STRING", "BOOL", "NULL"
-_NUMERIC = (LONG, DOUBLE, BOOL)
+
 _ISO = "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'"
 
 
@@ -126,15 +126,7 @@ def _num(v: Val, kind: str) -> Column:
 def common(vals: list[Val]) -> tuple[str, list[Column]]:
     """One type for the branches of if/case/nvl: equal types stay, numbers widen to DOUBLE,
     anything mixed with a STRING is a STRING."""
-    kinds = {v.type for v in vals} - {NULL}
-    if not kinds:
-        kind = STRING
-    elif kinds <= {BOOL}:
-        kind = BOOL
-    elif kinds <= set(_NUMERIC):
-        kind = DOUBLE if DOUBLE in kinds else LONG
-    else:
-        kind = STRING
+    kind = branch_type({v.type for v in vals})
     conv = {BOOL: lambda v: as_bool(v), LONG: as_long, DOUBLE: as_double, STRING: as_string}[kind]
     return kind, [conv(v) for v in vals]
 

@@ -29,6 +29,25 @@ from shuffled.spark.spec.patterns import (
 )
 
 
+#: The value types of a translated expression (Druid's, plus BOOL for comparisons and NULL
+#: for the null literal), shared by the Spark and the Arrow translations.
+LONG, DOUBLE, STRING, BOOL, NULL = "LONG", "DOUBLE", "STRING", "BOOL", "NULL"
+NUMERIC = (LONG, DOUBLE, BOOL)
+
+
+def branch_type(types: set[str]) -> str:
+    """One type for the branches of if/case/nvl: equal types stay, numbers widen to DOUBLE,
+    anything mixed with a STRING (or only nulls) is a STRING."""
+    kinds = types - {NULL}
+    if not kinds:
+        return STRING
+    if kinds <= {BOOL}:
+        return BOOL
+    if kinds <= set(NUMERIC):
+        return DOUBLE if DOUBLE in kinds else LONG
+    return STRING
+
+
 @dataclass(frozen=True)
 class Lit:
     """A literal: int (LONG), float (DOUBLE), str (STRING) or None (null)."""
