@@ -108,9 +108,9 @@ class Batch:
         view = memoryview(body).cast("B")
         if self._fixed is not None:
             body_crc = crc32c_of(view)
-            head = len(self.schemas[self._fixed])
+            schema_len = len(self.schemas[self._fixed])
             crc = combine(combine(self._fixed_crc, body_crc, len(view)), EOS_CRC, len(EOS))
-            self.sent.append(Sent(key, view, crc, head + len(view) + len(EOS), body_crc,
+            self.sent.append(Sent(key, view, crc, schema_len + len(view) + len(EOS), body_crc,
                                   self._fixed))
             return True
         crc = crc32c_of(view)

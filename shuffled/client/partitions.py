@@ -52,7 +52,8 @@ def reader(sup: str, wanted: Sequence[Wanted]) -> Callable[[http.client.HTTPResp
 
     def handle(resp: http.client.HTTPResponse) -> list[Answer] | None:
         if resp.status in (404, 405):
-            return _missing_route(resp, sup)
+            _missing_route(resp, sup)  # raises NotFound unless the route is missing
+            return None
         out: list[Answer] = []
         while True:
             frame = parse_fixed(_exact(resp, FIXED_LEN))

@@ -206,21 +206,21 @@ def append_small(pack: Pack, items: Sequence[Small], fsync: bool = False,
     good: list[memoryview] = []
     start = at = pack.size
     for n, (i, schema, body, crc, body_crc) in enumerate(parts):
-        got = checked[n]
-        if isinstance(got, ShuffleError):
-            out[i] = got
+        facts = checked[n]
+        if isinstance(facts, ShuffleError):
+            out[i] = facts
             continue
-        head = len(schema.data)
-        schema_at = pack.schemas.get((schema.crc, head))
+        schema_len = len(schema.data)
+        schema_at = pack.schemas.get((schema.crc, schema_len))
         stored = len(body)
         if schema_at is None:
-            schema_at = pack.schemas[(schema.crc, head)] = at
+            schema_at = pack.schemas[(schema.crc, schema_len)] = at
             good.append(memoryview(schema.data))
-            at += head
-            stored += head
+            at += schema_len
+            stored += schema_len
         good.append(body)
-        out[i] = Written(pack, at, head + len(body) + len(arrowfile.EOS), crc,
-                         schema.facts(got[0], got[1], body_crc), schema_at, stored)
+        out[i] = Written(pack, at, schema_len + len(body) + len(arrowfile.EOS), crc,
+                         schema.facts(facts[0], facts[1], body_crc), schema_at, stored)
         at += len(body)
     if good:
         try:

@@ -85,9 +85,9 @@ class Removal:
                     if marks_unhealthy(exc):
                         loc.mark_unhealthy(f"{exc.strerror} while deleting")
             if failed is not None:
-                loc, exc = failed
-                log.error("could not delete all of %s on %s: %s", sup, loc.path, exc)
-                raise translate(exc, str(loc.path), f"deleting supervisor task {sup}")
+                where, error = failed
+                log.error("could not delete all of %s on %s: %s", sup, where.path, error)
+                raise translate(error, str(where.path), f"deleting supervisor task {sup}")
             self.leftovers.pop(sup, None)
             await self.seals.remove(sup)
         self.notify(sup)

@@ -358,13 +358,13 @@ class BulkSession:
                 if pack is not None and size <= INLINE_MAX:
                     # An I/O-thread hop costs ~0.2 ms here (thread wake-ups on 2 vCPUs),
                     # more than checking and appending a small batch to the page cache.
-                    pack, result = packs.on_pack(*args_)
+                    placed, result = packs.on_pack(*args_)
                 else:
                     work = asyncio.ensure_future(self.parts.threads.run(packs.on_pack, *args_))
                     self._placing += 1
                     self._placed.clear()
                     work.add_done_callback(self._placing_done)  # when the thread is done
-                    pack, result = await asyncio.shield(work)
+                    placed, result = await asyncio.shield(work)
             except packs.Unusable as exc:
                 if pack is not None:
                     self._keep(loc.index, pack)
@@ -379,9 +379,9 @@ class BulkSession:
             finally:
                 loc.reserved_bytes -= size
             if self.cancelled:
-                pack.dead = True  # its task was deleted meanwhile: the file is gone
-            self._keep(loc.index, pack)
-            return loc, pack, result
+                placed.dead = True  # its task was deleted meanwhile: the file is gone
+            self._keep(loc.index, placed)
+            return loc, placed, result
 
     # -- the outcome ------------------------------------------------------------------------
 
