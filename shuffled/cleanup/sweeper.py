@@ -187,5 +187,5 @@ class Sweeper:
         self.metrics.deleted_bytes.labels(cause).inc(removed.bytes)
         result.deleted[sup] = decision.cause
         log.info("deleted supervisor task %s (%d files, %d bytes): %s", sup, removed.files,
-                 removed.bytes, "overlord unreachable past max age" if cause == "max_age"
+                 removed.bytes, "overlord unreachable past max age" if decision.cause is Cause.MAX_AGE
                  else "expired")

@@ -26,7 +26,7 @@ from shuffled.client.digest import crc32c_of
 from shuffled.crc import combine
 from shuffled.client.http import FLUSH, BadResponse, Transport, domain_error, is_retryable
 from shuffled.errors import BadRequest, DigestMismatch, ShuffleError
-from shuffled.protocol import PartialKey, crc_hex
+from shuffled.protocol import PartialKey, PartialStatus, crc_hex
 
 log = logging.getLogger("shuffled.client")
 
@@ -264,7 +264,7 @@ def upload(transport: Transport, path: str, batch: Batch, put_one: PutOne) -> li
             key = batch.sent[i].key
             if not isinstance(item, dict) or not matches(key, item):
                 raise BadResponse(f"{what}: answer {item} is not for {key}")
-            if item.get("status") in ("created", "replaced"):
+            if item.get("status") in (PartialStatus.CREATED, PartialStatus.REPLACED):
                 check_stored(batch.sent[i], item)
                 answers[i] = item
                 continue

@@ -19,7 +19,7 @@ from shuffled.client.http import Transport
 from shuffled.errors import ShuffleError, TaskFailed
 from shuffled.protocol import (
     COMPLETE_HEADER, CONTENT_DIGEST, NEXT_TOKEN_HEADER, PENDING_BYTES_HEADER,
-    TASK_STATE_HEADER, PartitionKey, parse_crc32c, task_path,
+    TASK_STATE_HEADER, PartitionKey, TaskDataState, parse_crc32c, task_path,
 )
 
 
@@ -41,7 +41,7 @@ class Page:
     next_token: int
     complete: bool
     pending_bytes: int
-    state: str
+    state: str  # a TaskDataState value (kept as sent: a newer daemon may name others)
 
 
 def _query(key: PartitionKey, subs: Sequence[str] | None) -> list[tuple[str, str]]:
@@ -92,7 +92,7 @@ def iter_pages(http_: Transport, key: PartitionKey, *, max_bytes: int = 8 << 20,
     wait = 0.0  # ask at once; after an answer with nothing new, wait for news
     while True:
         page = read_page(http_, key, token, max_bytes=max_bytes, subs=subs, max_wait=wait)
-        if page.state == "failed":
+        if page.state == TaskDataState.FAILED:
             raise TaskFailed(f"{key.supervisor_task_id} was marked failed on the daemon: "
                              f"{key} will never be complete", partition=key.partition_id)
         if page.body:

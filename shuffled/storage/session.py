@@ -12,15 +12,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 from shuffled.config import Settings
 from shuffled.errors import Conflict, InsufficientStorage, InvalidBody, ShuffleError, TooLarge
-from shuffled.protocol import PartialKey
+from shuffled.protocol import PartialKey, PartialStatus
 from shuffled.storage import packs
 from shuffled.storage.append import Append, Small, Written, append_small
 from shuffled.storage.arrowfile import EOS, SchemaMessage
-from shuffled.storage.committer import Committer
+from shuffled.storage.committer import Committer, Landing
 from shuffled.storage.index import PartialMeta
 from shuffled.storage.inflight import Uploads
 from shuffled.storage.location import Location
@@ -53,14 +53,42 @@ class Writing:
     committer: Committer
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class PutResult:
+    """A partial segment stored (durable): its facts, and whether it was the first
+    generation of its key or replaced one."""
+
     meta: PartialMeta
-    replaced: bool
+    status: Literal[PartialStatus.CREATED, PartialStatus.REPLACED]
+
+    @property
+    def replaced(self) -> bool:
+        return self.status is PartialStatus.REPLACED
 
 
-# Per partial: the refusal, or its meta, its group's commit future and its place in it.
-_Outcome = ShuffleError | tuple[PartialMeta, "asyncio.Future[list[int | None]]", int]
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A partial segment the store refused (nothing of it kept), and why."""
+
+    error: ShuffleError
+    status: Literal[PartialStatus.REJECTED] = PartialStatus.REJECTED
+
+
+#: What became of one partial of a session (:meth:`BulkSession.finish`).
+Outcome = PutResult | Rejected
+
+
+class _Committing(NamedTuple):
+    """A written partial handed to the group commit: its meta, its group's commit future
+    and its place in that group (the future's result is the replaced generations)."""
+
+    meta: PartialMeta
+    future: Landing
+    at: int
+
+
+# Per partial while the session runs: the refusal, or its commit under way.
+_Pending = ShuffleError | _Committing
 
 
 async def _framed(schema: SchemaMessage, body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
@@ -89,7 +117,7 @@ class BulkSession:
         self._placed = asyncio.Event()  # set while _placing is 0
         self._placed.set()
         # Per partial: the refusal, or its meta and commit future; None while gathered.
-        self._results: list[_Outcome | None] = []
+        self._results: list[_Pending | None] = []
         # Written, not yet handed to the group commit: (location, result slot, key, written).
         self._deferred: list[tuple[Location, int, PartialKey, Written]] = []
         self._deferred_bytes = 0
@@ -112,7 +140,8 @@ class BulkSession:
             self._small_slots.clear()
             # Commits under way complete whatever happened to the request: wait for them
             # (shielded) before the packs they sync go back to the pool.
-            futures = list({id(r[1]): r[1] for r in self._results if isinstance(r, tuple)}.values())
+            futures = list({id(r.future): r.future for r in self._results
+                            if isinstance(r, _Committing)}.values())
             if futures:
                 await asyncio.shield(asyncio.gather(*futures, return_exceptions=True))
             for pack in [*self._packs.values(), *self._extra]:
@@ -316,11 +345,11 @@ class BulkSession:
                 self._results[slot] = result
 
     def _submit(self, loc: Location, written: list[tuple[PartialKey, Written]],
-                ) -> list[_Outcome]:
+                ) -> list[_Pending]:
         if self.cancelled:
             return [self._conflict() for _ in written]
         metas, future = self.parts.committer.submit(loc, written)
-        return [(meta, future, i) for i, meta in enumerate(metas)]
+        return [_Committing(meta, future, i) for i, meta in enumerate(metas)]
 
     def _keep(self, index: int, pack: Pack) -> None:
         """Hold ``pack`` for this session's next write at location ``index``; a second pack
@@ -385,17 +414,17 @@ class BulkSession:
 
     # -- the outcome ------------------------------------------------------------------------
 
-    async def finish(self) -> list[PutResult | ShuffleError]:
+    async def finish(self) -> list[Outcome]:
         """Wait until every partial added is durable; one outcome per partial that
         :meth:`add` did not refuse, in order."""
         await self._flush_small()
         await self._drain_writes()
         self._submit_deferred()
-        out: list[PutResult | ShuffleError] = []
+        out: list[Outcome] = []
         for result in self._results:
             assert result is not None, "gathered partials were flushed above"
             if isinstance(result, ShuffleError):
-                out.append(result)
+                out.append(Rejected(result))
                 continue
             meta, future, index = result
             try:
@@ -404,10 +433,11 @@ class BulkSession:
                 loc = self.parts.locations[meta.location]
                 if marks_unhealthy(exc):
                     self.parts.packs.take_out(loc, f"{exc.strerror} while committing")
-                out.append(translate(exc, str(loc.path), f"committing {meta.key}"))
+                out.append(Rejected(translate(exc, str(loc.path), f"committing {meta.key}")))
                 continue
             except ShuffleError as exc:
-                out.append(exc)
+                out.append(Rejected(exc))
                 continue
-            out.append(PutResult(meta, old is not None))
+            out.append(PutResult(meta, PartialStatus.CREATED if old is None
+                                 else PartialStatus.REPLACED))
         return out

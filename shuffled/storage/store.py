@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import IO, Any, TypeVar
 
 from shuffled.config import Settings
-from shuffled.errors import InvalidBody, ShuffleError
+from shuffled.errors import InvalidBody
 from shuffled.protocol import PartialKey, PartitionKey
 from shuffled.storage import startup
 from shuffled.storage.book import TaskBook
@@ -43,7 +43,7 @@ from shuffled.storage.packsource import PackSource
 from shuffled.storage.reads import Reader
 from shuffled.storage.removal import Removal
 from shuffled.storage.seals import Seals
-from shuffled.storage.session import INLINE_MAX, BulkSession, PutResult, Writing
+from shuffled.storage.session import INLINE_MAX, BulkSession, PutResult, Rejected, Writing
 from shuffled.storage.threads import IoThreads
 
 log = logging.getLogger("shuffled.storage")
@@ -185,8 +185,8 @@ class Store:
             else:
                 await session.add(key, body, content_length, expected_crc)
             (result,) = await session.finish()
-        if isinstance(result, ShuffleError):
-            raise result
+        if isinstance(result, Rejected):
+            raise result.error
         return result
 
     async def delete_task(self, supervisor_task_id: str, *,
