@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from shuffled import framing, framing2
 from shuffled.client.digest import crc32c_of
 from shuffled.crc import combine
-from shuffled.client.http import FLUSH, BadResponse, Transport, domain_error, is_retryable
+from shuffled.client.http import (FLUSH, BadResponse, Request, Transport, domain_error,
+                                  is_retryable)
 from shuffled.errors import BadRequest, DigestMismatch, ShuffleError
 from shuffled.protocol import PartialKey, PartialStatus, crc_hex
 
@@ -38,7 +39,7 @@ EOS_CRC = crc32c_of(EOS)
 WHOLE = framing2.WHOLE  # a PARTIAL frame's schema id when its body is a whole stream
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Sent:
     """One partial of a batch: its stream's CRC32C and length (what the answer and every read
     give), and how it travels: ``body`` after schema ``schema`` (``WHOLE``: the body is the
@@ -110,17 +111,19 @@ class Batch:
             body_crc = crc32c_of(view)
             schema_len = len(self.schemas[self._fixed])
             crc = combine(combine(self._fixed_crc, body_crc, len(view)), EOS_CRC, len(EOS))
-            self.sent.append(Sent(key, view, crc, schema_len + len(view) + len(EOS), body_crc,
-                                  self._fixed))
+            self.sent.append(Sent(key=key, body=view, crc=crc,
+                                  size=schema_len + len(view) + len(EOS), body_crc=body_crc,
+                                  schema=self._fixed))
             return True
         crc = crc32c_of(view)
         parts = _split(view)
         if parts is None:
-            self.sent.append(Sent(key, view, crc, len(view), crc, WHOLE))
+            self.sent.append(Sent(key=key, body=view, crc=crc, size=len(view), body_crc=crc,
+                                  schema=WHOLE))
         else:
             head, rest = parts
-            self.sent.append(Sent(key, rest, crc, len(view), crc32c_of(rest),
-                                  self._schema_id(head)))
+            self.sent.append(Sent(key=key, body=rest, crc=crc, size=len(view),
+                                  body_crc=crc32c_of(rest), schema=self._schema_id(head)))
         return True
 
     def subset(self, indexes: Sequence[int]) -> Batch:
@@ -229,11 +232,10 @@ def upload(transport: Transport, path: str, batch: Batch, put_one: PutOne) -> li
     batch.version = min(batch.version, transport.bulk_version)
     for attempt in range(1, policy.attempts + 1):
         source = batch if todo is None else batch.subset(todo)
+        req = Request("POST", path, headers={"Content-Type": framing.MEDIA_TYPE},
+                      stream=source, handle=_answer, what=what, accept=(404, 405))
         try:
-            result = transport.request("POST", path,
-                                       headers={"Content-Type": framing.MEDIA_TYPE},
-                                       stream=source, handle=_answer, what=what,
-                                       accept=(404, 405))
+            result = transport.request(req)
         except BadRequest as exc:
             if not (batch.version == 2 and "bulk format version" in exc.message
                     and "is not supported" in exc.message):
@@ -243,10 +245,7 @@ def upload(transport: Transport, path: str, batch: Batch, put_one: PutOne) -> li
             log.info("%s: %s reads bulk format 1 only; sending format 1", what,
                      transport.base_url)
             transport.bulk_version = batch.version = source.version = 1
-            result = transport.request("POST", path,
-                                       headers={"Content-Type": framing.MEDIA_TYPE},
-                                       stream=source, handle=_answer, what=what,
-                                       accept=(404, 405))
+            result = transport.request(req)  # the same batch, now in format 1
         if result is None:
             log.debug("%s: %s has no bulk upload route (an older daemon); one PUT per "
                       "partial", what, transport.base_url)

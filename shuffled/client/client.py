@@ -28,6 +28,7 @@ from shuffled.client.download import (
 from shuffled.client.http import (
     NO_RETRY,
     BadResponse,
+    Request,
     RetryPolicy,
     ShuffleUnavailable,
     Transport,
@@ -95,7 +96,7 @@ class ShuffleClient:
         view = memoryview(body).cast("B")
         crc = crc32c_of(view)
         what = str(key)
-        result = self._http.request(
+        result = self._http.request(Request(
             "PUT",
             key.path(),
             query=key.query(),
@@ -103,7 +104,7 @@ class ShuffleClient:
             body=view,
             handle=_json_dict,
             what=what,
-        )
+        ))
         stored = crc_from_json(result.get("crc32c"))
         check_crc(crc, stored, f"{what} (as stored by the server)")
         size = result.get("bytes")
@@ -297,7 +298,7 @@ class ShuffleClient:
     ) -> int:
         state = Download(what, sink, resumable)
         try:
-            return self._http.request(
+            return self._http.request(Request(
                 "GET",
                 path,
                 query=query,
@@ -305,7 +306,7 @@ class ShuffleClient:
                 handle=state.handle,
                 what=what,
                 progress=state.progress,
-            )
+            ))
         except LocalWriteError as exc:
             raise exc.cause from None
 
@@ -338,25 +339,25 @@ class ShuffleClient:
         Idempotent for the same ids; Conflict for different ones or a failed task."""
         body = json.dumps({"subTaskIds": [validate_id(s, "subTaskId")
                                           for s in sub_task_ids]}).encode()
-        return self._http.request(
+        return self._http.request(Request(
             "PUT", f"{task_path(supervisor_task_id)}/seal", body=body,
             headers={"Content-Type": "application/json"}, handle=_json_dict,
-            what=f"seal {supervisor_task_id}")
+            what=f"seal {supervisor_task_id}"))
 
     def heartbeat(self, supervisor_task_id: str) -> dict[str, Any]:
         """``POST /tasks/{id}/heartbeat``, one try: refreshes the task's expiry; the answer
         names the daemon's ``instance`` (new after a restart), whether it is ``draining``
         and what it holds of the task (``bytes``, ``partials``, ``servedBytes``). Raises
         :class:`ShuffleUnavailable` at once when the daemon does not answer."""
-        return self._http.request("POST", f"{task_path(supervisor_task_id)}/heartbeat",
-                                  handle=_json_dict, policy=NO_RETRY,
-                                  what=f"heartbeat {supervisor_task_id}")
+        return self._http.request(Request("POST", f"{task_path(supervisor_task_id)}/heartbeat",
+                                          handle=_json_dict, policy=NO_RETRY,
+                                          what=f"heartbeat {supervisor_task_id}"))
 
     def fail(self, supervisor_task_id: str) -> None:
         """``POST /tasks/{id}/fail``: paged reads of the task answer "failed" from now on."""
-        self._http.request("POST", f"{task_path(supervisor_task_id)}/fail",
-                           handle=lambda resp: resp.read(),
-                           what=f"fail {supervisor_task_id}")
+        self._http.request(Request("POST", f"{task_path(supervisor_task_id)}/fail",
+                                   handle=lambda resp: resp.read(),
+                                   what=f"fail {supervisor_task_id}"))
 
     def task_state(self, supervisor_task_id: str, *, known: str | None = None,
                    max_wait: float = 0.0) -> dict[str, Any]:
@@ -368,15 +369,16 @@ class ShuffleClient:
             query.append(("known", known))
         if max_wait > 0:
             query.append(("maxWait", f"{max_wait:g}"))
-        return self._http.request("GET", f"{task_path(supervisor_task_id)}/state",
-                                  query=query, handle=_json_dict,
-                                  what=f"state of {supervisor_task_id}")
+        return self._http.request(Request("GET", f"{task_path(supervisor_task_id)}/state",
+                                          query=query, handle=_json_dict,
+                                          what=f"state of {supervisor_task_id}"))
 
     # -- tasks (listing) ------------------------------------------------------------------
 
     def list_tasks(self) -> dict[str, Any]:
         """``GET /tasks``: the supervisor tasks held here with bytes, files, expiry."""
-        value = self._http.request("GET", task_path(), handle=read_json, what="list tasks")
+        value = self._http.request(Request("GET", task_path(), handle=read_json,
+                                           what="list tasks"))
         if isinstance(value, list):
             return {"tasks": value}
         if not isinstance(value, dict):
@@ -422,8 +424,8 @@ class ShuffleClient:
         cursor: str | None = None
         while True:
             query = [("limit", str(page_size))] + ([("cursor", cursor)] if cursor else [])
-            page = self._http.request("GET", task_path(supervisor_task_id), query=query,
-                                      handle=handle, what=what, accept=(404,))
+            page = self._http.request(Request("GET", task_path(supervisor_task_id), query=query,
+                                              handle=handle, what=what, accept=(404,)))
             if page is None:
                 return
             yield page
@@ -437,13 +439,13 @@ class ShuffleClient:
         def handle(resp: http.client.HTTPResponse) -> None:
             resp.read()
 
-        self._http.request(
+        self._http.request(Request(
             "DELETE",
             task_path(supervisor_task_id),
             handle=handle,
             what=f"delete task {supervisor_task_id}",
             accept=(404,),
-        )
+        ))
 
     # -- status -------------------------------------------------------------------------
 
@@ -479,9 +481,9 @@ class ShuffleClient:
         prefixes = [self._status_prefix] if self._status_prefix is not None else [API_PREFIX, ""]
         for i, prefix in enumerate(prefixes):
             try:
-                value = self._http.request(
+                value = self._http.request(Request(
                     "GET", prefix + suffix, handle=handle, what=suffix.lstrip("/"), policy=policy
-                )
+                ))
             except NotFound:
                 if i + 1 < len(prefixes):
                     continue

@@ -15,8 +15,8 @@ import ssl
 import time
 import urllib.parse
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from dataclasses import KW_ONLY, dataclass
+from typing import Any, Generic, TypeVar
 
 from shuffled import __version__
 from shuffled.errors import (
@@ -53,7 +53,7 @@ Stream = Callable[[], Iterator[bytes | memoryview]]
 FLUSH = b""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RetryPolicy:
     """How hard a client call tries before giving up.
 
@@ -82,6 +82,33 @@ class RetryPolicy:
 
 
 NO_RETRY = RetryPolicy(attempts=1, backoff=0.0, max_backoff=0.0, deadline=0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Request(Generic[T]):
+    """One client call, as :meth:`Transport.request` sends it (and again on each retry).
+
+    ``handle`` reads every 2xx answer and any status in ``accept`` into the call's result;
+    other statuses become the domain error rebuilt from the JSON body (retried first if
+    retryable). ``what`` names the call in logs and errors (a key, a task id). The body is
+    ``body`` (sent with Content-Length) or ``stream`` (sent chunked; called once per try).
+    ``headers`` may be a callable so each try can set its own (``Range`` when resuming);
+    ``progress`` (bytes received so far) lets a try that made progress reset the count of
+    failures; ``policy`` overrides the transport's retry policy.
+    """
+
+    method: str
+    path: str
+    _: KW_ONLY
+    handle: Callable[[http.client.HTTPResponse], T]
+    what: str
+    query: Query = None
+    headers: Headers = None
+    body: bytes | bytearray | memoryview | None = None
+    stream: Stream | None = None
+    accept: Collection[int] = ()
+    progress: Callable[[], int] | None = None
+    policy: RetryPolicy | None = None
 
 
 class ShuffleUnavailable(ShuffleError):
@@ -299,22 +326,13 @@ class Transport:
             self._conn = None
         return resp
 
-    def _exchange(
-        self,
-        method: str,
-        target: str,
-        headers: Mapping[str, str],
-        body: memoryview | None,
-        handle: Callable[[http.client.HTTPResponse], T],
-        accept: Collection[int],
-        what: str,
-        stream: Stream | None = None,
-    ) -> T:
-        resp = self._send(method, target, headers, body, stream)
+    def _exchange(self, req: Request[T], target: str, headers: Mapping[str, str],
+                  body: memoryview | None, what: str) -> T:
+        resp = self._send(req.method, target, headers, body, req.stream)
         try:
             status = resp.status
-            if 200 <= status < 300 or status in accept:
-                result = handle(resp)
+            if 200 <= status < 300 or status in req.accept:
+                result = req.handle(resp)
                 if not resp.isclosed():
                     # The handler left bytes unread: this connection cannot be reused.
                     resp.close()
@@ -343,32 +361,14 @@ class Transport:
 
     # -- the retry loop -----------------------------------------------------------------
 
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        handle: Callable[[http.client.HTTPResponse], T],
-        what: str,
-        query: Query = None,
-        headers: Headers = None,
-        body: bytes | bytearray | memoryview | None = None,
-        accept: Collection[int] = (),
-        progress: Callable[[], int] | None = None,
-        policy: RetryPolicy | None = None,
-        stream: Stream | None = None,
-    ) -> T:
-        """Send one request, retrying per the policy, and return ``handle(response)``.
-
-        ``handle`` sees every 2xx answer and any status in ``accept``; other statuses become
-        the domain error rebuilt from the JSON body (retried first if retryable). ``headers``
-        may be a callable so each try can set its own (``Range`` when resuming). ``what``
-        names the request in logs and errors (a key, a task id).
-        """
-        policy = policy or self.retry
-        target = self.target(path, query)
-        view = memoryview(body).cast("B") if body is not None else None
-        label = f"{method} {target}"
+    def request(self, req: Request[T]) -> T:
+        """Send ``req``, retrying per its policy (or the transport's), and return what its
+        ``handle`` made of the answer (see :class:`Request`)."""
+        policy = req.policy or self.retry
+        progress, headers, what = req.progress, req.headers, req.what
+        target = self.target(req.path, req.query)
+        view = memoryview(req.body).cast("B") if req.body is not None else None
+        label = f"{req.method} {target}"
         started = self._clock()
         failures = 0
         stale_retried = False
@@ -377,8 +377,7 @@ class Transport:
             hdrs = headers() if callable(headers) else (headers or {})
             retry_after: float | None = None
             try:
-                return self._exchange(method, target, hdrs, view, handle, accept,
-                                      f"{what}: {label}", stream)
+                return self._exchange(req, target, hdrs, view, f"{what}: {label}")
             except _StaleConnection as exc:
                 if not stale_retried:
                     stale_retried = True
@@ -472,6 +471,7 @@ __all__ = [
     "FLUSH",
     "NO_RETRY",
     "BadResponse",
+    "Request",
     "RetryPolicy",
     "ShuffleUnavailable",
     "Transport",

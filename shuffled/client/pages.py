@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from shuffled.client.digest import check_crc, crc32c_of
-from shuffled.client.http import Transport
+from shuffled.client.http import Request, Transport
 from shuffled.errors import ShuffleError, TaskFailed
 from shuffled.protocol import (
     COMPLETE_HEADER, CONTENT_DIGEST, NEXT_TOKEN_HEADER, PENDING_BYTES_HEADER,
@@ -31,7 +31,7 @@ class NotComplete(ShuffleError):
     code = "not_complete"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Page:
     """One answer: its bytes (empty when there was nothing new), the token to ask next,
     whether the partition is complete, stored bytes still to come, the task's state."""
@@ -62,21 +62,22 @@ def read_page(http_: Transport, key: PartitionKey, token: int, *, max_bytes: int
         body = resp.read()
         check_crc(crc32c_of(body), parse_crc32c(resp.getheader(CONTENT_DIGEST)),
                   f"{key} page {token}")
-        return Page(token, body, int(resp.getheader(NEXT_TOKEN_HEADER) or token),
-                    resp.getheader(COMPLETE_HEADER) == "true",
-                    int(resp.getheader(PENDING_BYTES_HEADER) or 0),
-                    resp.getheader(TASK_STATE_HEADER) or "none")
+        return Page(token=token, body=body,
+                    next_token=int(resp.getheader(NEXT_TOKEN_HEADER) or token),
+                    complete=resp.getheader(COMPLETE_HEADER) == "true",
+                    pending_bytes=int(resp.getheader(PENDING_BYTES_HEADER) or 0),
+                    state=resp.getheader(TASK_STATE_HEADER) or TaskDataState.NONE)
 
-    return http_.request("GET", f"{task_path(key.supervisor_task_id)}/partition/pages",
-                         query=query, handle=handle, what=f"page {token} of {key}")
+    return http_.request(Request("GET", f"{task_path(key.supervisor_task_id)}/partition/pages",
+                                 query=query, handle=handle, what=f"page {token} of {key}"))
 
 
 def ack_page(http_: Transport, key: PartitionKey, token: int) -> None:
     """``DELETE .../partition/pages?token``: Presto's acknowledge (releases nothing that
     the data needs; the daemon keeps no per-reader state)."""
-    http_.request("DELETE", f"{task_path(key.supervisor_task_id)}/partition/pages",
-                  query=list(key.query().items()) + [("token", str(token))],
-                  handle=lambda resp: resp.read(), what=f"ack {token} of {key}")
+    http_.request(Request("DELETE", f"{task_path(key.supervisor_task_id)}/partition/pages",
+                          query=list(key.query().items()) + [("token", str(token))],
+                          handle=lambda resp: resp.read(), what=f"ack {token} of {key}"))
 
 
 def iter_pages(http_: Transport, key: PartitionKey, *, max_bytes: int = 8 << 20,

@@ -12,7 +12,7 @@ import http.client
 import json
 from collections.abc import Callable, Sequence
 
-from shuffled.client.http import Transport, domain_error
+from shuffled.client.http import Request, Transport, domain_error
 from shuffled.crc import crc32c
 from shuffled.errors import DigestMismatch
 from shuffled.framing import (
@@ -95,7 +95,7 @@ def read(transport: Transport, path: str, sup: str, wanted: Sequence[Wanted],
          ) -> list[Answer] | None:
     """One bulk read of ``wanted`` (at most :data:`MAX_PER_REQUEST`); None if the daemon
     has no such route."""
-    return transport.request(
+    return transport.request(Request(
         "POST", path, body=request_body(wanted), headers={"Content-Type": "application/json"},
         handle=reader(sup, wanted), what=f"bulk read of {len(wanted)} partitions of {sup}",
-        accept=(404, 405))
+        accept=(404, 405)))

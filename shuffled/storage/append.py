@@ -22,7 +22,7 @@ from shuffled.storage.index import PartialMeta
 from shuffled.storage.packs import Pack
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Written:
     """A validated partial segment in a pack, waiting for its commit."""
 
@@ -136,8 +136,9 @@ class Append:
         facts = arrowfile.inspect(str(self.pack.path), self.size, body_crc, self.offset)
         self.pack.cut(self.offset + self.size - len(arrowfile.EOS))
         self.pack.schemas.setdefault((facts.schema_crc, facts.schema_len), self.offset)
-        return Written(self.pack, self.offset + facts.schema_len, self.size, self.crc, facts,
-                       self.offset, self.size - len(arrowfile.EOS))
+        return Written(pack=self.pack, offset=self.offset + facts.schema_len, size=self.size,
+                       crc=self.crc, facts=facts, schema_at=self.offset,
+                       stored=self.size - len(arrowfile.EOS))
 
     def discard(self) -> None:
         """Cut what was appended off the pack."""
@@ -219,8 +220,9 @@ def append_small(pack: Pack, items: Sequence[Small], fsync: bool = False,
             at += schema_len
             stored += schema_len
         good.append(body)
-        out[i] = Written(pack, at, schema_len + len(body) + len(arrowfile.EOS), crc,
-                         schema.facts(facts[0], facts[1], body_crc), schema_at, stored)
+        out[i] = Written(pack=pack, offset=at, size=schema_len + len(body) + len(arrowfile.EOS),
+                         crc=crc, facts=schema.facts(facts[0], facts[1], body_crc),
+                         schema_at=schema_at, stored=stored)
         at += len(body)
     if good:
         try:

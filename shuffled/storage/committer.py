@@ -31,7 +31,7 @@ Landing = asyncio.Future[list[int | None]]
 class Committer:
     """Submits written partials and books what landed (event loop only)."""
 
-    def __init__(self, locations: Sequence[Location], catalogs: Sequence[Catalog],
+    def __init__(self, *, locations: Sequence[Location], catalogs: Sequence[Catalog],
                  commits: Sequence[GroupCommit], threads: IoThreads, horizon: Horizon,
                  book: TaskBook, uploads: Uploads, packs: PackSource,
                  notify: Callable[[str], None]) -> None:

@@ -41,7 +41,7 @@ def _remove_tree(path: Any) -> None:
 class Removal:
     """Deletes tasks everywhere; remembers and retries what it could not remove."""
 
-    def __init__(self, locations: Sequence[Location], catalogs: Sequence[Catalog],
+    def __init__(self, *, locations: Sequence[Location], catalogs: Sequence[Catalog],
                  threads: IoThreads, book: TaskBook, uploads: Uploads, packs: PackSource,
                  seals: Seals, notify: Callable[[str], None]) -> None:
         self.locations = list(locations)

@@ -41,7 +41,7 @@ FLUSHES_IN_FLIGHT = 2  # gathered batches validated and written while the next i
 DEFER_BYTES = 32 << 20
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Writing:
     """The parts of the store an upload session works with (handed in by the store)."""
 

@@ -65,8 +65,8 @@ class Store:
         self.catalogs = [Catalog(loc.path, settings.fsync) for loc in self.locations]
         self.threads = IoThreads(len(self.locations), io_threads)
         self.commits = [
-            GroupCommit(i, c, w, settings.fsync,
-                        [(j, p) for j, p in enumerate(self.catalogs) if j != i])
+            GroupCommit(i, c, w, fsync=settings.fsync,
+                        peers=[(j, p) for j, p in enumerate(self.catalogs) if j != i])
             for i, (c, w) in enumerate(zip(self.catalogs, self.threads.writers, strict=True))]
         # Called on the loop with a supervisor task id whenever its data or state changes
         # (a commit landed, a seal, a delete): long-polling readers wait on this.
@@ -75,16 +75,19 @@ class Store:
         self.generations = Horizon()
         self.uploads = Uploads()
         self.packs = PackSource(self.locations, self.threads, settings.pack_max_bytes)
-        self.committer = Committer(self.locations, self.catalogs, self.commits, self.threads,
-                                   self.generations, self.book, self.uploads, self.packs,
-                                   self._notify)
-        self._seals = Seals(self.locations, self.threads, self.uploads, self.book,
-                            settings.fsync)
-        self.removal = Removal(self.locations, self.catalogs, self.threads, self.book,
-                               self.uploads, self.packs, self._seals, self._notify)
+        self.committer = Committer(locations=self.locations, catalogs=self.catalogs,
+                                   commits=self.commits, threads=self.threads,
+                                   horizon=self.generations, book=self.book,
+                                   uploads=self.uploads, packs=self.packs, notify=self._notify)
+        self._seals = Seals(locations=self.locations, threads=self.threads,
+                            uploads=self.uploads, book=self.book, fsync=settings.fsync)
+        self.removal = Removal(locations=self.locations, catalogs=self.catalogs,
+                               threads=self.threads, book=self.book, uploads=self.uploads,
+                               packs=self.packs, seals=self._seals, notify=self._notify)
         self.reader = Reader(self.locations, self.catalogs, self.book, self.threads)
-        self._writing = Writing(settings, self.locations, self.threads, self.uploads,
-                                self.packs, self.committer)
+        self._writing = Writing(settings=settings, locations=self.locations,
+                                threads=self.threads, uploads=self.uploads, packs=self.packs,
+                                committer=self.committer)
         self.recovered_partials = 0
         self.dropped_on_recovery = 0
 
