@@ -1,4 +1,4 @@
-"""``python -m bench``: run the comparisons, print the table, write results and README."""
+"""``python -m bench``: run the comparisons, print the table, write results and docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -49,10 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, help="alternations per side (default 5; quick 2)")
     p.add_argument("--out", type=Path, default=HERE / "results.json",
                    help="results file (default bench/results.json)")
-    p.add_argument("--readme", type=Path, default=HERE.parent / "README.md",
-                   help="README whose bench block is rewritten (default ./README.md)")
+    p.add_argument("--readme", type=Path, default=HERE.parent / "docs" / "benchmarks.md",
+                   help="the page whose bench block is rewritten (default docs/benchmarks.md)")
     p.add_argument("--write-readme", action=argparse.BooleanOptionalAction, default=None,
-                   help="rewrite the README's bench block (default: only after a full run, "
+                   help="rewrite that page's bench block (default: only after a full run, "
                         "i.e. no --quick/--only/--skip)")
     p.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
                    help="Spark setting for both sides of the end-to-end comparison "

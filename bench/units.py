@@ -8,7 +8,7 @@ reading, rolling up, cutting and sending partials; the daemon receiving, committ
 serving; phase 2 fetching, merging, writing segments; publishing; Spark's per-task Python
 start-up; the rest of the driver), and each bucket is divided by its unit from the task
 report: input rows, partials, segments, Spark tasks, or once per job. Printed as the
-markdown table the README carries; ``--json`` prints the figures.
+markdown table docs/benchmarks.md carries; ``--json`` prints the figures.
 
 SHAPE is ``druid`` (comparison 7), ``druid_json`` (comparison 9) or ``e2e`` (comparison 5).
 """

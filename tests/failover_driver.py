@@ -28,6 +28,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from tests.hooks import StopDaemons
 from tests.procs import DaemonProcess
 from tests.spark_conftest_helpers import base_spec, free_port, held_tasks
 
@@ -101,21 +102,13 @@ def run_scenario(args: dict[str, Any], sc: dict[str, Any]) -> dict[str, Any]:
             d.start()
         urls = [d.url for d in daemons]
         out["urls"] = urls
-        fault: dict[str, Any] = {}
-        if sc.get("kill_in_phase1"):
-            pids = [daemons[i].pid for i in sc["kill_in_phase1"]]
-            fault["kill"] = {"pid": pids[0], "also": pids[1:], "partition": 0,
-                             "after_uploads": 2}
-        if sc.get("kill_between"):
-            pids = [daemons[i].pid for i in sc["kill_between"]]
-
-            def kill() -> None:  # only daemons this driver started, by pid
-                for pid in pids:
-                    os.kill(pid, signal.SIGKILL)
-            fault["between_phases"] = kill
+        # Only daemons this driver started, by pid.
+        fault = StopDaemons(
+            in_phase1=[daemons[i].pid for i in sc.get("kill_in_phase1") or ()],
+            between=[daemons[i].pid for i in sc.get("kill_between") or ()])
         if sc.get("term_in_phase2") is not None:
             victim = daemons[sc["term_in_phase2"]]
-            fault["phase2"] = {"signal": [victim.pid, int(signal.SIGTERM)]}
+            fault.in_phase2 = [victim.pid]
             watcher = restarter(victim, done, out)
         victims = [daemons[i] for key in ("kill_in_phase1", "kill_between")
                    for i in sc.get(key) or ()]
@@ -130,7 +123,7 @@ def run_scenario(args: dict[str, Any], sc: dict[str, Any]) -> dict[str, Any]:
             try:
                 result = pipeline.run_ingestion(spec, shuffle_servers=urls,
                                                 master=args["master"],
-                                                output_dir=str(output), fault=fault)
+                                                output_dir=str(output), hooks=fault)
                 out["report"] = result.report
             except Exception as exc:
                 out["error"] = f"{type(exc).__name__}: {exc}"
@@ -150,7 +143,7 @@ def run_scenario(args: dict[str, Any], sc: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_cli(spec: dict[str, Any], urls: list[str], master: str, output: Path,
-            fault: dict[str, Any], root: Path) -> int:
+            fault: StopDaemons, root: Path) -> int:
     """``shuffled ingest`` in this process (its session is this application's), with the
     test's fault hooks handed to the pipeline."""
     import shuffled.spark
@@ -159,7 +152,7 @@ def run_cli(spec: dict[str, Any], urls: list[str], master: str, output: Path,
     real = shuffled.spark.run_ingestion
 
     def with_fault(*a: Any, **kw: Any) -> Any:
-        return real(*a, **{**kw, "fault": fault})
+        return real(*a, **{**kw, "hooks": fault})
 
     spec_path = root / "spec.json"
     spec_path.write_text(json.dumps(spec))

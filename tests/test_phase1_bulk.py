@@ -35,6 +35,7 @@ from shuffled.spark.phase1.tasks import Phase1Config, run_task
 from shuffled.spark.rows.rollup import (BAD, BUCKET, CHUNK, TIME, Layout, _cast, _group_acero, combine,
                                    from_ipc, rollup_input, split_by, to_ipc)
 from shuffled.spark.phase1.sparkhash import spark_hash
+from tests.hooks import FailAttempts
 
 DAY, HOUR = 86_400_000, 3_600_000
 LAYOUT = Layout((("a", "string"), ("b", "string"), ("c", "long")),
@@ -280,10 +281,10 @@ def test_the_combiner_ships_each_key_once_when_the_budget_allows(tmp_path: Path)
 def test_injected_failure_fires_after_partials_were_stored(tmp_path: Path) -> None:
     daemon = start_daemon(tmp_path / "loc")
     try:
-        fault = {"partitions": [0], "attempts": [0], "after_uploads": 2}
+        fault = FailAttempts(partitions=[0], attempts=[0], after_uploads=2)
         cfg = Phase1Config("bulk-fail", (daemon.url,), LAYOUT, "day", max_rows=1500,
                            max_bytes=64 << 10,
-                           max_saved_bad=5, fault=fault)
+                           max_saved_bad=5, hooks=fault)
         with pytest.raises(RuntimeError, match="injected phase-1 failure"):
             run_task(cfg, _batches(4000, 8))
         with ShuffleClient(daemon.url) as c:

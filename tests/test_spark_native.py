@@ -30,6 +30,7 @@ from shuffled.spark import IngestionFailed, run_ingestion
 from shuffled.spark.spec.granularity import GRANULARITIES, truncate
 from shuffled.spark.phase1.native import Split, SplitSizing, pack, truncate_array
 from shuffled.spark.phase1.sparkhash import spark_hash
+from tests.hooks import FailAttempts
 
 pytestmark = pytest.mark.spark
 
@@ -117,9 +118,9 @@ def test_native_reader_is_exactly_once_under_failed_attempts(
     base, good, _ = parquet_input
     spec = _spec(base, {"type": "hashed", "numShards": 2}, maxRowsInMemory=500,
                  maxBytesInMemory=1 << 16)
-    fault = {"partitions": [0, 1], "attempts": [0], "after_uploads": 2}
+    fault = FailAttempts(partitions=[0, 1], attempts=[0], after_uploads=2)
     result = run_ingestion(spec, shuffle_servers=[d.url for d in daemons],
-                           output_dir=str(tmp_path / "o"), reader="native", fault=fault)
+                           output_dir=str(tmp_path / "o"), reader="native", hooks=fault)
     assert any(s["attemptNumber"] > 0 for s in result.report["subtasks"])
     _, table = read_output(tmp_path / "o")
     exp = expected_rollup(good)

@@ -30,6 +30,7 @@ from spark_conftest_helpers import (  # noqa: F401  (fixtures)
 from shuffled.client import ShuffleClient
 from shuffled.protocol import parse_instant
 from shuffled.spark import IngestionFailed, run_ingestion
+from tests.hooks import FailAttempts
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = ["__time", "country", "device"]
@@ -160,11 +161,11 @@ def test_failed_attempts_and_daemon_restart_keep_totals_exact(
     spec = base_spec(base, {"type": "hashed", "numShards": 2}, maxRowsInMemory=1000,
                      maxBytesInMemory=1 << 16)  # several flushes per task
     spec["id"] = task_id
-    fault = {"partitions": [0, 1, 2], "attempts": [0], "after_uploads": 2}
+    fault = FailAttempts(partitions=[0, 1, 2], attempts=[0], after_uploads=2)
     try:
         result = run_ingestion(spec, shuffle_servers=[first.url, second.url],
                                output_dir=str(out), progress=on_progress,
-                               fault=fault, keepalive_seconds=0.5)
+                               hooks=fault, keepalive_seconds=0.5)
         assert held_tasks(live[0].url) == [] and held_tasks(second.url) == []
     finally:
         for d in live:

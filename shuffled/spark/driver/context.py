@@ -17,6 +17,7 @@ from pyspark.sql import SparkSession
 from shuffled.spark.driver.monitor import Monitor, RowCount
 from shuffled.spark.driver.report import TaskReport
 from shuffled.spark.phase1.prepare import metric_column, metric_time_column
+from shuffled.spark.hooks import NONE, Hooks
 from shuffled.spark.phase1.tasks import Phase1Config
 from shuffled.spark.phase2.merge import Phase2Config
 from shuffled.spark.rows.rollup import Layout
@@ -69,7 +70,7 @@ class JobContext:
     auth: Auth = Auth()
     reader: str = "auto"
     say: Callable[[str], None] = lambda _msg: None
-    fault: dict[str, Any] = field(default_factory=dict)  # tests only: see phase1.tasks
+    hooks: Hooks = NONE  # test seams (shuffled.spark.hooks): none in production
     phase: str = "starting"
     monitor: Monitor | None = None  # heartbeats: which daemons are gone
     rows: RowCount | None = None  # rows handled so far, for the progress line
@@ -93,8 +94,7 @@ class JobContext:
         s = self.spec
         return Phase1Config(self.task_id, self.survivors, self.layout, s.segment_granularity,
                             s.max_rows_in_memory, s.max_saved_parse_exceptions,
-                            self.auth.token, self.auth.ca_file,
-                            {k: v for k, v in self.fault.items() if not callable(v)},
+                            self.auth.token, self.auth.ca_file, self.hooks,
                             s.partial_compression, s.max_bytes_in_memory,
                             s.shuffle_replicas, multi_value=multi_value,
                             **recompute)
@@ -106,6 +106,6 @@ class JobContext:
                             self.auth.ca_file, self.spec.max_bytes_in_memory,
                             retry_seconds=float(self.spec.shuffle_retry_seconds),
                             lost=frozenset(self.lost),
-                            fault=tuple(self.fault.get("phase2", {}).items()),
+                            hooks=self.hooks,
                             multi_value=multi_value, dimension_codec=self.spec.dimension_codec,
                             metric_codec=self.spec.metric_codec)

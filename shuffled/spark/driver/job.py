@@ -71,9 +71,7 @@ class Job:
                     f"{counted(sum(plan.shards(c) for c in card), 'partition')}"
                     if card else f"numShards {plan.num_shards}"))
         partials = self.phase1(prepared, plan)
-        hook = self.ctx.fault.get("between_phases")
-        if callable(hook):
-            hook()
+        self.ctx.hooks.between_phases()
         partials = self.sealed(partials, "after phase 1")
         staged = self.phase2(partials)
         self.recovery.restarts = self.ctx.monitor.restarts() if self.ctx.monitor else {}

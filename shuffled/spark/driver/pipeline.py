@@ -29,6 +29,7 @@ from shuffled.spark.driver.job import IngestionFailed, Job
 from shuffled.spark.driver.monitor import Monitor, RowCount, Timing, stage_status
 from shuffled.spark.phase2.publish import (make_durable_dir, publish, segment_dir,
                                            write_json_atomic)
+from shuffled.spark.hooks import NONE, Hooks
 from shuffled.spark.driver.context import READERS, Auth, JobContext
 from shuffled.spark.driver.report import TaskReport
 from shuffled.spark.driver.session import get_session, job_conf
@@ -62,7 +63,7 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
                   master: str | None = None, output_dir: str, token: str | None = None,
                   ca_file: str | None = None, progress: Callable[[str], None] | None = None,
                   keepalive_seconds: float = 2.0, reader: str = "auto",
-                  fault: dict[str, Any] | None = None) -> IngestResult:
+                  hooks: Hooks = NONE) -> IngestResult:
     """Run a perfect-rollup ingestion of ``spec`` through the given shuffle servers.
 
     The spec is validated (SpecError naming the field) and the input files listed before
@@ -72,9 +73,8 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
     ``reader`` picks how phase 1 reads its input: ``native`` (pyarrow on the executors,
     Parquet only, see :mod:`shuffled.spark.phase1.native`), ``jvm`` (Spark reads, rows handed to
     Python), or ``auto`` (native where it applies). ``keepalive_seconds`` is the period of
-    the heartbeats to the daemons (expiry and loss detection, docs/failover.md). ``fault``
-    is a test hook (see :func:`shuffled.spark.phase1.tasks._maybe_fail`; its
-    ``between_phases`` callable runs after phase 1's commit and before phase 2).
+    the heartbeats to the daemons (expiry and loss detection, docs/failover.md). ``hooks``
+    are test seams (:mod:`shuffled.spark.hooks`); production passes none.
     """
     if reader not in READERS:
         raise ValueError(f"reader must be auto, native or jvm, not {reader!r}")
@@ -101,7 +101,7 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
     staging = os.path.join(local_dir, f".staging-{task_id}")
     segments = segment_dir(local_dir, version)
     ctx = JobContext(spark, s, files, tuple(servers), task_id, report, staging, segments,
-                     Auth(token, ca_file), reader, say, fault or {})
+                     Auth(token, ca_file), reader, say, hooks)
     monitor = Monitor(task_id, servers, token=token, ca_file=ca_file,
                       timing=Timing(keepalive_seconds, restart_seconds=s.shuffle_retry_seconds),
                       progress_seconds=2.0, progress=progress)

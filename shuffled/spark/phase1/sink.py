@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
+from pyspark import cloudpickle
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
@@ -68,4 +69,6 @@ class ShuffleDataSource(DataSource):
 
 
 def encode_config(cfg: Phase1Config) -> str:
-    return base64.b64encode(pickle.dumps(cfg)).decode("ascii")
+    # cloudpickle (Spark's): what a test registered to travel by value (its hooks,
+    # shuffled.spark.hooks) reaches executors that cannot import the test's modules.
+    return base64.b64encode(cloudpickle.dumps(cfg)).decode("ascii")

@@ -40,6 +40,7 @@ import pyarrow.compute as pc
 
 
 from shuffled.protocol import Interval, PartialKey
+from shuffled.spark.hooks import NONE, Hooks
 from shuffled.spark.spec.granularity import bucket_end
 from shuffled.spark.phase1.native import Bucketer, NativeInput, Split, read_split
 from shuffled.spark.phase1.partials import EOS, Encoder, encode_flush
@@ -66,7 +67,7 @@ class Phase1Config:
     max_saved_bad: int
     token: str | None = None
     ca_file: str | None = None
-    fault: dict[str, Any] = field(default_factory=dict)  # tests only: see _maybe_fail
+    hooks: Hooks = NONE  # test seams (shuffled.spark.hooks): none in production
     compression: str = "none"  # Arrow IPC buffer compression of partials (tuningConfig)
     max_bytes: int = 256 << 20  # maxBytesInMemory (0: unbounded): bounds rolled-up rows held
     replicas: int = 1  # shuffleReplicas: distinct daemons each flush is written to
@@ -272,7 +273,7 @@ class _Task:
                                  "start": key.interval.start, "end": key.interval.end,
                                  "partition": key.partition_id, "rows": rows, "bytes": size,
                                  "crc32c": answer.get("crc32c")})
-            _maybe_fail(self.cfg.fault, self.partition, self.attempt_number, len(self.uploads))
+            self.cfg.hooks.phase1_uploaded(self.partition, self.attempt_number, len(self.uploads))
 
 
 def _only(table: pa.Table, buckets: Any, keep: frozenset[tuple[int, int]]) -> tuple[pa.Table, Any]:
@@ -294,24 +295,6 @@ def _only(table: pa.Table, buckets: Any, keep: frozenset[tuple[int, int]]) -> tu
                       dtype=np.int64)
     mask = known & np.isin(codes, wanted)
     return table.filter(pa.array(mask)), (of[mask] if buckets is not None else None)
-
-
-def _maybe_fail(fault: dict[str, Any], partition: int, attempt_number: int, uploads: int) -> None:
-    """Fault injection for tests: fail chosen attempts after some uploads, or kill a
-    daemon the test started (``kill``: pid, signal, partition, after_uploads)."""
-    if not fault:
-        return
-    kill = fault.get("kill")
-    if kill and partition == kill.get("partition", 0) and uploads >= kill.get("after_uploads", 1):
-        for pid in [kill["pid"], *kill.get("also", ())]:
-            try:
-                os.kill(int(pid), int(kill.get("signal", 9)))
-            except ProcessLookupError:
-                pass  # killed already (by an earlier upload or attempt)
-    if (partition in fault.get("partitions", ()) and attempt_number in fault.get("attempts", (0,))
-            and uploads >= fault.get("after_uploads", 1)):
-        raise RuntimeError(f"injected phase-1 failure (partition {partition}, "
-                           f"attempt {attempt_number}, after {uploads} uploads)")
 
 
 def run_native_task(cfg: Phase1Config, native: NativeInput, splits: Iterator[Split]) -> list[str]:

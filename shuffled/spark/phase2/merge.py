@@ -170,17 +170,6 @@ def _prefetched(clients: dict[str, ShuffleClient], cfg: Phase2Config,
             f.cancel()
 
 
-def _maybe_signal(fault: dict[str, Any]) -> None:
-    """Fault injection for tests: signal a daemon the test started (SIGTERM: a restart
-    while phase 2 reads) once a merge task has fetched a batch."""
-    target = fault.get("signal")
-    if target:
-        try:
-            os.kill(int(target[0]), int(target[1]))
-        except ProcessLookupError:
-            pass  # stopped already
-
-
 def make_phase2(cfg: Phase2Config):  # type: ignore[no-untyped-def]
     """The ``mapPartitions`` function of phase 2 (input: Assignments; output: JSON lines)."""
 
@@ -220,11 +209,13 @@ def make_phase2(cfg: Phase2Config):  # type: ignore[no-untyped-def]
         down = set(cfg.lost)  # daemons this task found gone: not asked again
         try:
             small = (a for a in todo if not cfg.streams(a))
+            n_batch = 0
             for fetched_batch, fetched, fetch_s in _prefetched(clients, cfg, small, pool, down):
+                n_batch += 1
                 for a, got in zip(fetched_batch, fetched, strict=True):
                     if isinstance(got, SourceLost):
                         yield lost(a, got)
-                _maybe_signal(dict(cfg.fault))
+                cfg.hooks.phase2_fetched(n_batch)
                 kept = [(a, t) for a, t in zip(fetched_batch, fetched, strict=True)
                         if not isinstance(t, SourceLost)]
                 if not kept:
@@ -245,7 +236,7 @@ def make_phase2(cfg: Phase2Config):  # type: ignore[no-untyped-def]
                                  peak)
             for n, a in enumerate(large):  # one at a time, streamed: fetch, merge, write
                 if n:
-                    _maybe_signal(dict(cfg.fault))
+                    cfg.hooks.phase2_fetched(n_batch + n)
                 started = time.monotonic()
                 path = os.path.join(cfg.segment_dir, segment_name(a.start, a.end, a.partition, attempt))
                 try:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shuffled.client import RetryPolicy
+from shuffled.spark.hooks import NONE, Hooks
 from shuffled.spark.phase2.spill import WORK_FACTOR
 
 
@@ -31,7 +32,7 @@ class Phase2Config:
     # the partition is reported lost instead of failing the task (docs/failover.md).
     retry_seconds: float = 30.0
     lost: frozenset[str] = frozenset()  # daemons the driver knows are gone: never asked
-    fault: tuple[tuple[str, Any], ...] = ()  # tests only: ("signal", (pid, sig)) after a fetch
+    hooks: Hooks = NONE  # test seams (shuffled.spark.hooks): none in production
     multi_value: tuple[str, ...] = ()  # dimensions written as list<string> (rows.multivalue)
     dimension_codec: str = "lz4"  # Parquet codecs of the segments (tuningConfig.indexSpec)
     metric_codec: str = "lz4"

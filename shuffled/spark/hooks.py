@@ -1,0 +1,28 @@
+"""Seams where an ingestion calls out at a point a test wants to act: fail a phase-1 attempt
+after some uploads, stop a daemon mid-phase, between the phases.
+
+Production passes none (:data:`NONE`, every method a no-op); a test passes a subclass
+(tests/hooks.py). A hooks object travels to the executors inside the phases' configs, so it
+must pickle: keep its state data (pids, numbers), not closures. The code it runs lives in
+the test, never behind a flag in the pipeline.
+"""
+
+from __future__ import annotations
+
+
+class Hooks:
+    """The no-op seams (see the module docstring)."""
+
+    def phase1_uploaded(self, partition: int, attempt_number: int, uploads: int) -> None:
+        """A phase-1 task (``partition``, attempt ``attempt_number``) has ``uploads``
+        partials answered so far (called after each)."""
+
+    def phase2_fetched(self, batches: int) -> None:
+        """A merge task has fetched its ``batches``-th batch of partitions (or began a
+        streamed partition after the first)."""
+
+    def between_phases(self) -> None:
+        """The driver: phase 1 committed, the daemons not sealed yet."""
+
+
+NONE = Hooks()

@@ -1,0 +1,68 @@
+"""The tests' hooks into an ingestion (subclasses of :class:`shuffled.spark.hooks.Hooks`):
+fail chosen phase-1 attempts after some uploads, kill or signal daemons the test started (by
+pid) at a chosen point. Registered to pickle by value, so Spark's executors (on a cluster,
+in another working directory) get them without importing the tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pyspark import cloudpickle
+
+from shuffled.spark.hooks import Hooks
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@dataclass
+class FailAttempts(Hooks):
+    """Phase-1 attempts ``attempts`` of Spark partitions ``partitions`` raise once they
+    have ``after_uploads`` partials answered (what a retry must ignore is left behind)."""
+
+    partitions: Sequence[int]
+    attempts: Sequence[int] = (0,)
+    after_uploads: int = 1
+
+    def phase1_uploaded(self, partition: int, attempt_number: int, uploads: int) -> None:
+        if (partition in self.partitions and attempt_number in self.attempts
+                and uploads >= self.after_uploads):
+            raise RuntimeError(f"injected phase-1 failure (partition {partition}, attempt "
+                               f"{attempt_number}, after {uploads} uploads)")
+
+
+def _signal(pids: Sequence[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass  # gone already (an earlier upload or attempt stopped it)
+
+
+@dataclass
+class StopDaemons(Hooks):
+    """Signal daemons the test started, by pid: in phase 1 once Spark partition
+    ``in_phase1`` has ``after_uploads`` partials answered, between the phases, or in phase 2
+    once a merge task has fetched a batch."""
+
+    in_phase1: Sequence[int] = ()
+    between: Sequence[int] = ()
+    in_phase2: Sequence[int] = ()
+    sig: int = int(signal.SIGKILL)
+    phase2_sig: int = int(signal.SIGTERM)
+    partition: int = 0
+    after_uploads: int = 2
+    fired: list[str] = field(default_factory=list)
+
+    def phase1_uploaded(self, partition: int, attempt_number: int, uploads: int) -> None:
+        if self.in_phase1 and partition == self.partition and uploads >= self.after_uploads:
+            _signal(self.in_phase1, self.sig)
+
+    def between_phases(self) -> None:
+        _signal(self.between, self.sig)
+
+    def phase2_fetched(self, batches: int) -> None:
+        _signal(self.in_phase2, self.phase2_sig)
