@@ -1,7 +1,7 @@
 """Appending partial segments to a pack: CRC while streaming, validate, or cut it off.
 
 Every function here blocks; the store calls them from its I/O threads. An uploaded stream
-is stored as storage format 3 has it (:class:`~.index.PartialMeta`): its schema message
+is stored as storage format 3 has it (:class:`~.records.PartialMeta`): its schema message
 once per pack and schema, its body, no end-of-stream marker. Nothing appended is visible
 until the group commit (:mod:`shuffled.storage.commit`) records it in the catalog; a
 refused partial is cut off the pack's end, so it leaves nothing.
@@ -18,8 +18,8 @@ from shuffled.crc import crc32c
 from shuffled.errors import DigestMismatch, ShuffleError
 from shuffled.protocol import PartialKey, crc_hex
 from shuffled.storage import arrowfile
-from shuffled.storage.index import PartialMeta
 from shuffled.storage.packs import Pack
+from shuffled.storage.records import PartialMeta
 
 
 @dataclass(slots=True, kw_only=True)

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from shuffled.storage import layout
-from shuffled.storage.index import slot_key
+from shuffled.storage.records import slot_key
 
 #: Storage format 3: ``offset`` is where the body starts, ``schema_at`` where the schema
-#: message is, ``size`` the whole stream's length (:class:`~.index.PartialMeta`).
+#: message is, ``size`` the whole stream's length (:class:`~.records.PartialMeta`).
 COLUMNS = ("sup", "start", "end", "pid", "sub", "generation", "pack", "offset", "size",
            "rows", "crc", "schema_len", "schema_crc", "body_crc", "dicts", "created",
            "schema_at")

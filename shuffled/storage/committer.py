@@ -18,10 +18,10 @@ from shuffled.storage.book import TaskBook
 from shuffled.storage.catalog import Catalog, Row
 from shuffled.storage.commit import GroupCommit, Landed
 from shuffled.storage.horizon import Horizon
-from shuffled.storage.index import PartialMeta, TaskEntry
 from shuffled.storage.inflight import Uploads
 from shuffled.storage.location import Location
 from shuffled.storage.packsource import PackSource
+from shuffled.storage.records import PartialMeta, TaskEntry
 from shuffled.storage.threads import IoThreads
 
 #: A group's commit: once landed, per partial the generation it replaced (None: new).

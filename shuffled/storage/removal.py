@@ -17,11 +17,11 @@ from typing import Any
 
 from shuffled.storage.book import TaskBook
 from shuffled.storage.catalog import Catalog
-from shuffled.storage.index import TaskEntry
 from shuffled.storage.inflight import Uploads
 from shuffled.storage.location import Location
 from shuffled.storage.oserrors import marks_unhealthy, translate
 from shuffled.storage.packsource import PackSource
+from shuffled.storage.records import TaskEntry
 from shuffled.storage.seals import Seals
 from shuffled.storage.threads import IoThreads
 

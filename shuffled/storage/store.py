@@ -11,7 +11,7 @@ those that need it through their constructors.
 - :class:`~.packsource.PackSource`: placement, the idle-pack pool, pack numbers;
 - :class:`~.committer.Committer`: written partials through the group commit (:mod:`.commit`)
   to visible ones, and the figures that follow;
-- :class:`~.session.BulkSession`: one upload request's partials (:meth:`bulk`);
+- :class:`~.upload.BulkSession`: one upload request's partials (:meth:`bulk`);
 - :class:`~.seals.Seals` and :class:`~.removal.Removal`: seals, and deleting tasks;
 - :class:`~.reads.Reader`: lookups, partitions, pages and opening packs;
 - :mod:`.startup`: locking, checking and reconciling the locations at start.
@@ -36,15 +36,15 @@ from shuffled.storage.catalog import Catalog
 from shuffled.storage.commit import GroupCommit
 from shuffled.storage.committer import Committer
 from shuffled.storage.horizon import Horizon
-from shuffled.storage.index import PartialMeta, TaskEntry
 from shuffled.storage.inflight import Uploads
 from shuffled.storage.location import Location
 from shuffled.storage.packsource import PackSource
 from shuffled.storage.reads import Reader
+from shuffled.storage.records import PartialMeta, TaskEntry
 from shuffled.storage.removal import Removal
 from shuffled.storage.seals import Seals
-from shuffled.storage.session import INLINE_MAX, BulkSession, PutResult, Rejected, Writing
 from shuffled.storage.threads import IoThreads
+from shuffled.storage.upload import INLINE_MAX, BulkSession, PutResult, Rejected, Writing
 
 log = logging.getLogger("shuffled.storage")
 T = TypeVar("T")

@@ -21,12 +21,12 @@ from shuffled.storage import packs
 from shuffled.storage.append import Append, Small, Written, append_small
 from shuffled.storage.arrowfile import EOS, SchemaMessage
 from shuffled.storage.committer import Committer, Landing
-from shuffled.storage.index import PartialMeta
 from shuffled.storage.inflight import Uploads
 from shuffled.storage.location import Location
 from shuffled.storage.oserrors import marks_unhealthy, translate
 from shuffled.storage.packs import Pack
 from shuffled.storage.packsource import PackSource
+from shuffled.storage.records import PartialMeta
 from shuffled.storage.threads import IoThreads
 
 SMALL = 1 << 20  # partials up to this size are gathered in memory
