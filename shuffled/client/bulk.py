@@ -22,10 +22,12 @@ from typing import Any
 from dataclasses import dataclass
 
 from shuffled import framing, framing2
+from shuffled.client.answers import BadResponse, domain_error
+from shuffled.client.chunked import FLUSH
 from shuffled.client.digest import crc32c_of
+from shuffled.client.http import Request, Transport
+from shuffled.client.retry import is_retryable
 from shuffled.crc import combine
-from shuffled.client.http import (FLUSH, BadResponse, Request, Transport, domain_error,
-                                  is_retryable)
 from shuffled.errors import BadRequest, DigestMismatch, ShuffleError
 from shuffled.protocol import PartialKey, PartialStatus, crc_hex
 

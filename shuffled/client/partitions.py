@@ -12,11 +12,12 @@ import http.client
 import json
 from collections.abc import Callable, Sequence
 
-from shuffled.client.http import Request, Transport, domain_error
+from shuffled.client.answers import domain_error
+from shuffled.client.http import Request, Transport
 from shuffled.crc import crc32c
 from shuffled.errors import DigestMismatch
 from shuffled.framing import (
-    FIXED_LEN, PARTITIONS_MEDIA_TYPE, FramingError, end_count, parse_fixed, parse_header,
+    FIXED_LEN, FramingError, end_count, parse_fixed, parse_header,
     partition_of,
 )
 from shuffled.protocol import PartitionKey

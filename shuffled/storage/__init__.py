@@ -13,7 +13,8 @@ from shuffled.storage.records import PartialMeta, TaskEntry
 from shuffled.storage.store import Store
 from shuffled.storage.streams import (FastPlan, Reencoder, byte_range, fast_plan, stream_pieces,
                                       unified_schema)
-from shuffled.storage.upload import SMALL, BulkSession, Outcome, PutResult, Rejected
+from shuffled.storage.outcomes import Outcome, PutResult, Rejected
+from shuffled.storage.upload import SMALL, BulkSession
 
 __all__ = ["EOS", "MAX_TOKEN", "SMALL", "BulkSession", "FastPlan", "Location", "Outcome", "Page",
            "PartialMeta", "PutResult", "Rejected", "Reencoder", "SchemaMessage", "Store", "TaskEntry", "byte_range",

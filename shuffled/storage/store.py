@@ -11,7 +11,8 @@ those that need it through their constructors.
 - :class:`~.packsource.PackSource`: placement, the idle-pack pool, pack numbers;
 - :class:`~.committer.Committer`: written partials through the group commit (:mod:`.commit`)
   to visible ones, and the figures that follow;
-- :class:`~.upload.BulkSession`: one upload request's partials (:meth:`bulk`);
+- :class:`~.upload.BulkSession`: one upload request's partials (:meth:`bulk`), written to
+  the packs it holds (:class:`~.sessionpacks.SessionPacks`);
 - :class:`~.seals.Seals` and :class:`~.removal.Removal`: seals, and deleting tasks;
 - :class:`~.reads.Reader`: lookups, partitions, pages and opening packs;
 - :mod:`.startup`: locking, checking and reconciling the locations at start.
@@ -44,7 +45,9 @@ from shuffled.storage.records import PartialMeta, TaskEntry
 from shuffled.storage.removal import Removal
 from shuffled.storage.seals import Seals
 from shuffled.storage.threads import IoThreads
-from shuffled.storage.upload import INLINE_MAX, BulkSession, PutResult, Rejected, Writing
+from shuffled.storage.outcomes import PutResult, Rejected
+from shuffled.storage.sessionpacks import INLINE_MAX, Writing
+from shuffled.storage.upload import BulkSession
 
 log = logging.getLogger("shuffled.storage")
 T = TypeVar("T")
