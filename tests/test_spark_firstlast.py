@@ -119,7 +119,7 @@ def test_first_last_equal_duckdb_arg_min_arg_max(spark: Any, tmp_path: Path) -> 
     assert got == sorted(_duckdb(lines), key=repr)
     phase1 = result.report["phases"]["partialSegmentGeneration"]
     assert phase1["rowsShipped"] > len(got)  # several partials per key: phase 2 combined them
-    assert phase1["reader"] == "jvm"
+    assert phase1["reader"] == "native"  # JSON first/last: the native text reader
 
 
 def test_native_reader_declines_first_last_and_says_why(tmp_path: Path) -> None:

@@ -82,7 +82,8 @@ def _segments(out: Path) -> dict[tuple[str, int], tuple[dict[str, Any], list[dic
     {"type": "hashed", "numShards": 3},
     {"type": "hashed", "numShards": 2, "partitionDimensions": ["device"]},
     {"type": "hashed", "targetRowsPerSegment": 150},
-], ids=["numShards", "partitionDimensions", "determined"])
+    {"type": "range", "partitionDimensions": ["country", "device"], "targetRowsPerSegment": 300},
+], ids=["numShards", "partitionDimensions", "determined", "range"])
 def test_native_and_jvm_readers_publish_identical_segments(
         spark: Any, daemons: list[Any], parquet_input: Any, tmp_path: Path,
         partitions: dict[str, Any]) -> None:
@@ -134,15 +135,17 @@ def test_native_reader_refuses_what_it_cannot_read_and_auto_falls_back(
     base, _, _ = parquet_input
     json_spec = base_spec(tmp_path, {"type": "hashed", "numShards": 1})
     json_spec["spec"]["ioConfig"]["inputSource"] = {"type": "inline", "data": '{"ts": 1}'}
-    with pytest.raises(IngestionFailed, match="native phase-1 reader cannot read.*not Parquet"):
+    with pytest.raises(IngestionFailed, match="native phase-1 reader cannot read.*inline data"):
         run_ingestion(json_spec, shuffle_servers=[daemons[0].url], output_dir=str(tmp_path / "a"),
                       reader="native")
-    ranged = _spec(base, {"type": "range", "partitionDimensions": ["country"],
-                          "targetRowsPerSegment": 400})
-    result = run_ingestion(ranged, shuffle_servers=[daemons[0].url], output_dir=str(tmp_path / "b"))
-    assert result.report["phases"]["partialSegmentGeneration"]["reader"] == "jvm"
+    transformed = _spec(base, {"type": "hashed", "numShards": 2})
+    transformed["spec"]["dataSchema"]["transformSpec"] = {"filter": {"type": "true"}}
+    result = run_ingestion(transformed, shuffle_servers=[daemons[0].url],
+                           output_dir=str(tmp_path / "b"))
+    phase = result.report["phases"]["partialSegmentGeneration"]
+    assert phase["reader"] == "jvm" and "transformSpec" in phase["readerReason"]
     with pytest.raises(ValueError, match="reader must be"):
-        run_ingestion(ranged, shuffle_servers=[daemons[0].url], output_dir=str(tmp_path / "c"),
+        run_ingestion(transformed, shuffle_servers=[daemons[0].url], output_dir=str(tmp_path / "c"),
                       reader="python")
 
 

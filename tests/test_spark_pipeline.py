@@ -163,9 +163,10 @@ def test_failed_attempts_and_daemon_restart_keep_totals_exact(
     spec["id"] = task_id
     fault = FailAttempts(partitions=[0, 1, 2], attempts=[0], after_uploads=2)
     try:
+        # The JVM reader: its data source sink writes the committed list read above.
         result = run_ingestion(spec, shuffle_servers=[first.url, second.url],
                                output_dir=str(out), progress=on_progress,
-                               hooks=fault, keepalive_seconds=0.5)
+                               hooks=fault, keepalive_seconds=0.5, reader="jvm")
         assert held_tasks(live[0].url) == [] and held_tasks(second.url) == []
     finally:
         for d in live:

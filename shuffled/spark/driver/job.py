@@ -28,6 +28,7 @@ from shuffled.spark.phase1.determine import determine
 from shuffled.spark.phase1.prepare import (bucket_column, metric_column, metric_time_column,
                                             multi_value_dimensions, prepare)
 from shuffled.spark.phase1.source import load_input, resolve_lines
+from shuffled.spark.phase1.text_io import Declined
 from shuffled.spark.phase2 import merge as phase2
 from shuffled.spark.rows.rollup import BAD, BUCKET, CHUNK, TIME
 from shuffled.spark.spec.model import PartitionPlan
@@ -94,11 +95,20 @@ class Job:
                 self.spark.sparkContext.defaultParallelism, s.max_concurrent_subtasks)
             planned = native.plan_native(s, plan, self.ctx.files, sizing)
             if not isinstance(planned, str):
-                self.say(f"phase 1 reads {len(self.ctx.files)} Parquet files natively "
-                         f"in {len(planned[1])} tasks")
+                self.say(f"phase 1 reads {len(self.ctx.files)} {s.input_format.type} files "
+                         f"natively in {len(planned[1])} tasks")
                 self._native_input = planned
                 lines = self._native(cfg, *planned)
-                return self._collect(lines, started, "native", native.NATIVE_REASON)
+                declined = [item["reason"] for item in map(json.loads, lines)
+                            if item["kind"] == "declined"]
+                if not declined:
+                    return self._collect(lines, started, "native", planned[0].reason)
+                # Input the plan could not foresee (text_io.Declined): every task's partials
+                # are left uncommitted (phase 2 reads only what _collect commits) and the
+                # JVM reader does phase 1 again.
+                self._native_input = None
+                planned = f"the native reader met what it does not read: {declined[0]}"
+                self.say(f"phase 1: {planned}; reading through the JVM")
             why_not = planned
         if self.ctx.reader == "native":
             raise IngestionFailed(f"the native phase-1 reader cannot read this input: {why_not}")
@@ -115,7 +125,10 @@ class Job:
         rows = self.ctx.rows.acc if self.ctx.rows is not None else None
 
         def run(it: Iterator[list[native.Split]]) -> list[str]:
-            lines = phase1.run_native_task(cfg, ninput, (x for t in it for x in t))
+            try:
+                lines = phase1.run_native_task(cfg, ninput, (x for t in it for x in t))
+            except Declined as exc:  # see phase1()
+                return [json.dumps({"kind": "declined", "reason": str(exc)})]
             if rows is not None:  # the progress line's rows, once the task is done
                 rows.add(int(json.loads(lines[-1]).get("rowsIn", 0)))
             return lines

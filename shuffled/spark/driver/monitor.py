@@ -186,15 +186,21 @@ class Monitor:
             return {s: v.restarts for s, v in self.live.items() if v.restarts}
 
     def _report(self) -> None:
-        while not self._stop.wait(self.progress_seconds):
+        # Spark is asked often, a line is shown every progress_seconds, or at once for a
+        # phase not shown yet: a phase shorter than a tick (a one-task merge after native
+        # phase-1 workers, which phase 2 reuses, takes a fraction of a second) still shows.
+        shown_at, shown_phase = 0.0, ""
+        while not self._stop.wait(min(0.1, self.progress_seconds)):
             if self.status is None or self.progress is None:
                 continue
             try:
                 text = self.status()
             except Exception:
                 continue
-            if text and text != self._last:
-                self._last = text
+            phase = (text or "").split(":", 1)[0]
+            due = time.monotonic() - shown_at >= self.progress_seconds or phase != shown_phase
+            if text and text != self._last and due:
+                self._last, shown_at, shown_phase = text, time.monotonic(), phase
                 self.progress(text)
 
     def stop(self) -> None:

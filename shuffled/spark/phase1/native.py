@@ -1,4 +1,4 @@
-"""Phase 1 without the JVM hand-off: Parquet input read by pyarrow on the executors.
+"""Phase 1 without the JVM hand-off: Parquet, JSON and CSV input read by pyarrow on the executors.
 
 Handing rows from Spark's JVM to Python costs ~5 s of JVM CPU per 10M rows here (row
 conversion plus Arrow encoding), more than Spark's whole groupBy. For Parquet input the rows
@@ -9,9 +9,13 @@ bad-row flag), rolls up, and assigns hashed partitions with Spark's own hash
 (:mod:`.sparkhash`) *after* the rollup, on far fewer rows.
 
 The native path is taken only where it provably computes what the JVM path computes
-(:func:`plan_native` says why not otherwise): Parquet input, hashed (or dynamic)
+(:func:`plan_native` says why not otherwise): Parquet input, hashed (or dynamic) or range
 partitioning over string/long columns, integer/timestamp/date timestamps, string or integer
 dimensions, numeric metric fields. Everything else falls back to the JVM path.
+
+Newline-delimited JSON and CSV are read natively too (:mod:`.text_plan` plans byte blocks,
+:mod:`.text_reader` reads them, Spark's typing of text computed on Arrow), with their
+transforms (:mod:`.arrow_transform`) and range partitioning (:mod:`.native_range`).
 """
 
 from __future__ import annotations
@@ -25,12 +29,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from shuffled.spark.spec.granularity import FIXED, MONDAY_OFFSET, MONTHS, WEEK, truncate
+from shuffled.spark.spec.granularity import truncate, truncate_array
 from shuffled.spark.fs import remote
 from shuffled.spark.spec.model import IngestSpec, PartitionPlan
 from shuffled.spark.phase1.prepare import metric_column
 from shuffled.spark.rows.rollup import BAD, CHUNK, TIME
 from shuffled.spark.phase1.sparkhash import pmod_hash
+from shuffled.spark.phase1.native_range import RangeBucketer
+from shuffled.spark.phase1.text_plan import text_input
+from shuffled.spark.phase1.text_prepare import TextInput
+from shuffled.spark.phase1.text_reader import read_text
 
 _UNITS = {"b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "g": 1 << 30,
           "gb": 1 << 30, "t": 1 << 40, "tb": 1 << 40}
@@ -41,10 +49,10 @@ _TS_SCALE = {"posix": 1000.0, "micro": 0.001, "nano": 0.000001}
 
 @dataclass(frozen=True)
 class Split:
-    """Row groups of one Parquet file read by one task."""
+    """Row groups of one Parquet file (or blocks of a text file) read by one task."""
 
     path: str
-    row_groups: tuple[int, ...]
+    row_groups: tuple[int, ...]  # text: block numbers (see NativeInput.text.block)
     nbytes: int
     dictionary: tuple[str, ...] = ()  # string columns of this file read dictionary-encoded
 
@@ -83,20 +91,9 @@ class NativeInput:
     query_granularity: str
     segment_granularity: str
     intervals: tuple[tuple[int, int], ...]  # (first chunk start, end)
-    bucketer: Bucketer
-
-
-def truncate_array(ms: np.ndarray, granularity: str) -> np.ndarray:
-    """:func:`shuffled.spark.spec.granularity.truncate` of every element (int64 epoch millis)."""
-    if granularity == "none":
-        return ms
-    if granularity == "week":
-        return ms - np.mod(ms - MONDAY_OFFSET, WEEK)
-    if granularity in FIXED:
-        return ms - np.mod(ms, FIXED[granularity])
-    months = ms.astype("datetime64[ms]").astype("datetime64[M]").astype(np.int64)
-    months -= np.mod(months, MONTHS[granularity])
-    return months.astype("datetime64[M]").astype("datetime64[ms]").astype(np.int64)
+    bucketer: Bucketer | RangeBucketer
+    text: TextInput | None = None  # JSON or CSV: how to read and type the lines
+    reason: str = NATIVE_REASON  # the task report's readerReason
 
 
 def _timestamp_millis(col: pa.ChunkedArray, fmt: str) -> tuple[np.ndarray, np.ndarray]:
@@ -199,7 +196,11 @@ READ_ROWS = 1 << 17
 
 
 def read_split(split: Split, spec: NativeInput, columns: list[str]) -> Iterator[pa.Table]:
-    """The phase-1 rows of ``split``, up to :data:`READ_ROWS` rows at a time."""
+    """The phase-1 rows of ``split``, up to :data:`READ_ROWS` rows at a time (text: per
+    piece of lines, :data:`.text_io.PIECE` bytes)."""
+    if spec.text is not None:
+        yield from read_text(split.path, split.row_groups, spec)
+        return
     pf = pq.ParquetFile(_source(split.path), read_dictionary=list(split.dictionary))
     present = [c for c in columns if c in pf.schema_arrow.names]
     offsets = np.cumsum([0] + [pf.metadata.row_group(i).num_rows
@@ -265,12 +266,17 @@ class SplitSizing:
 def plan_native(spec: IngestSpec, plan: PartitionPlan, files: list[str],
                 sizing: SplitSizing) -> tuple[NativeInput, list[list[Split]]] | str:
     """The native input description and the splits per task, or why the JVM path is needed."""
+    if spec.input_format.type in ("json", "csv"):
+        planned_text = text_input(spec, files, sizing)
+        if isinstance(planned_text, str):
+            return planned_text
+        text, blocks = planned_text
+        return (_native_input(spec, plan, text),
+                pack([Split(path, numbers, size) for path, numbers, size in blocks], sizing))
     if spec.input_format.type != "parquet" or not files:
         return "input is not Parquet files"
     if spec.transform:
         return "the spec has a transformSpec (transforms and filters run as Spark SQL expressions)"
-    if plan.kind != "hashed":
-        return f"{plan.kind} partitioning"
     first_last = [m.name for m in spec.metrics if m.first_last]
     if first_last:
         return (f"first/last aggregators ({', '.join(first_last)}) pick by time columns "
@@ -291,8 +297,17 @@ def plan_native(spec: IngestSpec, plan: PartitionPlan, files: list[str],
             rg = meta.row_group(i)
             size = sum(rg.column(c).total_compressed_size for c in range(rg.num_columns))
             row_groups.append(Split(path, (i,), size, dictionary))
-    hash_cols = plan.dimensions or (TIME, *spec.dimension_names)
-    native = NativeInput(
+    return _native_input(spec, plan), pack(row_groups, sizing)
+
+
+def _native_input(spec: IngestSpec, plan: PartitionPlan, text: TextInput | None = None) -> NativeInput:
+    """What every task of ``spec`` needs, with the partition function of ``plan``."""
+    if plan.kind == "range":
+        bucketer: Bucketer | RangeBucketer = RangeBucketer(plan.dimensions, dict(plan.boundaries))
+    else:
+        bucketer = Bucketer(tuple(plan.dimensions or (TIME, *spec.dimension_names)),
+                            plan.num_shards, dict(plan.per_chunk))
+    return NativeInput(
         ts_column=spec.timestamp.column, ts_format=spec.timestamp.format,
         missing_value=spec.timestamp.missing_value,
         dims=tuple((d.name, d.type) for d in spec.dimensions),
@@ -302,8 +317,7 @@ def plan_native(spec: IngestSpec, plan: PartitionPlan, files: list[str],
         query_granularity=spec.query_granularity, segment_granularity=spec.segment_granularity,
         intervals=tuple((truncate(iv.start, spec.segment_granularity), iv.end)
                         for iv in spec.intervals),
-        bucketer=Bucketer(tuple(hash_cols), plan.num_shards, dict(plan.per_chunk)))
-    return native, pack(row_groups, sizing)
+        bucketer=bucketer, text=text, reason=text.reason if text else NATIVE_REASON)
 
 
 def pack(row_groups: list[Split], sizing: SplitSizing) -> list[list[Split]]:

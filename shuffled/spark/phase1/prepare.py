@@ -57,6 +57,13 @@ def _is(dtype: T.DataType, kinds: tuple[type, ...]) -> bool:
     return isinstance(dtype, kinds)
 
 
+def floor_long(d: Column) -> Column:
+    """``floor(d)`` as a BIGINT, null where it does not fit: Spark's floor raises on NaN,
+    infinities and anything beyond 2^63 under ANSI, which would fail the job on one value."""
+    fits = (d >= F.lit(-(2.0 ** 63))) & (d < F.lit(2.0 ** 63))
+    return F.when(fits, F.floor(d)).cast("bigint")
+
+
 def _timestamp(c: Column, dtype: T.DataType, fmt: str) -> Column:
     if isinstance(dtype, (T.TimestampType, T.TimestampNTZType)):
         return F.unix_millis(c.cast("timestamp"))
@@ -69,8 +76,8 @@ def _timestamp(c: Column, dtype: T.DataType, fmt: str) -> Column:
         c = F.trim(c.cast("string"))
         number = c.try_cast("double")
     if scale is not None:
-        return F.floor(number * F.lit(scale)).try_cast("bigint")
-    as_millis = F.coalesce(c.try_cast("bigint"), F.floor(number).try_cast("bigint"))
+        return floor_long(number * F.lit(scale))
+    as_millis = F.coalesce(c.try_cast("bigint"), floor_long(number))
     if fmt == "millis" or _is(dtype, _NUMERIC):
         return as_millis
     iso = F.unix_millis(c.try_cast("timestamp"))
@@ -88,7 +95,7 @@ def _typed(c: Column, dtype: T.DataType, kind: str) -> tuple[Column, Column | No
         return c.try_cast(sql), None  # try_: a transform may give NaN or Infinity
     text = F.nullif(F.trim(c.cast("string")), F.lit(""))
     if kind == "long":
-        value = F.coalesce(text.try_cast("bigint"), F.floor(text.try_cast("double")).try_cast("bigint"))
+        value = F.coalesce(text.try_cast("bigint"), floor_long(text.try_cast("double")))
     else:
         value = text.try_cast(sql)
     return value, text.isNotNull() & value.isNull()

@@ -26,7 +26,6 @@ pyarrow and pyspark's data source API.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Iterator
@@ -41,6 +40,7 @@ import pyarrow.compute as pc
 
 from shuffled.protocol import Interval, PartialKey
 from shuffled.spark.hooks import NONE, Hooks
+from shuffled.spark.records import Partial, TaskStats, dump
 from shuffled.spark.spec.granularity import bucket_end
 from shuffled.spark.phase1.native import Bucketer, NativeInput, Split, read_split
 from shuffled.spark.phase1.partials import EOS, Encoder, encode_flush
@@ -114,10 +114,10 @@ class _Task:
         self.pending_rows = 0
         self.unfoldable = False  # keys do not fold: held tables are no longer combined
         self.flushes = 0
-        self.uploads: list[dict[str, Any]] = []
-        self.stats = {"rowsIn": 0, "processed": 0, "unparseable": 0, "thrownAway": 0,
-                      "bytesProcessed": 0, "bytesShuffled": 0, "bytesBeforeCompression": 0,
-                      "rowsShipped": 0, "bytesReplicated": 0, "replicationMs": 0,
+        self.uploads: list[Partial] = []
+        self.stats = {"rows_in": 0, "processed": 0, "unparseable": 0, "thrown_away": 0,
+                      "bytes_processed": 0, "bytes_shuffled": 0, "bytes_before_compression": 0,
+                      "rows_shipped": 0, "bytes_replicated": 0, "replication_ms": 0,
                       "failovers": 0}
         self.bad: list[dict[str, Any]] = []
         self.multi: set[str] = set()  # dimensions seen holding a multi-value
@@ -130,8 +130,8 @@ class _Task:
         self._uploading: Future[None] | None = None
 
     def add(self, batch: pa.RecordBatch | pa.Table) -> None:
-        self.stats["rowsIn"] += batch.num_rows
-        self.stats["bytesProcessed"] += batch.nbytes
+        self.stats["rows_in"] += batch.num_rows
+        self.stats["bytes_processed"] += batch.nbytes
         table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
         flags = table.column(BAD)
         if flags.null_count != len(flags):
@@ -196,7 +196,7 @@ class _Task:
         """Count thrown-away ('T') and unparseable rows; keep the first few of the latter."""
         flagged = pc.drop_null(flags)
         thrown = int(pc.sum(pc.equal(flagged, "T")).as_py() or 0)
-        self.stats["thrownAway"] += thrown
+        self.stats["thrown_away"] += thrown
         self.stats["unparseable"] += len(flagged) - thrown
         room = self.cfg.max_saved_bad - len(self.bad)
         if room <= 0 or len(flagged) == thrown:
@@ -259,20 +259,20 @@ class _Task:
             made.append((key, rows, len(flush.schema) + len(body) + len(EOS)))
             sent += len(body)
         placed = self.placer.put(sup, partials, schema=flush.schema)
-        self.stats["bytesBeforeCompression"] += self.encoder.raw_bytes - raw
-        self.stats["bytesShuffled"] += sent
+        self.stats["bytes_before_compression"] += self.encoder.raw_bytes - raw
+        self.stats["bytes_shuffled"] += sent
         replicated = sent * (len(placed.servers) - 1)
-        self.stats["bytesReplicated"] += replicated
-        self.stats["replicationMs"] += placed.replica_ms
+        self.stats["bytes_replicated"] += replicated
+        self.stats["replication_ms"] += placed.replica_ms
         self.stats["failovers"] += placed.failovers
         for (key, rows, size), answer in zip(made, placed.answers, strict=True):
-            self.stats["rowsShipped"] += rows
-            self.uploads.append({"kind": "partial", "task": self.partition,
-                                 "server": placed.servers[0],
-                                 "replicas": list(placed.servers), "sub": sub,
-                                 "start": key.interval.start, "end": key.interval.end,
-                                 "partition": key.partition_id, "rows": rows, "bytes": size,
-                                 "crc32c": answer.get("crc32c")})
+            self.stats["rows_shipped"] += rows
+            crc = answer.get("crc32c")
+            self.uploads.append(Partial(
+                task=self.partition, server=placed.servers[0], replicas=tuple(placed.servers),
+                sub=sub, start=key.interval.start, end=key.interval.end,
+                partition=key.partition_id, rows=rows, bytes=size,
+                crc32c=crc if isinstance(crc, str) else None))
             self.cfg.hooks.phase1_uploaded(self.partition, self.attempt_number, len(self.uploads))
 
 
@@ -324,13 +324,13 @@ def run_task(cfg: Phase1Config, batches: Iterator[pa.RecordBatch | pa.Table],
         task.wait_uploaded()
     finally:
         task.close()
-    stats = {"kind": "stats", "partition": task.partition, "attempt": task.attempt,
-             "attemptNumber": task.attempt_number, "server": task.server,
-             "serversDown": sorted(task.placer.down),
-             "ms": int((time.monotonic() - started) * 1000), "bad": task.bad,
-             "peakRss": peak_rss(), "rssAtStart": baseline, "multiValue": sorted(task.multi),
-             **task.stats}
-    return [json.dumps(u) for u in task.uploads] + [json.dumps(stats)]
+    stats = TaskStats(partition=task.partition, attempt=task.attempt,
+                      attempt_number=task.attempt_number, server=task.server,
+                      servers_down=tuple(sorted(task.placer.down)),
+                      ms=int((time.monotonic() - started) * 1000), bad=tuple(task.bad),
+                      peak_rss=peak_rss(), rss_at_start=baseline,
+                      multi_value=tuple(sorted(task.multi)), **task.stats)
+    return [dump(u) for u in [*task.uploads, stats]]
 
 
 def run_rows_task(cfg: Phase1Config, rows: Iterator[Any], schema: pa.Schema,

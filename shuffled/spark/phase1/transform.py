@@ -250,7 +250,10 @@ class Translator:
     def fn_abs(self, n: Call) -> Val:
         v = self(n.args[0])
         kind = LONG if v.type in (LONG, BOOL) else DOUBLE
-        return Val(F.abs(_num(v, kind)), kind)
+        x = _num(v, kind)
+        if kind == LONG:  # abs(MIN) overflows (ANSI: the job would fail): null
+            return Val(F.when(x != F.lit(-(2 ** 63)).cast("bigint"), F.abs(x)), LONG)
+        return Val(F.abs(x), kind)
 
     def fn_if(self, n: Call) -> Val:
         kind, (then, other) = common([self(n.args[1]), self(n.args[2])])

@@ -12,7 +12,6 @@ at its end (:mod:`.durable`). Runs on executors: shuffled.client/protocol + pyar
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections import deque
@@ -31,6 +30,7 @@ from shuffled.spark.phase2.plan import (  # noqa: F401  (re-exported: the driver
     Assignment, Phase2Config, assign, balance, merge_tasks,
 )
 from shuffled.spark.phase2.publish import segment_name
+from shuffled.spark.records import Lost, Segment, dump
 from shuffled.spark.rows.memory import peak_rss, release_free_memory, reset_peak_rss, rss
 from shuffled.spark.phase2.spill import SpillStats, merge_bounded, merge_in_memory
 from shuffled.spark.rows.multivalue import LIST_TYPE, decode
@@ -191,20 +191,19 @@ def make_phase2(cfg: Phase2Config):  # type: ignore[no-untyped-def]
                    fetch_s: float, merge_s: float, write_s: float, peak: int,
                    **extra: Any) -> str:
             written.append(path)
-            return json.dumps({
-                "start": a.start, "end": a.end, "partition": a.partition, "rows": rows,
-                "rowsIn": a.rows, "bytes": size, "path": path, "bytesFetched": fetched,
+            return dump(Segment(
+                start=a.start, end=a.end, partition=a.partition, rows=rows, rows_in=a.rows,
+                bytes=size, path=path, attempt=attempt, bytes_fetched=fetched,
                 # Where the partition's time went (summed in the task report).
-                "fetchMs": fetch_s * 1000, "mergeMs": merge_s * 1000, "writeMs": write_s * 1000,
-                "ms": int((fetch_s + merge_s + write_s) * 1000), "attempt": attempt,
-                "peakRss": peak, "rssAtStart": baseline, **extra})
+                fetch_ms=fetch_s * 1000, merge_ms=merge_s * 1000, write_ms=write_s * 1000,
+                ms=int((fetch_s + merge_s + write_s) * 1000), peak_rss=peak,
+                rss_at_start=baseline, **extra))
 
         def lost(a: Assignment, exc: SourceLost) -> str:
             # Not a failure of the task: the driver recomputes what was lost and merges
             # this partition again (docs/failover.md).
-            return json.dumps({"start": a.start, "end": a.end, "partition": a.partition,
-                               "lost": list(exc.servers), "missing": list(exc.missing),
-                               "why": exc.why, "attempt": attempt})
+            return dump(Lost(start=a.start, end=a.end, partition=a.partition, attempt=attempt,
+                             lost=tuple(exc.servers), missing=tuple(exc.missing), why=exc.why))
 
         down = set(cfg.lost)  # daemons this task found gone: not asked again
         try:
@@ -246,7 +245,7 @@ def make_phase2(cfg: Phase2Config):  # type: ignore[no-untyped-def]
                     yield lost(a, exc)
                     continue
                 yield result(a, path, rows, size, a.nbytes, 0.0, time.monotonic() - started,
-                             0.0, peak_rss(), spillFiles=spilled.files, spillBytes=spilled.bytes)
+                             0.0, peak_rss(), spill_files=spilled.files, spill_bytes=spilled.bytes)
             # Durable before the task ends, so before the driver can publish any of them:
             # Spark hands the driver a task's results only once the task has succeeded.
             if written:

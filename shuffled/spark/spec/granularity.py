@@ -3,12 +3,15 @@
 Fixed-length granularities (second ... day) are epoch-aligned in UTC; ``week`` starts on
 Monday (ISO, as Druid); ``month``/``quarter``/``year`` follow the calendar in UTC. The Spark
 expressions compute exactly what :func:`truncate` computes, in the JVM, so the Python side
-never has to look at every row to bucket it.
+never has to look at every row to bucket it; :func:`truncate_array` computes it on numpy
+arrays for the native readers.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
+
+import numpy as np
 
 SECOND = 1000
 MINUTE = 60 * SECOND
@@ -91,3 +94,16 @@ def spark_truncate(col: str, granularity: str) -> str:
         return f"({col} - pmod({col}, {period}L))"
     unit = granularity.upper()
     return f"unix_millis(date_trunc('{unit}', timestamp_millis({col})))"
+
+
+def truncate_array(ms: np.ndarray, granularity: str) -> np.ndarray:
+    """:func:`shuffled.spark.spec.granularity.truncate` of every element (int64 epoch millis)."""
+    if granularity == "none":
+        return ms
+    if granularity == "week":
+        return ms - np.mod(ms - MONDAY_OFFSET, WEEK)
+    if granularity in FIXED:
+        return ms - np.mod(ms, FIXED[granularity])
+    months = ms.astype("datetime64[ms]").astype("datetime64[M]").astype(np.int64)
+    months -= np.mod(months, MONTHS[granularity])
+    return months.astype("datetime64[M]").astype("datetime64[ms]").astype(np.int64)

@@ -1,0 +1,117 @@
+"""The driver's plan of a native JSON or CSV read: blocks of each file packed into tasks.
+
+Only file sizes are needed (a task finds its lines itself, :mod:`.text_io`), so planning
+reads nothing but CSV's header lines. The plan is refused, with the reason the task report
+gives as ``readerReason``, for what the native text reader does not compute: inline data,
+transforms :func:`.arrow_transform.unsupported` names, flatten paths of other shapes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from shuffled.spark.fs import remote
+from shuffled.spark.phase1.arrow_transform import unsupported
+from shuffled.spark.phase1.prepare import metric_column, metric_time_column
+from shuffled.spark.phase1.text_prepare import Steps, TextInput
+from shuffled.spark.spec.model import IngestSpec
+
+#: Largest block: a task reads a block in pieces anyway; small blocks balance tasks.
+MAX_BLOCK = 32 << 20
+MIN_BLOCK = 64 << 10
+
+
+def _sources(spec: IngestSpec) -> dict[str, Steps | None]:
+    """Where each input field is in a record, as :func:`.source.load_input` reads it."""
+    fmt = spec.input_format
+    out: dict[str, Steps | None] = {}
+    for f in spec.input_fields:
+        found = fmt.flatten.get(f)
+        if found is not None:
+            out[f] = tuple(found.steps)
+        elif fmt.flatten.discover or fmt.type != "json":
+            out[f] = (f,)
+        else:
+            out[f] = None
+    return out
+
+
+def _flatten_problem(sources: dict[str, Steps | None]) -> str | None:
+    paths = {k: v for k, v in sources.items() if v is not None}
+    for name, steps in paths.items():
+        if isinstance(steps[0], int):
+            return f"flatten field {name} starts with an array index"
+        for other, more in paths.items():
+            if other == name:
+                continue
+            if len(more) > len(steps) and more[: len(steps)] == steps:
+                return f"field {name} is read whole and by the path of {other}"
+            for i, (a, b) in enumerate(zip(steps, more)):
+                if steps[:i] != more[:i]:
+                    break
+                if isinstance(a, int) != isinstance(b, int):
+                    return f"fields {name} and {other} read one value as an object and an array"
+    return None
+
+
+def text_input(spec: IngestSpec, files: list[str], sizing: Any,
+               ) -> tuple[TextInput, list[tuple[str, tuple[int, ...], int]]] | str:
+    """The text part of the native input and its splits, (path, block numbers, bytes) each
+    (an HTTP file is one split: fetched once), or why the JVM reader is needed."""
+    fmt = spec.input_format
+    kind = fmt.type
+    if spec.input_source.type == "inline" or not files:
+        return "inline data (the native reader reads files)"
+    if spec.transform:
+        problem = unsupported(spec.transform)
+        if problem:
+            return problem
+    sources = _sources(spec)
+    problem = _flatten_problem(sources)
+    if problem:
+        return problem
+    sized = []
+    for path in files:
+        try:
+            sized.append((path, remote.size(path)))
+        except OSError as exc:
+            return f"cannot find the size of {path}: {exc}"
+    # As Spark sizes file splits: each file also costs openCostInBytes, so small files
+    # are not all packed into one task.
+    total = sum(s + sizing.open_cost for _, s in sized)
+    target = min(sizing.max_bytes, max(sizing.open_cost, math.ceil(total / max(sizing.parallelism, 1))))
+    block = max(MIN_BLOCK, min(MAX_BLOCK, target))
+    columns: tuple[str, ...] = ()
+    headers: frozenset[str] = frozenset()
+    if kind == "csv":
+        from shuffled.spark.phase1.source import csv_columns
+
+        cols, found = csv_columns(spec, files)
+        columns, headers = tuple(cols), frozenset(found)
+    from shuffled.spark.phase1.multivalue import json_fields
+
+    multi_names = json_fields(spec)
+    single = spec.partitions.dimensions if spec.partitions.type in ("range", "single_dim") else ()
+    text = TextInput(
+        format=kind, block=block, sources=tuple(sources.items()),
+        multi=tuple((d.name, d.multi_value_handling) for d in spec.dimensions
+                    if d.name in multi_names),
+        single=tuple(single),
+        metric_names=tuple((metric_column(i), m.name) for i, m in enumerate(spec.metrics) if m.field),
+        first_last=tuple((metric_column(i), metric_time_column(i), m.time_column,
+                          m.max_string_bytes if m.value_type == "string" else None)
+                         for i, m in enumerate(spec.metrics) if m.first_last),
+        transform=spec.transform, columns=columns, delimiter=fmt.delimiter, headers=headers,
+        reason=f"newline-delimited {kind.upper()} input the native reader covers")
+    splits: list[tuple[str, tuple[int, ...], int]] = []
+    for path, size in sized:
+        count = math.ceil(size / block)
+        if remote.scheme(path) in ("http", "https"):
+            splits.append((path, tuple(range(count)), size + sizing.open_cost))
+        else:
+            splits += [(path, (k,), min(block, size - k * block) + (sizing.open_cost if k == 0 else 0))
+                       for k in range(count)]
+    if not splits:
+        return "the input files are empty"
+    return text, splits
