@@ -8,7 +8,7 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON ?= $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON ?= $(abspath $(PY))
 
-.PHONY: venv demo test lint soak bench clean config-reference sysdeps-test sysdeps-bench
+.PHONY: venv demo test lint typecheck soak bench clean config-reference sysdeps-test sysdeps-bench
 
 venv: $(STAMP)
 
@@ -24,6 +24,11 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 
+# mypy as configured in pyproject.toml ([tool.mypy]): strict on the daemon side and the
+# client, clean on the rest of shuffled/.
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
 # Real tools from Debian's packages, installed when missing (see scripts/sysdeps.sh).
 sysdeps-test:
 	scripts/sysdeps.sh promtool=prometheus prometheus=prometheus chromium=chromium
@@ -31,7 +36,7 @@ sysdeps-test:
 sysdeps-bench:
 	scripts/sysdeps.sh nginx=nginx wrk=wrk
 
-test: $(STAMP) lint sysdeps-test
+test: $(STAMP) lint typecheck sysdeps-test
 	$(PY) -m pytest -q -m "not slow" --durations=15
 
 soak: $(STAMP)

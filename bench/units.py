@@ -41,7 +41,7 @@ BUCKETS: list[tuple[str, str, tuple[str, ...]]] = [
     ("phase 1: send partials", "partial", ("put_flush", "put_partials", "client/bulk",
                                            "placement.py")),
     ("daemon: receive and store partials", "partial", (
-        "server/bulk.py", "storage/session", "storage/append", "storage/commit",
+        "server/bulk.py", "storage/upload", "storage/append", "storage/commit",
         "storage/catalog", "storage/arrowfile", "storage/packs")),
     ("daemon: serve partitions", "partial", ("server/partitions.py", "server/sendfile",
                                              "storage/streams", "storage/reads")),

@@ -11,7 +11,7 @@ import math
 import os
 import re
 import tomllib
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import KW_ONLY, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -88,6 +88,7 @@ class LocationSettings:
     """One storage location: a directory, its size cap and the free space to leave on its disk."""
 
     path: Path
+    _: KW_ONLY
     max_bytes: int | None = None
     reserve_bytes: int | None = None  # None: the daemon-wide free_space_reserve
 
@@ -108,13 +109,14 @@ class LocationSettings:
             res_b = value.get("reserve_bytes")
             return cls(
                 Path(str(value["path"])),
-                parse_size(max_b, f"{name}.max_bytes") if max_b is not None else None,
-                parse_size(res_b, f"{name}.reserve_bytes") if res_b is not None else None,
+                max_bytes=parse_size(max_b, f"{name}.max_bytes") if max_b is not None else None,
+                reserve_bytes=(parse_size(res_b, f"{name}.reserve_bytes")
+                               if res_b is not None else None),
             )
         text = str(value)
         path, sep, size = text.rpartition(":")
         if sep and path and _SIZE_RE.fullmatch(size):
-            return cls(Path(path), parse_size(size, name))
+            return cls(Path(path), max_bytes=parse_size(size, name))
         if not text:
             raise ConfigError(f"{name}: empty location path", setting=name)
         return cls(Path(text))
@@ -231,7 +233,7 @@ FIELDS: tuple[Field, ...] = (
 FIELD_BY_NAME = {f.name: f for f in FIELDS}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Settings:
     """Every daemon setting, validated. Build with :func:`load_settings`."""
 

@@ -169,7 +169,7 @@ def partition_of(supervisor_task_id: str, header: dict[str, Any]) -> tuple[Parti
     """The partition and body CRC32C a bulk read's frame header names."""
     try:
         interval = Interval.parse(header.get("start"), header.get("end"))
-        pid = parse_partition_id(header.get("partitionId"))  # type: ignore[arg-type]
+        pid = parse_partition_id(header.get("partitionId"))
         crc = header.get("crc32c")
         if not isinstance(crc, str) or not _HEX8.fullmatch(crc):
             raise FramingError(f"frame header crc32c {str(crc)[:16]!r} is not 8 hex digits")

@@ -10,6 +10,7 @@ import base64
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from enum import StrEnum
 from functools import lru_cache
 
 from shuffled.errors import DigestMismatch, InvalidId, InvalidInterval, InvalidPartitionId
@@ -30,7 +31,27 @@ NEXT_TOKEN_HEADER = "X-Shuffled-Page-Next-Token"
 COMPLETE_HEADER = "X-Shuffled-Complete"
 PENDING_BYTES_HEADER = "X-Shuffled-Pending-Bytes"
 TASK_STATE_HEADER = "X-Shuffled-Task-State"
-TASK_STATES = ("none", "running", "sealed", "failed")
+
+
+class TaskDataState(StrEnum):
+    """A supervisor task's data on a daemon, as ``X-Shuffled-Task-State`` and ``GET
+    .../state`` say it (not the overlord's view of the task: ``cleanup.policy.TaskState``).
+    The values are the wire strings."""
+
+    NONE = "none"  # nothing held
+    RUNNING = "running"  # partials held, not sealed
+    SEALED = "sealed"  # its committed subtasks are known: reads can complete
+    FAILED = "failed"  # marked failed: reads of it never complete
+
+
+class PartialStatus(StrEnum):
+    """What became of one partial segment of a bulk upload (the ``status`` of its item in
+    the answer; the values are the wire strings)."""
+
+    CREATED = "created"  # stored, the first generation of its key
+    REPLACED = "replaced"  # stored, a newer generation of a key already held
+    REJECTED = "rejected"  # refused (digest, Arrow, size, space): nothing of it kept
+
 
 MAX_ID_LENGTH = 255
 _ID_RE = re.compile(r"[A-Za-z0-9_\-.:]{1,255}")

@@ -24,6 +24,14 @@ PREFIX = "/druid/worker/v1/shuffle"
 DAY = {"start": "2018-01-01T00:00:00.000Z", "end": "2018-01-02T00:00:00.000Z"}
 
 
+def metric(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    """The current value of one sample (``name`` as exported: a counter's ends in
+    ``_total``), read through prometheus-client's public API; it must be exported."""
+    value = registry.get_sample_value(name, labels)
+    assert value is not None, f"{name}{labels or ''} is not exported"
+    return value
+
+
 def arrow_bytes(table: pa.Table, batch_rows: int | None = None) -> bytes:
     sink = io.BytesIO()
     with pa.ipc.new_stream(sink, table.schema) as writer:

@@ -21,7 +21,7 @@ from shuffled.cleanup.overlord import OverlordClient
 from shuffled.cleanup.policy import Action, Cause, TaskState
 from shuffled.cleanup.sweeper import Sweeper
 from shuffled.server.state import STATE, DaemonState
-from tests.conftest import DAY, PREFIX, arrow_bytes, files_under, sample_table
+from tests.conftest import DAY, PREFIX, arrow_bytes, files_under, metric, sample_table
 
 TIMEOUT = 100.0
 PERIOD = 10.0
@@ -280,8 +280,8 @@ async def test_no_overlord_expiry_alone_decides(start, clock: Clock, tmp_path) -
     assert await held(client) == {"b"} and on_disk(tmp_path, "a") == []
     assert on_disk(tmp_path, "b")
     m = state(client).metrics
-    assert m.deleted_tasks.labels("expired")._value.get() == 1
-    assert m.deleted_bytes.labels("expired")._value.get() == 2 * len(BODY)
+    assert metric(m.registry, "shuffled_deleted_tasks_total", cause="expired") == 1
+    assert metric(m.registry, "shuffled_deleted_bytes_total", cause="expired") == 2 * len(BODY)
     # Idempotent: sweeping again changes nothing.
     again = await sweeper(client).run_once()
     assert again.deleted == {} and await held(client) == {"b"}
@@ -319,7 +319,7 @@ async def test_running_survives_finished_and_unknown_deleted(start, overlord: Ov
     for sup in ("run", "pend", "wait"):
         resp = await client.get(part_url(sup), params=q())
         assert resp.status == 200 and await resp.read() == BODY
-    assert state(client).metrics.extended_tasks._value.get() > 0
+    assert metric(state(client).metrics.registry, "shuffled_extended_tasks_total") > 0
     # Only expired ids were asked about, once each per sweep.
     assert all(len(call) == len(set(call)) for call in overlord.calls)
     assert {i for call in overlord.calls for i in call} == {
@@ -375,16 +375,17 @@ async def test_unreachable_overlord_deletes_nothing_until_max_age(
     assert await held(client) == {"fin", "other"}
     outcome = {"refused": "unreachable", "error500": "http_error", "garbage": "bad_answer",
                "list": "bad_answer", "timeout": "timeout"}[failure]
-    assert m.overlord_requests.labels(outcome)._value.get() >= 1
-    assert m.overlord_requests.labels("ok")._value.get() == 0
+    assert metric(m.registry, "shuffled_overlord_requests_total", outcome=outcome) >= 1
+    assert metric(m.registry, "shuffled_overlord_requests_total", outcome="ok") == 0
     clock.now = t0 + MAX_AGE
     result = await sweeper(client).run_once()
     assert result.deleted == {"fin": Cause.MAX_AGE, "other": Cause.MAX_AGE}
-    assert m.deleted_tasks.labels("max_age")._value.get() == 2
-    assert m.deleted_bytes.labels("max_age")._value.get() == 2 * len(BODY)
-    assert m.deleted_tasks.labels("expired")._value.get() == 0
+    assert metric(m.registry, "shuffled_deleted_tasks_total", cause="max_age") == 2
+    assert metric(m.registry, "shuffled_deleted_bytes_total", cause="max_age") == 2 * len(BODY)
+    assert metric(m.registry, "shuffled_deleted_tasks_total", cause="expired") == 0
     assert await held(client) == set() and on_disk(tmp_path, "fin") == []
-    assert m.sweep_failures._value.get() == 0  # an unreachable overlord is not a failure
+    # An unreachable overlord is not a failure.
+    assert metric(m.registry, "shuffled_sweep_failures_total") == 0
 
 
 async def test_overlord_recovers_before_max_age(start, overlord: Overlord, clock: Clock) -> None:
@@ -436,8 +437,8 @@ async def test_delete_request_during_overlord_call(start, overlord: Overlord,
     result = await asyncio.wait_for(sweep, 10)
     assert result.deleted == {} and result.saved == ["job"]
     m = state(client).metrics
-    assert m.deleted_tasks.labels("request")._value.get() == 1
-    assert m.deleted_tasks.labels("expired")._value.get() == 0
+    assert metric(m.registry, "shuffled_deleted_tasks_total", cause="request") == 1
+    assert metric(m.registry, "shuffled_deleted_tasks_total", cause="expired") == 0
     assert on_disk(tmp_path, "job") == []
 
 
@@ -453,11 +454,11 @@ async def test_sweep_and_delete_race_cleanly(start, clock: Clock, tmp_path) -> N
     for resp in outcome[2:]:
         assert resp.status == 200
     m = state(client).metrics
-    total = m.deleted_tasks.labels("request")._value.get() + \
-        m.deleted_tasks.labels("expired")._value.get()
+    total = metric(m.registry, "shuffled_deleted_tasks_total", cause="request") + \
+        metric(m.registry, "shuffled_deleted_tasks_total", cause="expired")
     assert total == 20  # each task deleted exactly once, whoever got there first
-    assert m.deleted_bytes.labels("request")._value.get() + \
-        m.deleted_bytes.labels("expired")._value.get() == 40 * len(BODY)
+    assert metric(m.registry, "shuffled_deleted_bytes_total", cause="request") + \
+        metric(m.registry, "shuffled_deleted_bytes_total", cause="expired") == 40 * len(BODY)
     assert await held(client) == set()
     assert files_under(tmp_path) == []
 
@@ -514,7 +515,8 @@ async def test_sweep_failure_is_counted_and_raised(start, monkeypatch) -> None:
     monkeypatch.setattr(state(client).store, "tasks", broken)
     with pytest.raises(RuntimeError):
         await sweeper(client).run_once()
-    assert m.sweeps._value.get() == 1 and m.sweep_failures._value.get() == 1
+    assert metric(m.registry, "shuffled_sweeps_total") == 1
+    assert metric(m.registry, "shuffled_sweep_failures_total") == 1
 
 
 async def test_overlord_client_sends_druid_request(overlord: Overlord) -> None:
@@ -543,17 +545,18 @@ async def test_scheduler_runs_sweeper_on_its_own(start_daemon, make_settings, tm
     settings = make_settings(expiry_timeout=0.2, sweep_period=0.05, max_age=0.2)
     client = await start_daemon(settings)  # real clock
     m = state(client).metrics
-    await wait_until(lambda: m.sweeps._value.get() >= 3)
+    await wait_until(lambda: metric(m.registry, "shuffled_sweeps_total") >= 3)
     await put(client, "job")
-    await wait_until(lambda: m.deleted_tasks.labels("expired")._value.get() == 1)
+    await wait_until(
+        lambda: metric(m.registry, "shuffled_deleted_tasks_total", cause="expired") == 1)
     assert state(client).store.task("job") is None
     assert on_disk(tmp_path, "job") == []
-    assert m.sweep_failures._value.get() == 0
-    assert m.last_sweep._value.get() > 0
+    assert metric(m.registry, "shuffled_sweep_failures_total") == 0
+    assert metric(m.registry, "shuffled_last_sweep_timestamp_seconds") > 0
     await client.close()  # the scheduler stops with the app; no sweep after shutdown
-    count = m.sweeps._value.get()
+    count = metric(m.registry, "shuffled_sweeps_total")
     await asyncio.sleep(0.2)
-    assert m.sweeps._value.get() == count
+    assert metric(m.registry, "shuffled_sweeps_total") == count
 
 
 def test_scheduler_is_the_only_apscheduler_user() -> None:

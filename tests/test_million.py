@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from shuffled.client import ShuffleClient
+from shuffled.client.http import Request
 from shuffled.crc import crc32c
 from shuffled.protocol import Interval, PartialKey
 from shuffled.storage import arrowfile, layout, packs
@@ -83,8 +84,8 @@ def scale_check(tmp_path: Path, count: int, subs: int) -> None:
             assert subs_seen[: min(subs, 100)] == [f"s{i:05d}" for i in range(min(subs, 100))]
             # Unpaged listing of so many is refused with a clear pointer to paging.
             with pytest.raises(Exception, match="limit"):
-                client._http.request("GET", f"{PREFIX}/tasks/{sup}", what="unpaged",
-                                     handle=lambda r: r.read())
+                client._http.request(Request("GET", f"{PREFIX}/tasks/{sup}", what="unpaged",
+                                             handle=lambda r: r.read()))
             # Partials anywhere in the task are served byte for byte.
             for i in (0, 1, count // 2, count - 1):
                 part, sub = divmod(i, subs)

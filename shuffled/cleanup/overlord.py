@@ -18,8 +18,7 @@ from collections.abc import Sequence
 import aiohttp
 
 from shuffled.cleanup.policy import TaskState, parse_status_answer
-from shuffled.metrics import Metrics
-from shuffled.metrics.families import OVERLORD_OUTCOMES
+from shuffled.metrics import Metrics, OverlordOutcome
 
 log = logging.getLogger("shuffled.cleanup")
 
@@ -27,7 +26,6 @@ TASK_STATUS_PATH = "/druid/indexer/v1/taskStatus"
 DEFAULT_TIMEOUT = 10.0
 DEFAULT_BATCH = 100
 MAX_ANSWER_BYTES = 16 << 20  # a status object is well under 1 KiB; 100 of them fit easily
-OUTCOMES = OVERLORD_OUTCOMES  # the outcome label of shuffled_overlord_requests_total
 
 
 class OverlordClient:
@@ -42,7 +40,7 @@ class OverlordClient:
         self.batch_size = batch_size
         self._session: aiohttp.ClientSession | None = None
         if metrics is not None:
-            for outcome in OUTCOMES:
+            for outcome in OverlordOutcome:
                 metrics.overlord_requests.labels(outcome)
 
     async def close(self) -> None:
@@ -56,7 +54,7 @@ class OverlordClient:
                 headers={"Accept": "application/json"}, raise_for_status=False)
         return self._session
 
-    def _count(self, outcome: str) -> None:
+    def _count(self, outcome: OverlordOutcome) -> None:
         if self.metrics is not None:
             self.metrics.overlord_requests.labels(outcome).inc()
 
@@ -75,19 +73,19 @@ class OverlordClient:
         try:
             async with self._client().post(self.url, json=ids, timeout=timeout) as resp:
                 if resp.status != 200:
-                    self._count("http_error")
+                    self._count(OverlordOutcome.HTTP_ERROR)
                     log.warning("overlord %s answered HTTP %d to a task-status call; keeping "
                                 "%d expired tasks until it answers", self.url, resp.status,
                                 len(ids))
                     return unreachable
                 raw = await resp.content.read(MAX_ANSWER_BYTES + 1)
         except asyncio.TimeoutError:
-            self._count("timeout")
+            self._count(OverlordOutcome.TIMEOUT)
             log.warning("overlord %s did not answer within %.1f s; keeping %d expired tasks",
                         self.url, self.timeout, len(ids))
             return unreachable
         except (aiohttp.ClientError, OSError) as exc:
-            self._count("unreachable")
+            self._count(OverlordOutcome.UNREACHABLE)
             log.warning("overlord %s unreachable (%s); keeping %d expired tasks", self.url,
                         exc, len(ids))
             return unreachable
@@ -96,9 +94,9 @@ class OverlordClient:
                 raise ValueError(f"answer larger than {MAX_ANSWER_BYTES} bytes")
             answer = parse_status_answer(ids, json.loads(raw))
         except (ValueError, RecursionError) as exc:
-            self._count("bad_answer")
+            self._count(OverlordOutcome.BAD_ANSWER)
             log.warning("overlord %s sent an unreadable task-status answer (%s); keeping %d "
                         "expired tasks", self.url, exc, len(ids))
             return unreachable
-        self._count("ok")
+        self._count(OverlordOutcome.OK)
         return answer

@@ -30,7 +30,7 @@ from shuffled.storage import Store
 log = logging.getLogger("shuffled.cleanup")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SweepRecord:
     """One finished pass, kept for the status page: when, how long, what it did."""
 
@@ -101,15 +101,17 @@ class Sweeper:
                 result = await self._sweep()
             except Exception as exc:
                 self.metrics.sweep_failures.inc()
-                self.history.append(SweepRecord(self.clock(), time.monotonic() - started,
+                self.history.append(SweepRecord(finished=self.clock(),
+                                                seconds=time.monotonic() - started,
                                                 failure=f"{type(exc).__name__}: {exc}"))
                 raise
             if result.errors:
                 self.metrics.sweep_failures.inc()
             self.metrics.last_sweep.set(self.clock())
             self.history.append(SweepRecord(
-                self.clock(), time.monotonic() - started, len(result.expired),
-                len(result.extended), len(result.deleted), len(result.errors)))
+                finished=self.clock(), seconds=time.monotonic() - started,
+                expired=len(result.expired), extended=len(result.extended),
+                deleted=len(result.deleted), errors=len(result.errors)))
             return result
 
     async def _sweep(self) -> SweepResult:
@@ -187,5 +189,5 @@ class Sweeper:
         self.metrics.deleted_bytes.labels(cause).inc(removed.bytes)
         result.deleted[sup] = decision.cause
         log.info("deleted supervisor task %s (%d files, %d bytes): %s", sup, removed.files,
-                 removed.bytes, "overlord unreachable past max age" if cause == "max_age"
+                 removed.bytes, "overlord unreachable past max age" if decision.cause is Cause.MAX_AGE
                  else "expired")

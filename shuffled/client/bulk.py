@@ -22,11 +22,14 @@ from typing import Any
 from dataclasses import dataclass
 
 from shuffled import framing, framing2
+from shuffled.client.answers import BadResponse, domain_error
+from shuffled.client.chunked import FLUSH
 from shuffled.client.digest import crc32c_of
+from shuffled.client.http import Request, Transport
+from shuffled.client.retry import is_retryable
 from shuffled.crc import combine
-from shuffled.client.http import FLUSH, BadResponse, Transport, domain_error, is_retryable
 from shuffled.errors import BadRequest, DigestMismatch, ShuffleError
-from shuffled.protocol import PartialKey, crc_hex
+from shuffled.protocol import PartialKey, PartialStatus, crc_hex
 
 log = logging.getLogger("shuffled.client")
 
@@ -38,7 +41,7 @@ EOS_CRC = crc32c_of(EOS)
 WHOLE = framing2.WHOLE  # a PARTIAL frame's schema id when its body is a whole stream
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Sent:
     """One partial of a batch: its stream's CRC32C and length (what the answer and every read
     give), and how it travels: ``body`` after schema ``schema`` (``WHOLE``: the body is the
@@ -108,19 +111,21 @@ class Batch:
         view = memoryview(body).cast("B")
         if self._fixed is not None:
             body_crc = crc32c_of(view)
-            head = len(self.schemas[self._fixed])
+            schema_len = len(self.schemas[self._fixed])
             crc = combine(combine(self._fixed_crc, body_crc, len(view)), EOS_CRC, len(EOS))
-            self.sent.append(Sent(key, view, crc, head + len(view) + len(EOS), body_crc,
-                                  self._fixed))
+            self.sent.append(Sent(key=key, body=view, crc=crc,
+                                  size=schema_len + len(view) + len(EOS), body_crc=body_crc,
+                                  schema=self._fixed))
             return True
         crc = crc32c_of(view)
         parts = _split(view)
         if parts is None:
-            self.sent.append(Sent(key, view, crc, len(view), crc, WHOLE))
+            self.sent.append(Sent(key=key, body=view, crc=crc, size=len(view), body_crc=crc,
+                                  schema=WHOLE))
         else:
             head, rest = parts
-            self.sent.append(Sent(key, rest, crc, len(view), crc32c_of(rest),
-                                  self._schema_id(head)))
+            self.sent.append(Sent(key=key, body=rest, crc=crc, size=len(view),
+                                  body_crc=crc32c_of(rest), schema=self._schema_id(head)))
         return True
 
     def subset(self, indexes: Sequence[int]) -> Batch:
@@ -229,11 +234,10 @@ def upload(transport: Transport, path: str, batch: Batch, put_one: PutOne) -> li
     batch.version = min(batch.version, transport.bulk_version)
     for attempt in range(1, policy.attempts + 1):
         source = batch if todo is None else batch.subset(todo)
+        req = Request("POST", path, headers={"Content-Type": framing.MEDIA_TYPE},
+                      stream=source, handle=_answer, what=what, accept=(404, 405))
         try:
-            result = transport.request("POST", path,
-                                       headers={"Content-Type": framing.MEDIA_TYPE},
-                                       stream=source, handle=_answer, what=what,
-                                       accept=(404, 405))
+            result = transport.request(req)
         except BadRequest as exc:
             if not (batch.version == 2 and "bulk format version" in exc.message
                     and "is not supported" in exc.message):
@@ -243,10 +247,7 @@ def upload(transport: Transport, path: str, batch: Batch, put_one: PutOne) -> li
             log.info("%s: %s reads bulk format 1 only; sending format 1", what,
                      transport.base_url)
             transport.bulk_version = batch.version = source.version = 1
-            result = transport.request("POST", path,
-                                       headers={"Content-Type": framing.MEDIA_TYPE},
-                                       stream=source, handle=_answer, what=what,
-                                       accept=(404, 405))
+            result = transport.request(req)  # the same batch, now in format 1
         if result is None:
             log.debug("%s: %s has no bulk upload route (an older daemon); one PUT per "
                       "partial", what, transport.base_url)
@@ -264,7 +265,7 @@ def upload(transport: Transport, path: str, batch: Batch, put_one: PutOne) -> li
             key = batch.sent[i].key
             if not isinstance(item, dict) or not matches(key, item):
                 raise BadResponse(f"{what}: answer {item} is not for {key}")
-            if item.get("status") in ("created", "replaced"):
+            if item.get("status") in (PartialStatus.CREATED, PartialStatus.REPLACED):
                 check_stored(batch.sent[i], item)
                 answers[i] = item
                 continue

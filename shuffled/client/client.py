@@ -9,33 +9,29 @@ from __future__ import annotations
 
 import http.client
 import json
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, BinaryIO
 
-from shuffled.client import pages, partitions
+from shuffled.client import pages, partitions, tasks
+from shuffled.client.answers import json_dict
 from shuffled.client.bulk import Batch
 from shuffled.client.bulk import upload as bulk_upload
 from shuffled.client.digest import check_crc, crc32c_of, crc_from_json
 from shuffled.client.download import (
     BytesSink,
     DiscardSink,
-    Download,
     FileSink,
-    LocalWriteError,
     Sink,
+    fetch,
+    partition_label,
+    partition_query,
 )
-from shuffled.client.http import (
-    NO_RETRY,
-    BadResponse,
-    RetryPolicy,
-    ShuffleUnavailable,
-    Transport,
-    read_json,
-)
-from shuffled.errors import BadRequest, DigestMismatch, NotFound, ShuffleError, Unauthorized
+from shuffled.client.http import Request, Transport
+from shuffled.client.retry import NO_RETRY, RetryPolicy, ShuffleUnavailable
+from shuffled.client.status import StatusRoutes
+from shuffled.errors import DigestMismatch, ShuffleError
 from shuffled.protocol import (
-    API_PREFIX,
     ARROW_STREAM,
     CONTENT_DIGEST,
     PartialKey,
@@ -44,13 +40,6 @@ from shuffled.protocol import (
     task_path,
     validate_id,
 )
-
-
-def _json_dict(resp: http.client.HTTPResponse) -> dict[str, Any]:
-    value = read_json(resp)
-    if not isinstance(value, dict):
-        raise BadResponse(f"expected a JSON object, got {type(value).__name__}")
-    return value
 
 
 class ShuffleClient:
@@ -79,8 +68,7 @@ class ShuffleClient:
         self.base_url: str = base_url.strip().rstrip("/")
         self.retry = retry
         self._http = Transport(base_url, token=token, ca_file=ca_file, timeout=timeout, retry=retry)
-        self._status_prefix: str | None = None
-        self._token_sent = token is not None  # for health()'s 401 message
+        self._status = StatusRoutes(self._http, self.base_url, token_sent=token is not None)
 
     # -- partial segments ---------------------------------------------------------------
 
@@ -95,15 +83,15 @@ class ShuffleClient:
         view = memoryview(body).cast("B")
         crc = crc32c_of(view)
         what = str(key)
-        result = self._http.request(
+        result = self._http.request(Request(
             "PUT",
             key.path(),
             query=key.query(),
             headers={"Content-Type": ARROW_STREAM, CONTENT_DIGEST: format_crc32c(crc)},
             body=view,
-            handle=_json_dict,
+            handle=json_dict,
             what=what,
-        )
+        ))
         stored = crc_from_json(result.get("crc32c"))
         check_crc(crc, stored, f"{what} (as stored by the server)")
         size = result.get("bytes")
@@ -190,7 +178,7 @@ class ShuffleClient:
         a server that finds a stored file corrupt answers CorruptData naming it.
         """
         sink = BytesSink()
-        query = self._partition_query(partition, sub_task_ids)
+        query = partition_query(partition, sub_task_ids)
         self._download_partition(partition, sub_task_ids, query, sink)
         return sink.value()
 
@@ -212,7 +200,7 @@ class ShuffleClient:
         for key, subs in wanted:
             if key.supervisor_task_id != sup:
                 raise ValueError(f"{key} does not belong to supervisor task {sup}")
-            self._partition_query(key, subs)  # the same refusals as get_partition
+            partition_query(key, subs)  # the same refusals as get_partition
         out: list[bytes] = []
         for at in range(0, len(wanted), partitions.MAX_PER_REQUEST):
             chunk = wanted[at: at + partitions.MAX_PER_REQUEST]
@@ -229,14 +217,14 @@ class ShuffleClient:
         self, partition: PartitionKey, out: BinaryIO, sub_task_ids: Sequence[str] | None = None
     ) -> int:
         """Like :meth:`get_partition`, streamed into ``out`` (seekable); returns bytes written."""
-        query = self._partition_query(partition, sub_task_ids)
+        query = partition_query(partition, sub_task_ids)
         return self._download_partition(partition, sub_task_ids, query, FileSink(out))
 
     def _download_partition(
         self, partition: PartitionKey, sub_task_ids: Sequence[str] | None,
         query: list[tuple[str, str]], sink: Sink,
     ) -> int:
-        what = _partition_label(partition)
+        what = partition_label(partition)
         try:
             return self._download(what, partition.path(), query, sink, resumable=False)
         except DigestMismatch as exc:
@@ -276,38 +264,10 @@ class ShuffleClient:
                 continue  # gone or unreachable meanwhile: only diagnosing, keep looking
         return None
 
-    @staticmethod
-    def _partition_query(
-        partition: PartitionKey, sub_task_ids: Sequence[str] | None
-    ) -> list[tuple[str, str]]:
-        query = list(partition.query().items())
-        if sub_task_ids is not None:
-            if isinstance(sub_task_ids, str):
-                raise TypeError("sub_task_ids must be a sequence of ids, not one string")
-            if len(sub_task_ids) == 0:
-                raise BadRequest(
-                    f"{_partition_label(partition)}: sub_task_ids is empty (pass None for all)",
-                    field="subTaskId",
-                )
-            query += [("subTaskId", validate_id(s, "subTaskId")) for s in sub_task_ids]
-        return query
-
     def _download(
         self, what: str, path: str, query: list[tuple[str, str]], sink: Sink, *, resumable: bool
     ) -> int:
-        state = Download(what, sink, resumable)
-        try:
-            return self._http.request(
-                "GET",
-                path,
-                query=query,
-                headers=state.headers,
-                handle=state.handle,
-                what=what,
-                progress=state.progress,
-            )
-        except LocalWriteError as exc:
-            raise exc.cause from None
+        return fetch(self._http, what, path, query, sink, resumable=resumable)
 
     def read_page(self, partition: PartitionKey, token: int = 0, *, max_bytes: int = 8 << 20,
                   max_wait: float = 0.0, sub_task_ids: Sequence[str] | None = None,
@@ -338,25 +298,25 @@ class ShuffleClient:
         Idempotent for the same ids; Conflict for different ones or a failed task."""
         body = json.dumps({"subTaskIds": [validate_id(s, "subTaskId")
                                           for s in sub_task_ids]}).encode()
-        return self._http.request(
+        return self._http.request(Request(
             "PUT", f"{task_path(supervisor_task_id)}/seal", body=body,
-            headers={"Content-Type": "application/json"}, handle=_json_dict,
-            what=f"seal {supervisor_task_id}")
+            headers={"Content-Type": "application/json"}, handle=json_dict,
+            what=f"seal {supervisor_task_id}"))
 
     def heartbeat(self, supervisor_task_id: str) -> dict[str, Any]:
         """``POST /tasks/{id}/heartbeat``, one try: refreshes the task's expiry; the answer
         names the daemon's ``instance`` (new after a restart), whether it is ``draining``
         and what it holds of the task (``bytes``, ``partials``, ``servedBytes``). Raises
         :class:`ShuffleUnavailable` at once when the daemon does not answer."""
-        return self._http.request("POST", f"{task_path(supervisor_task_id)}/heartbeat",
-                                  handle=_json_dict, policy=NO_RETRY,
-                                  what=f"heartbeat {supervisor_task_id}")
+        return self._http.request(Request("POST", f"{task_path(supervisor_task_id)}/heartbeat",
+                                          handle=json_dict, policy=NO_RETRY,
+                                          what=f"heartbeat {supervisor_task_id}"))
 
     def fail(self, supervisor_task_id: str) -> None:
         """``POST /tasks/{id}/fail``: paged reads of the task answer "failed" from now on."""
-        self._http.request("POST", f"{task_path(supervisor_task_id)}/fail",
-                           handle=lambda resp: resp.read(),
-                           what=f"fail {supervisor_task_id}")
+        self._http.request(Request("POST", f"{task_path(supervisor_task_id)}/fail",
+                                   handle=lambda resp: resp.read(),
+                                   what=f"fail {supervisor_task_id}"))
 
     def task_state(self, supervisor_task_id: str, *, known: str | None = None,
                    max_wait: float = 0.0) -> dict[str, Any]:
@@ -368,20 +328,15 @@ class ShuffleClient:
             query.append(("known", known))
         if max_wait > 0:
             query.append(("maxWait", f"{max_wait:g}"))
-        return self._http.request("GET", f"{task_path(supervisor_task_id)}/state",
-                                  query=query, handle=_json_dict,
-                                  what=f"state of {supervisor_task_id}")
+        return self._http.request(Request("GET", f"{task_path(supervisor_task_id)}/state",
+                                          query=query, handle=json_dict,
+                                          what=f"state of {supervisor_task_id}"))
 
     # -- tasks (listing) ------------------------------------------------------------------
 
     def list_tasks(self) -> dict[str, Any]:
         """``GET /tasks``: the supervisor tasks held here with bytes, files, expiry."""
-        value = self._http.request("GET", task_path(), handle=read_json, what="list tasks")
-        if isinstance(value, list):
-            return {"tasks": value}
-        if not isinstance(value, dict):
-            raise BadResponse(f"GET /tasks: expected a JSON object, got {type(value).__name__}")
-        return value
+        return tasks.list_tasks(self._http)
 
     def task(self, supervisor_task_id: str, *, page_size: int = 5000) -> dict[str, Any] | None:
         """``GET /tasks/{id}``: that task's partitions and subtasks, or None if not held here.
@@ -390,60 +345,16 @@ class ShuffleClient:
         and returns it whole: a partition cut by a page's end is joined again. Use
         :meth:`task_pages` to walk a very large task without holding all of it.
         """
-        whole: dict[str, Any] | None = None
-        for page in self.task_pages(supervisor_task_id, page_size=page_size):
-            if whole is None:
-                whole = page
-                continue
-            parts = page.get("partitions", [])
-            last = whole["partitions"][-1] if whole["partitions"] else None
-            if parts and last is not None and all(
-                    parts[0].get(f) == last.get(f) for f in ("start", "end", "partitionId")):
-                first = parts.pop(0)
-                last["subTasks"].extend(first.get("subTasks", []))
-                last["bytes"] = last.get("bytes", 0) + first.get("bytes", 0)
-                last["rows"] = last.get("rows", 0) + first.get("rows", 0)
-            whole["partitions"].extend(parts)
-        if whole is not None and "nextCursor" in whole:
-            whole["nextCursor"] = None  # joined: nothing more to ask
-        return whole
+        return tasks.joined(self.task_pages(supervisor_task_id, page_size=page_size))
 
     def task_pages(self, supervisor_task_id: str, *, page_size: int = 5000,
                    ) -> Iterator[dict[str, Any]]:
         """``GET /tasks/{id}?limit=..&cursor=..`` page after page (nothing if not held)."""
-        what = f"task {supervisor_task_id}"
-
-        def handle(resp: http.client.HTTPResponse) -> dict[str, Any] | None:
-            if resp.status == 404:
-                resp.read()
-                return None
-            return _json_dict(resp)
-
-        cursor: str | None = None
-        while True:
-            query = [("limit", str(page_size))] + ([("cursor", cursor)] if cursor else [])
-            page = self._http.request("GET", task_path(supervisor_task_id), query=query,
-                                      handle=handle, what=what, accept=(404,))
-            if page is None:
-                return
-            yield page
-            cursor = page.get("nextCursor")
-            if not cursor:  # the last page (or a daemon that does not page)
-                return
+        return tasks.task_pages(self._http, supervisor_task_id, page_size=page_size)
 
     def delete_task(self, supervisor_task_id: str) -> None:
         """``DELETE /tasks/{id}``: remove all of that task's data. Idempotent (unknown id is fine)."""
-
-        def handle(resp: http.client.HTTPResponse) -> None:
-            resp.read()
-
-        self._http.request(
-            "DELETE",
-            task_path(supervisor_task_id),
-            handle=handle,
-            what=f"delete task {supervisor_task_id}",
-            accept=(404,),
-        )
+        tasks.delete_task(self._http, supervisor_task_id)
 
     # -- status -------------------------------------------------------------------------
 
@@ -452,43 +363,11 @@ class ShuffleClient:
         an unreachable or unhealthy server. Raises :class:`Unauthorized` (naming the server
         and whether a token was sent) when it refuses the token: a live daemon, not a dead
         one, and the remedy is the token, not the URL."""
-        try:
-            value = self._status_get("/status/health", read_json, NO_RETRY)
-        except Unauthorized as exc:
-            sent = self._token_sent
-            raise Unauthorized(
-                f"shuffle server {self.base_url} answered 401: "
-                + ("it refused the bearer token given (wrong token)" if sent else
-                   "it requires a bearer token and none was given (missing token)"),
-                server=self.base_url, token_sent=sent) from exc
-        except (ShuffleError, OSError, http.client.HTTPException):
-            return False
-        return value is True
+        return self._status.health()
 
     def status(self) -> dict[str, Any]:
         """``GET /status``: version, uptime, locations."""
-        value: dict[str, Any] = self._status_get("/status", _json_dict, None)
-        return value
-
-    def _status_get(
-        self, suffix: str, handle: Callable[[http.client.HTTPResponse], Any],
-        policy: RetryPolicy | None,
-    ) -> Any:
-        """GET a status route under the API prefix, falling back to the root (Druid's
-        ``/status/health``) if the prefixed one is 404; the route that worked is remembered."""
-        prefixes = [self._status_prefix] if self._status_prefix is not None else [API_PREFIX, ""]
-        for i, prefix in enumerate(prefixes):
-            try:
-                value = self._http.request(
-                    "GET", prefix + suffix, handle=handle, what=suffix.lstrip("/"), policy=policy
-                )
-            except NotFound:
-                if i + 1 < len(prefixes):
-                    continue
-                raise
-            self._status_prefix = prefix
-            return value
-        raise AssertionError("unreachable")
+        return self._status.status()
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -509,10 +388,6 @@ class ShuffleClient:
 
     def __repr__(self) -> str:
         return f"ShuffleClient({self.base_url!r})"
-
-
-def _partition_label(partition: PartitionKey) -> str:
-    return f"{partition.supervisor_task_id} {partition.interval} partition {partition.partition_id}"
 
 
 __all__ = ["RetryPolicy", "ShuffleClient", "ShuffleUnavailable", "crc32c_of"]

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import http.client
 import re
+from collections.abc import Sequence
 from typing import BinaryIO, Protocol
 
+from shuffled.client.answers import BadResponse
 from shuffled.client.digest import CHUNK, RunningCrc, check_crc
-from shuffled.client.http import BadResponse
-from shuffled.errors import Conflict, DigestMismatch
-from shuffled.protocol import CONTENT_DIGEST, REPR_DIGEST, parse_crc32c
+from shuffled.client.http import Request, Transport
+from shuffled.errors import BadRequest, Conflict, DigestMismatch
+from shuffled.protocol import (CONTENT_DIGEST, REPR_DIGEST, PartitionKey, parse_crc32c,
+                               validate_id)
 
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$")
 
@@ -249,3 +252,36 @@ def _digest(resp: http.client.HTTPResponse, header: str, what: str) -> int | Non
         return parse_crc32c(resp.getheader(header))
     except DigestMismatch as exc:
         raise BadResponse(f"{what}: the server sent a malformed {header}: {exc.message}") from exc
+
+
+def fetch(http_: Transport, what: str, path: str, query: list[tuple[str, str]], sink: Sink, *,
+          resumable: bool) -> int:
+    """``GET path?query`` into ``sink`` through a :class:`Download` (checked, resumed if
+    ``resumable``); returns the bytes written. A failing sink raises its own error."""
+    state = Download(what, sink, resumable)
+    try:
+        return http_.request(Request("GET", path, query=query, headers=state.headers,
+                                     handle=state.handle, what=what, progress=state.progress))
+    except LocalWriteError as exc:
+        raise exc.cause from None
+
+
+def partition_label(partition: PartitionKey) -> str:
+    return f"{partition.supervisor_task_id} {partition.interval} partition {partition.partition_id}"
+
+
+def partition_query(partition: PartitionKey, sub_task_ids: Sequence[str] | None,
+                    ) -> list[tuple[str, str]]:
+    """The query naming ``partition`` and its subtasks (repeated ``subTaskId=``; None: all).
+    An empty sequence is refused: it would silently mean "all"."""
+    query = list(partition.query().items())
+    if sub_task_ids is not None:
+        if isinstance(sub_task_ids, str):
+            raise TypeError("sub_task_ids must be a sequence of ids, not one string")
+        if len(sub_task_ids) == 0:
+            raise BadRequest(
+                f"{partition_label(partition)}: sub_task_ids is empty (pass None for all)",
+                field="subTaskId",
+            )
+        query += [("subTaskId", validate_id(s, "subTaskId")) for s in sub_task_ids]
+    return query

@@ -1,42 +1,35 @@
 """One keep-alive HTTP/1.1 connection plus the retry loop every client call goes through.
 
+What is worth a retry is :mod:`.retry`, reading answers and errors :mod:`.answers`, sending
+a streamed body :mod:`.chunked`.
+
 Only stdlib (``http.client``, ``ssl``): an executor importing the client pulls in no server code.
 A :class:`Transport` owns exactly one connection and is not thread-safe.
 """
 
 from __future__ import annotations
 
-import email.utils
 import http.client
-import json
 import logging
-import random
 import ssl
 import time
 import urllib.parse
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from dataclasses import KW_ONLY, dataclass
+from typing import Generic, TypeVar
 
 from shuffled import __version__
-from shuffled.errors import (
-    CorruptData,
-    LocationFailed,
-    Overloaded,
-    ShuffleError,
-    error_from_json,
-)
+from shuffled.client.answers import BadResponse, domain_error, read_error, read_json
+from shuffled.client.chunked import FLUSH, send_chunked
+from shuffled.client.retry import (NO_RETRY, RetryPolicy, ShuffleUnavailable, daemon_failed,
+                                   is_retryable, parse_retry_after)
+from shuffled.errors import Overloaded, ShuffleError
 
 log = logging.getLogger("shuffled.client")
 
 T = TypeVar("T")
 
-# Statuses worth another try; 507 only when the server says a location failed (another disk may
-# take the data), never for "everything is full".
-_RETRY_STATUSES = frozenset({500, 502, 503, 504})
-_MAX_ERROR_BODY = 1 << 16
 _SMALL_BODY = 1 << 16
-_CHUNK = 1 << 20  # a streamed body is sent in chunks of about this size (fewer to parse)
 _STALE_ERRORS = (
     http.client.RemoteDisconnected,
     BrokenPipeError,
@@ -46,57 +39,36 @@ _STALE_ERRORS = (
 
 Query = Sequence[tuple[str, str]] | Mapping[str, str] | None
 Headers = Mapping[str, str] | Callable[[], Mapping[str, str]] | None
-#: A streamed body: called once per try, it yields the body's pieces (sent chunked).
+#: A streamed body: called once per try, it yields the body's pieces (sent chunked; a
+#: :data:`~.chunked.FLUSH` piece sends what is gathered at once).
 Stream = Callable[[], Iterator[bytes | memoryview]]
-#: A piece of a streamed body meaning "send what is gathered now" (pieces are otherwise
-#: gathered into chunks of about 1 MiB): yielded before a wait for the next piece.
-FLUSH = b""
-_IOV_MAX = 1024  # buffers one sendmsg may take (Linux UIO_MAXIOV)
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How hard a client call tries before giving up.
+@dataclass(frozen=True, slots=True)
+class Request(Generic[T]):
+    """One client call, as :meth:`Transport.request` sends it (and again on each retry).
 
-    ``attempts`` counts tries without progress (a resumed download that received more bytes
-    starts its count afresh); sleeps start at ``backoff`` seconds and double, with jitter, up
-    to ``max_backoff``; a 503's ``Retry-After`` is honoured up to ``4 * max_backoff``. No retry
-    starts once ``deadline`` seconds have passed since the call began (or since its last
-    progress, so a long transfer is not cut off just for being long).
+    ``handle`` reads every 2xx answer and any status in ``accept`` into the call's result;
+    other statuses become the domain error rebuilt from the JSON body (retried first if
+    retryable). ``what`` names the call in logs and errors (a key, a task id). The body is
+    ``body`` (sent with Content-Length) or ``stream`` (sent chunked; called once per try).
+    ``headers`` may be a callable so each try can set its own (``Range`` when resuming);
+    ``progress`` (bytes received so far) lets a try that made progress reset the count of
+    failures; ``policy`` overrides the transport's retry policy.
     """
 
-    attempts: int = 6
-    backoff: float = 0.2
-    max_backoff: float = 5.0
-    deadline: float = 120.0
-
-    def __post_init__(self) -> None:
-        if self.attempts < 1:
-            raise ValueError("RetryPolicy.attempts must be >= 1")
-        if self.backoff < 0 or self.max_backoff < 0 or self.deadline < 0:
-            raise ValueError("RetryPolicy backoff, max_backoff and deadline must be >= 0")
-
-    def delay(self, failures: int) -> float:
-        """Sleep before the next try after ``failures`` consecutive failed tries (>= 1)."""
-        base = min(self.max_backoff, self.backoff * (2.0 ** max(0, failures - 1)))
-        return base * (0.5 + random.random() / 2)
-
-
-NO_RETRY = RetryPolicy(attempts=1, backoff=0.0, max_backoff=0.0, deadline=0.0)
-
-
-class ShuffleUnavailable(ShuffleError):
-    """The server could not be reached (connection refused, reset, timed out) within the policy."""
-
-    status = 503
-    code = "unavailable"
-
-
-class BadResponse(ShuffleError):
-    """The server answered something this client cannot use (not JSON, bad Content-Range)."""
-
-    status = 502
-    code = "bad_response"
+    method: str
+    path: str
+    _: KW_ONLY
+    handle: Callable[[http.client.HTTPResponse], T]
+    what: str
+    query: Query = None
+    headers: Headers = None
+    body: bytes | bytearray | memoryview | None = None
+    stream: Stream | None = None
+    accept: Collection[int] = ()
+    progress: Callable[[], int] | None = None
+    policy: RetryPolicy | None = None
 
 
 class _RetryableStatus(Exception):
@@ -114,66 +86,6 @@ class _StaleConnection(Exception):
     def __init__(self, cause: BaseException) -> None:
         super().__init__(repr(cause))
         self.cause = cause
-
-
-def parse_retry_after(value: str | None) -> float | None:
-    """Seconds from a ``Retry-After`` header (delta-seconds or HTTP-date); None if absent/bad."""
-    if not value:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when is None:
-        return None
-    return max(0.0, when.timestamp() - time.time())
-
-
-def is_retryable(status: int, error: ShuffleError) -> bool:
-    """Whether an answer with this status and error is worth another try."""
-    if isinstance(error, CorruptData):
-        return False  # the stored bytes are damaged: asking again returns the same damage
-    if status in _RETRY_STATUSES:
-        return True
-    return status == 507 and error.code == LocationFailed.code
-
-
-def daemon_failed(exc: BaseException) -> bool:
-    """Whether a call that failed (after its retries) failed because of the daemon: it did
-    not answer (:class:`ShuffleUnavailable`) or answered 5xx (unhealthy, draining, full).
-    Then another daemon (a replica, the next of a ring) may serve; any other error is the
-    request's own. CorruptData is not the daemon's: those stored bytes are damaged."""
-    return isinstance(exc, ShuffleUnavailable) or (
-        isinstance(exc, ShuffleError) and exc.status >= 500 and not isinstance(exc, CorruptData))
-
-
-def _read_error(resp: http.client.HTTPResponse) -> tuple[dict[str, Any], bool]:
-    """The JSON error body (or a stand-in naming the status) and whether it was read whole."""
-    raw = resp.read(_MAX_ERROR_BODY + 1)
-    complete = len(raw) <= _MAX_ERROR_BODY and resp.isclosed()
-    raw = raw[:_MAX_ERROR_BODY]
-    body: Any = None
-    try:
-        body = json.loads(raw) if raw else None
-    except ValueError:
-        body = None
-    if not isinstance(body, dict):
-        text = raw.decode("utf-8", "replace").strip()[:300]
-        body = {"error": f"HTTP {resp.status} {resp.reason}" + (f": {text}" if text else "")}
-    return body, complete
-
-
-def domain_error(status: int, body: dict[str, Any], what: str) -> ShuffleError:
-    """The domain error a JSON error body stands for (odd fields dropped, never raises)."""
-    clean = {k: v for k, v in body.items() if isinstance(k, str) and k.isidentifier() and k != "message"}
-    clean.setdefault("request", what)
-    try:
-        return error_from_json(status, clean)
-    except (TypeError, ValueError):
-        return error_from_json(status, {"error": str(body.get("error", f"HTTP {status}"))})
 
 
 class Transport:
@@ -265,7 +177,7 @@ class Transport:
             if stream is not None:
                 conn.endheaders()
                 try:
-                    _send_chunked(conn, stream())
+                    send_chunked(conn, stream())
                 except OSError as exc:
                     send_error = exc  # the server may have answered early: read that
             elif body is not None and 0 < body.nbytes <= _SMALL_BODY:
@@ -300,28 +212,19 @@ class Transport:
             self._conn = None
         return resp
 
-    def _exchange(
-        self,
-        method: str,
-        target: str,
-        headers: Mapping[str, str],
-        body: memoryview | None,
-        handle: Callable[[http.client.HTTPResponse], T],
-        accept: Collection[int],
-        what: str,
-        stream: Stream | None = None,
-    ) -> T:
-        resp = self._send(method, target, headers, body, stream)
+    def _exchange(self, req: Request[T], target: str, headers: Mapping[str, str],
+                  body: memoryview | None, what: str) -> T:
+        resp = self._send(req.method, target, headers, body, req.stream)
         try:
             status = resp.status
-            if 200 <= status < 300 or status in accept:
-                result = handle(resp)
+            if 200 <= status < 300 or status in req.accept:
+                result = req.handle(resp)
                 if not resp.isclosed():
                     # The handler left bytes unread: this connection cannot be reused.
                     resp.close()
                     self.close()
                 return result
-            err_body, complete = _read_error(resp)
+            err_body, complete = read_error(resp)
             if not complete:
                 resp.close()
                 self.close()
@@ -344,32 +247,14 @@ class Transport:
 
     # -- the retry loop -----------------------------------------------------------------
 
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        handle: Callable[[http.client.HTTPResponse], T],
-        what: str,
-        query: Query = None,
-        headers: Headers = None,
-        body: bytes | bytearray | memoryview | None = None,
-        accept: Collection[int] = (),
-        progress: Callable[[], int] | None = None,
-        policy: RetryPolicy | None = None,
-        stream: Stream | None = None,
-    ) -> T:
-        """Send one request, retrying per the policy, and return ``handle(response)``.
-
-        ``handle`` sees every 2xx answer and any status in ``accept``; other statuses become
-        the domain error rebuilt from the JSON body (retried first if retryable). ``headers``
-        may be a callable so each try can set its own (``Range`` when resuming). ``what``
-        names the request in logs and errors (a key, a task id).
-        """
-        policy = policy or self.retry
-        target = self.target(path, query)
-        view = memoryview(body).cast("B") if body is not None else None
-        label = f"{method} {target}"
+    def request(self, req: Request[T]) -> T:
+        """Send ``req``, retrying per its policy (or the transport's), and return what its
+        ``handle`` made of the answer (see :class:`Request`)."""
+        policy = req.policy or self.retry
+        progress, headers, what = req.progress, req.headers, req.what
+        target = self.target(req.path, req.query)
+        view = memoryview(req.body).cast("B") if req.body is not None else None
+        label = f"{req.method} {target}"
         started = self._clock()
         failures = 0
         stale_retried = False
@@ -378,8 +263,7 @@ class Transport:
             hdrs = headers() if callable(headers) else (headers or {})
             retry_after: float | None = None
             try:
-                return self._exchange(method, target, hdrs, view, handle, accept,
-                                      f"{what}: {label}", stream)
+                return self._exchange(req, target, hdrs, view, f"{what}: {label}")
             except _StaleConnection as exc:
                 if not stale_retried:
                     stale_retried = True
@@ -426,68 +310,11 @@ class Transport:
         ) from last
 
 
-def _send_chunked(conn: http.client.HTTPConnection, pieces: Iterator[bytes | memoryview]) -> None:
-    """Send ``pieces`` with HTTP/1.1 chunked coding (RFC 9112 section 7.1): pieces are
-    joined into chunks of about :data:`_CHUNK` (one send each; the receiver parses chunk
-    framing per chunk), larger ones go as they are; :data:`FLUSH` sends what is gathered."""
-    pending: list[bytes | memoryview] = []
-    size = 0
-
-    def chunk(last: bytes = b"") -> None:
-        # Scatter-gather: the pieces go as they are, not joined (a copy of every byte).
-        _send_all(conn, [b"%X\r\n" % size, *pending, b"\r\n" + last])
-
-    for piece in pieces:
-        n = len(piece)
-        if not n:
-            if pending:  # FLUSH
-                chunk()
-                pending, size = [], 0
-            continue
-        pending.append(piece)
-        size += n
-        if size >= _CHUNK:
-            chunk()
-            pending, size = [], 0
-    if pending:
-        chunk(b"0\r\n\r\n")
-    else:
-        _send_all(conn, [b"0\r\n\r\n"])
-
-
-def _send_all(conn: http.client.HTTPConnection, buffers: list[bytes | memoryview]) -> None:
-    """``sendmsg`` the buffers (all of them: a short send resumes where it stopped); TLS
-    sockets have no sendmsg: one send each there."""
-    sock = conn.sock
-    if sock is None or isinstance(sock, ssl.SSLSocket):
-        for b in buffers:
-            conn.send(b)
-        return
-    views = [memoryview(b).cast("B") for b in buffers if len(b)]
-    while views:
-        sent = sock.sendmsg(views[:_IOV_MAX])
-        while views and sent >= len(views[0]):
-            sent -= len(views[0])
-            views.pop(0)
-        if views and sent:
-            views[0] = views[0][sent:]
-
-
-def read_json(resp: http.client.HTTPResponse) -> Any:
-    """The whole response body parsed as JSON (None for an empty body)."""
-    raw = resp.read()
-    if not raw:
-        return None
-    try:
-        return json.loads(raw)
-    except ValueError as exc:
-        raise BadResponse(f"HTTP {resp.status} answer is not JSON: {raw[:100]!r}") from exc
-
-
 __all__ = [
     "FLUSH",
     "NO_RETRY",
     "BadResponse",
+    "Request",
     "RetryPolicy",
     "ShuffleUnavailable",
     "Transport",

@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from shuffled.client.digest import check_crc, crc32c_of
-from shuffled.client.http import Transport
+from shuffled.client.http import Request, Transport
 from shuffled.errors import ShuffleError, TaskFailed
 from shuffled.protocol import (
     COMPLETE_HEADER, CONTENT_DIGEST, NEXT_TOKEN_HEADER, PENDING_BYTES_HEADER,
-    TASK_STATE_HEADER, PartitionKey, parse_crc32c, task_path,
+    TASK_STATE_HEADER, PartitionKey, TaskDataState, parse_crc32c, task_path,
 )
 
 
@@ -31,7 +31,7 @@ class NotComplete(ShuffleError):
     code = "not_complete"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Page:
     """One answer: its bytes (empty when there was nothing new), the token to ask next,
     whether the partition is complete, stored bytes still to come, the task's state."""
@@ -41,7 +41,7 @@ class Page:
     next_token: int
     complete: bool
     pending_bytes: int
-    state: str
+    state: str  # a TaskDataState value (kept as sent: a newer daemon may name others)
 
 
 def _query(key: PartitionKey, subs: Sequence[str] | None) -> list[tuple[str, str]]:
@@ -62,21 +62,22 @@ def read_page(http_: Transport, key: PartitionKey, token: int, *, max_bytes: int
         body = resp.read()
         check_crc(crc32c_of(body), parse_crc32c(resp.getheader(CONTENT_DIGEST)),
                   f"{key} page {token}")
-        return Page(token, body, int(resp.getheader(NEXT_TOKEN_HEADER) or token),
-                    resp.getheader(COMPLETE_HEADER) == "true",
-                    int(resp.getheader(PENDING_BYTES_HEADER) or 0),
-                    resp.getheader(TASK_STATE_HEADER) or "none")
+        return Page(token=token, body=body,
+                    next_token=int(resp.getheader(NEXT_TOKEN_HEADER) or token),
+                    complete=resp.getheader(COMPLETE_HEADER) == "true",
+                    pending_bytes=int(resp.getheader(PENDING_BYTES_HEADER) or 0),
+                    state=resp.getheader(TASK_STATE_HEADER) or TaskDataState.NONE)
 
-    return http_.request("GET", f"{task_path(key.supervisor_task_id)}/partition/pages",
-                         query=query, handle=handle, what=f"page {token} of {key}")
+    return http_.request(Request("GET", f"{task_path(key.supervisor_task_id)}/partition/pages",
+                                 query=query, handle=handle, what=f"page {token} of {key}"))
 
 
 def ack_page(http_: Transport, key: PartitionKey, token: int) -> None:
     """``DELETE .../partition/pages?token``: Presto's acknowledge (releases nothing that
     the data needs; the daemon keeps no per-reader state)."""
-    http_.request("DELETE", f"{task_path(key.supervisor_task_id)}/partition/pages",
-                  query=list(key.query().items()) + [("token", str(token))],
-                  handle=lambda resp: resp.read(), what=f"ack {token} of {key}")
+    http_.request(Request("DELETE", f"{task_path(key.supervisor_task_id)}/partition/pages",
+                          query=list(key.query().items()) + [("token", str(token))],
+                          handle=lambda resp: resp.read(), what=f"ack {token} of {key}"))
 
 
 def iter_pages(http_: Transport, key: PartitionKey, *, max_bytes: int = 8 << 20,
@@ -92,7 +93,7 @@ def iter_pages(http_: Transport, key: PartitionKey, *, max_bytes: int = 8 << 20,
     wait = 0.0  # ask at once; after an answer with nothing new, wait for news
     while True:
         page = read_page(http_, key, token, max_bytes=max_bytes, subs=subs, max_wait=wait)
-        if page.state == "failed":
+        if page.state == TaskDataState.FAILED:
             raise TaskFailed(f"{key.supervisor_task_id} was marked failed on the daemon: "
                              f"{key} will never be complete", partition=key.partition_id)
         if page.body:

@@ -12,11 +12,12 @@ import http.client
 import json
 from collections.abc import Callable, Sequence
 
-from shuffled.client.http import Transport, domain_error
+from shuffled.client.answers import domain_error
+from shuffled.client.http import Request, Transport
 from shuffled.crc import crc32c
 from shuffled.errors import DigestMismatch
 from shuffled.framing import (
-    FIXED_LEN, PARTITIONS_MEDIA_TYPE, FramingError, end_count, parse_fixed, parse_header,
+    FIXED_LEN, FramingError, end_count, parse_fixed, parse_header,
     partition_of,
 )
 from shuffled.protocol import PartitionKey
@@ -52,7 +53,8 @@ def reader(sup: str, wanted: Sequence[Wanted]) -> Callable[[http.client.HTTPResp
 
     def handle(resp: http.client.HTTPResponse) -> list[Answer] | None:
         if resp.status in (404, 405):
-            return _missing_route(resp, sup)
+            _missing_route(resp, sup)  # raises NotFound unless the route is missing
+            return None
         out: list[Answer] = []
         while True:
             frame = parse_fixed(_exact(resp, FIXED_LEN))
@@ -94,7 +96,7 @@ def read(transport: Transport, path: str, sup: str, wanted: Sequence[Wanted],
          ) -> list[Answer] | None:
     """One bulk read of ``wanted`` (at most :data:`MAX_PER_REQUEST`); None if the daemon
     has no such route."""
-    return transport.request(
+    return transport.request(Request(
         "POST", path, body=request_body(wanted), headers={"Content-Type": "application/json"},
         handle=reader(sup, wanted), what=f"bulk read of {len(wanted)} partitions of {sup}",
-        accept=(404, 405))
+        accept=(404, 405)))

@@ -2,14 +2,40 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from shuffled import __version__
 from shuffled.errors import error_codes
 
-# Request latency buckets from 1 ms to 2 min: small GETs up to 256 MiB transfers.
-# The outcome label of shuffled_overlord_requests_total (shuffled.cleanup.overlord counts them).
-OVERLORD_OUTCOMES = ("ok", "unreachable", "timeout", "http_error", "bad_answer")
+
+
+class OverlordOutcome(StrEnum):
+    """The ``outcome`` label of shuffled_overlord_requests_total: how a task-status call to
+    the overlord ended (shuffled.cleanup.overlord counts them)."""
+
+    OK = "ok"
+    UNREACHABLE = "unreachable"  # refused, reset, no route
+    TIMEOUT = "timeout"
+    HTTP_ERROR = "http_error"  # answered, not 200
+    BAD_ANSWER = "bad_answer"  # 200, but not a usable answer
+
+
+class LongPoll(StrEnum):
+    """The ``outcome`` label of shuffled_long_polls_total: how a wait for news ended."""
+
+    EARLY = "early"  # news came
+    TIMEOUT = "timeout"  # maxWait passed
+
+
+class Served(StrEnum):
+    """The ``route`` label of shuffled_served_bytes_total and shuffled_served_requests_total."""
+
+    PARTIAL = "partial"  # one partial segment
+    PARTITION = "partition"  # whole partitions as one Arrow stream
+    PAGES = "pages"  # a page of a paged partition read
+
 # Statuses of shuffled_http_requests_total exported at zero for every route (export_routes).
 ROUTE_STATUSES = ("200", "500")
 # Rejected-request reasons besides the domain errors' codes: aiohttp's own refusals (its
@@ -17,6 +43,7 @@ ROUTE_STATUSES = ("200", "500")
 OTHER_REASONS = ("draining", "internal", "method_not_allowed", "not_found",
                  "request_entity_too_large", "bad_request")
 
+# Request latency buckets from 1 ms to 2 min: small GETs up to 256 MiB transfers.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                    10.0, 30.0, 60.0, 120.0)
 
@@ -89,13 +116,13 @@ class Metrics:
         # Every label value known in advance is exported at zero from the first scrape, so
         # rate() and the shipped alert rules work before the first event (Prometheus' advice
         # on missing metrics); routes are added by the app (export_routes).
-        for outcome in ("early", "timeout"):
-            self.long_polls.labels(outcome)
+        for how in LongPoll:
+            self.long_polls.labels(how)
         for reason in sorted(set(error_codes()) | set(OTHER_REASONS)):
             self.rejected.labels(reason)
-        for outcome in OVERLORD_OUTCOMES:
+        for outcome in OverlordOutcome:
             self.overlord_requests.labels(outcome)
-        for route in ("partial", "partition", "pages"):
+        for route in Served:
             self.served_bytes.labels(route)
             self.served_requests.labels(route)
         for cause in ("request", "expired", "max_age"):

@@ -48,7 +48,8 @@ def make_app(settings: Settings, *, registry: CollectorRegistry | None = None,
     app = web.Application(middlewares=middlewares, client_max_size=1 << 20)
     app.on_response_prepare.append(add_request_id)
     sweeper = Sweeper.from_settings(store, settings, metrics)
-    app[STATE] = DaemonState(settings, store, metrics, uploads, downloads, drain, sweeper)
+    app[STATE] = DaemonState(settings=settings, store=store, metrics=metrics, uploads=uploads,
+                             downloads=downloads, drain=drain, sweeper=sweeper)
 
     sup = r"{sup}"
     task = f"{API_PREFIX}/tasks/{sup}"

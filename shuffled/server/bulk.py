@@ -23,10 +23,10 @@ from shuffled import framing2
 from shuffled.framing import (
     FIXED_LEN, MEDIA_TYPE, FramingError, data_key, end_count, parse_fixed, parse_header,
 )
-from shuffled.protocol import PartialKey, crc_hex, validate_id
+from shuffled.protocol import PartialKey, PartialStatus, crc_hex, validate_id
 from shuffled.server.errors import REJECT_REASON
 from shuffled.server.state import state_of
-from shuffled.storage import SMALL, BulkSession, PutResult, SchemaMessage
+from shuffled.storage import SMALL, BulkSession, PutResult, Rejected, SchemaMessage
 
 CHUNK = 1 << 20
 # The store gathers small partials (up to 1 MiB) before writing them. When the client has
@@ -121,13 +121,13 @@ def _item(key: PartialKey) -> dict[str, Any]:
 
 def _stored(key: PartialKey, result: PutResult) -> dict[str, Any]:
     meta = result.meta
-    return {**_item(key), "status": "replaced" if result.replaced else "created",
+    return {**_item(key), "status": result.status,
             "bytes": meta.size, "rows": meta.rows, "crc32c": crc_hex(meta.crc),
             "generation": meta.generation}
 
 
 def _rejected(key: PartialKey, error: ShuffleError) -> dict[str, Any]:
-    return {**_item(key), "status": "rejected",
+    return {**_item(key), "status": PartialStatus.REJECTED,
             "error": {**error.to_json(), "status": error.status}}
 
 
@@ -240,12 +240,12 @@ async def post_partials(request: web.Request) -> web.Response:
                 failure = exc
             outcomes = await session.finish()
     for (index, key), outcome in zip(batch.pending, outcomes, strict=True):
-        if isinstance(outcome, PutResult):
-            batch.items[index] = _stored(key, outcome)
-            state.metrics.received_bytes.inc(outcome.meta.size)
-            state.metrics.received_partials.inc()
-        else:
-            batch.items[index] = _rejected(key, outcome)
+        if isinstance(outcome, Rejected):
+            batch.items[index] = _rejected(key, outcome.error)
+            continue
+        batch.items[index] = _stored(key, outcome)
+        state.metrics.received_bytes.inc(outcome.meta.size)
+        state.metrics.received_partials.inc()
     # A frame cut inside its body has no item: count what was received whole.
     done = [i for i in batch.items if i is not None]
     return _answer(request, sup, len(done), done, failure)
@@ -255,7 +255,7 @@ def _answer(request: web.Request, sup: str, count: int, items: list[dict[str, An
             failure: ShuffleError | None) -> web.Response:
     """The batch's answer: 200 when complete, else the failure's status and error fields
     with ``complete: false`` and what was decided before it."""
-    stored = sum(1 for i in items if i["status"] != "rejected")
+    stored = sum(1 for i in items if i["status"] != PartialStatus.REJECTED)
     body = {"supervisorTaskId": sup, "complete": failure is None, "count": count,
             "stored": stored, "rejected": len(items) - stored, "partials": items}
     if failure is None:

@@ -14,6 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from shuffled import __version__
 from shuffled.errors import BadRequest, InvalidBody, NotFound, RequestTimeout
+from shuffled.metrics import Served
 from shuffled.protocol import (
     ARROW_STREAM, CONTENT_DIGEST, GENERATION_HEADER, REPR_DIGEST, ROWS_HEADER, Interval,
     PartialKey, PartitionKey, format_crc32c, parse_crc32c, parse_partition_id, validate_id,
@@ -124,8 +125,8 @@ async def get_partial(request: web.Request) -> web.StreamResponse:
                                   [r if isinstance(r, bytes) else (fobj, *r)
                                    for r in byte_range(meta, offset, count)], state.store.run)
                 request[SENT_BYTES] = count
-                state.metrics.served_bytes.labels("partial").inc(count)
-                state.metrics.served_requests.labels("partial").inc()
+                state.metrics.served_bytes.labels(Served.PARTIAL).inc(count)
+                state.metrics.served_requests.labels(Served.PARTIAL).inc()
                 state.store.record_served(key.supervisor_task_id, count)
             await response.write_eof()
             return response
@@ -176,8 +177,8 @@ async def get_partition(request: web.Request) -> web.StreamResponse:
             await response.write_eof()
             if request.method != "HEAD":
                 request[SENT_BYTES] = sent
-                state.metrics.served_bytes.labels("partition").inc(sent)
-                state.metrics.served_requests.labels("partition").inc()
+                state.metrics.served_bytes.labels(Served.PARTITION).inc(sent)
+                state.metrics.served_requests.labels(Served.PARTITION).inc()
                 state.store.record_served(key.supervisor_task_id, sent)
             return response
         finally:

@@ -14,6 +14,7 @@ import uuid
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
+from aiohttp.typedefs import Middleware
 from aiohttp.web_request import BaseRequest
 
 from shuffled.errors import Overloaded, ShuffleError, Unauthorized
@@ -120,7 +121,7 @@ def _basic_password(credentials: str) -> bytes | None:
     return password if sep else None
 
 
-def auth_middleware(token: str, metrics_require_auth: bool) -> web.middleware:
+def auth_middleware(token: str, metrics_require_auth: bool) -> Middleware:
     """Require ``Authorization: Bearer <token>`` (RFC 6750) on every route but health;
     GETs of :data:`BROWSER_PATHS` also take ``Basic`` (RFC 7617) with the token as the
     password, and ``/ui`` without either answers a browser's login challenge."""
@@ -190,7 +191,7 @@ class Drain:
                 self._idle.set()
 
 
-def metrics_middleware(metrics: Metrics) -> web.middleware:
+def metrics_middleware(metrics: Metrics) -> Middleware:
     """Latency by route template (never the raw path: unbounded), status, rejections."""
 
     @web.middleware

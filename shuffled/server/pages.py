@@ -28,8 +28,10 @@ from shuffled.crc import crc32c
 from shuffled.errors import BadRequest, Conflict, InvalidBody, NotFound
 from shuffled.protocol import (
     ARROW_STREAM, COMPLETE_HEADER, CONTENT_DIGEST, NEXT_TOKEN_HEADER, PAGE_TOKEN_HEADER,
-    PENDING_BYTES_HEADER, TASK_STATE_HEADER, PartitionKey, format_crc32c, validate_id,
+    PENDING_BYTES_HEADER, TASK_STATE_HEADER, PartitionKey, TaskDataState, format_crc32c,
+    validate_id,
 )
+from shuffled.metrics import LongPoll, Served
 from shuffled.server.handlers import _partition_key
 from shuffled.server.middleware import SENT_BYTES
 from shuffled.server.state import DaemonState, state_of
@@ -68,12 +70,12 @@ def _wait(request: web.Request, state: DaemonState) -> float:
     return min(seconds, state.settings.long_poll_max)
 
 
-def task_state(state: DaemonState, watch: TaskWatch, sup: str) -> str:
+def task_state(state: DaemonState, watch: TaskWatch, sup: str) -> TaskDataState:
     if watch.failed(sup):
-        return "failed"
+        return TaskDataState.FAILED
     if sup in state.store.seals:
-        return "sealed"
-    return "running" if state.store.task(sup) is not None else "none"
+        return TaskDataState.SEALED
+    return TaskDataState.RUNNING if state.store.task(sup) is not None else TaskDataState.NONE
 
 
 def _partials(state: DaemonState, key: PartitionKey, subs: list[str] | None,
@@ -146,7 +148,7 @@ async def get_pages(request: web.Request) -> web.StreamResponse:
     page, metas, complete = await _plan(state, key, subs, token, max_bytes)
     if not page.batches and not complete and wait > 0:
         early = await watch.wait(changed, wait)
-        state.metrics.long_polls.labels("early" if early else "timeout").inc()
+        state.metrics.long_polls.labels(LongPoll.EARLY if early else LongPoll.TIMEOUT).inc()
         if watch.failed(sup):
             return _failed(headers, token)
         page, metas, complete = await _plan(state, key, subs, token, max_bytes)
@@ -168,15 +170,15 @@ async def get_pages(request: web.Request) -> web.StreamResponse:
     state.store.touch(sup)
     headers[CONTENT_DIGEST] = format_crc32c(crc32c(body))
     request[SENT_BYTES] = len(body)
-    state.metrics.served_bytes.labels("pages").inc(len(body))
-    state.metrics.served_requests.labels("pages").inc()
+    state.metrics.served_bytes.labels(Served.PAGES).inc(len(body))
+    state.metrics.served_requests.labels(Served.PAGES).inc()
     state.store.record_served(sup, len(body))
     return web.Response(body=body, headers=headers)
 
 
 def _failed(headers: dict[str, str], token: int) -> web.Response:
     headers.update({NEXT_TOKEN_HEADER: str(token), COMPLETE_HEADER: "false",
-                    PENDING_BYTES_HEADER: "0", TASK_STATE_HEADER: "failed"})
+                    PENDING_BYTES_HEADER: "0", TASK_STATE_HEADER: TaskDataState.FAILED})
     return web.Response(status=200, headers=headers)
 
 
@@ -238,7 +240,7 @@ async def get_state(request: web.Request) -> web.Response:
     body = _state_body(state, watch, sup)
     if known is not None and known == body["tag"] and wait > 0:
         early = await watch.wait(changed, wait)
-        state.metrics.long_polls.labels("early" if early else "timeout").inc()
+        state.metrics.long_polls.labels(LongPoll.EARLY if early else LongPoll.TIMEOUT).inc()
         body = _state_body(state, watch, sup)
     return web.Response(text=json.dumps(body), content_type="application/json")
 

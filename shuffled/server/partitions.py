@@ -21,6 +21,7 @@ from aiohttp import web
 
 from shuffled.errors import BadRequest
 from shuffled.framing import PARTITIONS_MEDIA_TYPE, encode_end, encode_partition
+from shuffled.metrics import Served
 from shuffled.protocol import Interval, PartitionKey, parse_partition_id, validate_id
 from shuffled.server.errors import RESPONSE_STARTED
 from shuffled.server.middleware import SENT_BYTES
@@ -118,7 +119,7 @@ async def read_partitions(request: web.Request) -> web.StreamResponse:
         await response.write(end)
     await response.write_eof()
     request[SENT_BYTES] = sent
-    state.metrics.served_bytes.labels("partition").inc(sent)
-    state.metrics.served_requests.labels("partition").inc(len(wanted))
+    state.metrics.served_bytes.labels(Served.PARTITION).inc(sent)
+    state.metrics.served_requests.labels(Served.PARTITION).inc(len(wanted))
     state.store.record_served(sup, sent)
     return response

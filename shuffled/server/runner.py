@@ -10,6 +10,7 @@ import signal
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -110,9 +111,9 @@ async def serve(settings: Settings, *, registry: CollectorRegistry | None = None
     # Bound before the app starts: a port in use is then one ConfigError, with no location
     # locked, no store opened and no scheduler started (nor logging) before it.
     sockets = listen_sockets(settings.host, settings.port)
-    kwargs = {"clock": clock} if clock is not None else {}
     try:
-        app = make_app(settings, registry=registry, **kwargs)
+        app = make_app(settings, registry=registry,
+                       clock=time.time if clock is None else clock)
         runner = web.AppRunner(app, handle_signals=False,
                                access_log=access_log if settings.access_log else None,
                                access_log_class=AccessLog,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Awaitable, Callable, Sequence
-from typing import IO
+from typing import IO, Any, Protocol, TypeVar
 
 from aiohttp import web
 
@@ -20,10 +20,18 @@ CHUNK = 1 << 20
 SMALL = 256 << 10  # pieces up to this size are gathered, not sendfile'd
 GATHER = 1 << 20  # bytes gathered per buffer (per concurrent aggregate GET)
 
+T = TypeVar("T")
+
+
+class Run(Protocol):
+    """Runs blocking ``fn(*args)`` off the event loop (the store's I/O threads)."""
+
+    def __call__(self, fn: Callable[..., T], /, *args: Any) -> Awaitable[T]: ...
+
 
 async def send_range(request: web.Request, response: web.StreamResponse, fobj: IO[bytes],
                      offset: int, count: int,
-                     run: Callable[..., Awaitable[bytes]]) -> None:
+                     run: Run) -> None:
     """Write ``count`` bytes of ``fobj`` from ``offset`` after ``response`` was prepared."""
     if count <= 0:
         return
@@ -58,7 +66,7 @@ Piece = tuple[IO[bytes], int, int] | bytes  # a file range, or bytes to send as 
 
 async def send_ranges(request: web.Request, response: web.StreamResponse,
                       ranges: Sequence[Piece],
-                      run: Callable[..., Awaitable[bytearray]]) -> None:
+                      run: Run) -> None:
     """Write each ``(file, offset, count)`` (or bytes) in order: runs of small pieces
     gathered into buffers of up to :data:`GATHER` bytes, large ranges with
     :func:`send_range`.

@@ -16,7 +16,7 @@ from shuffled.server.middleware import Drain
 from shuffled.storage import Store
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DaemonState:
     settings: Settings
     store: Store

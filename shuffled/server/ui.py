@@ -20,6 +20,7 @@ from aiohttp import web
 
 from shuffled import __version__
 from shuffled.cleanup.sweeper import SweepRecord
+from shuffled.protocol import TaskDataState
 from shuffled.server.state import DaemonState, state_of
 from shuffled.server.views import disk_usages
 from shuffled.server.waiters import WATCH
@@ -95,7 +96,7 @@ def _location_row(loc: Location, usage: tuple[int, int]) -> str:
             f"<td>{health}</td></tr>")
 
 
-def _task_row(entry: TaskEntry, state: str, now: float, timeout: float) -> str:
+def _task_row(entry: TaskEntry, state: TaskDataState, now: float, timeout: float) -> str:
     left = entry.last_access + timeout - now
     return (f"<tr><td><code>{escape(entry.supervisor_task_id)}</code></td><td>{state}</td>"
             f'<td class="n">{_bytes(entry.bytes)}</td><td class="n">{entry.files}</td>'
@@ -113,7 +114,7 @@ def _sweep_row(record: SweepRecord, now: float) -> str:
             f"<td>{outcome}</td></tr>")
 
 
-def render(state: DaemonState, usages: list[tuple[int, int]], task_states: dict[str, str],
+def render(state: DaemonState, usages: list[tuple[int, int]], task_states: dict[str, TaskDataState],
            now: float, where: str = "") -> str:
     """The page's HTML (``usages``: (file system bytes, free bytes) per location;
     ``where``: the machine and the address this page was served from)."""
@@ -131,8 +132,8 @@ def render(state: DaemonState, usages: list[tuple[int, int]], task_states: dict[
             + (' &middot; <span class="bad">draining</span>' if state.drain.draining else "")
             + "</p>")
     locs = "".join(_location_row(loc, u) for loc, u in zip(store.locations, usages))
-    rows = "".join(_task_row(t, task_states.get(t.supervisor_task_id, "running"), now,
-                             settings.expiry_timeout) for t in shown)
+    rows = "".join(_task_row(t, task_states.get(t.supervisor_task_id, TaskDataState.RUNNING),
+                             now, settings.expiry_timeout) for t in shown)
     more = (f"<p class=meta>and {len(tasks) - len(shown)} more (smaller) tasks: "
             f"<code>GET /druid/worker/v1/shuffle/tasks</code> lists all</p>"
             if len(tasks) > len(shown) else "")
@@ -176,13 +177,13 @@ async def page(request: web.Request) -> web.Response:
     store = state.store
 
     watch = request.app.get(WATCH)
-    states = {}
+    states: dict[str, TaskDataState] = {}
     for entry in store.tasks():
         sup = entry.supervisor_task_id
         if watch is not None and watch.failed(sup):
-            states[sup] = "failed"
+            states[sup] = TaskDataState.FAILED
         elif sup in store.seals:
-            states[sup] = "sealed"
+            states[sup] = TaskDataState.SEALED
     html = render(state, await store.run(disk_usages, store.locations), states, store.clock(),
                   where=_where(request))
     return web.Response(text=html, content_type="text/html", charset="utf-8")

@@ -121,8 +121,8 @@ class Lost:
 
 
 Record = Union[Partial, TaskStats, Declined, Segment, Lost]
-_KINDS: dict[str, type[Any]] = {"partial": Partial, "stats": TaskStats, "declined": Declined,
-                                "segment": Segment, "lost": Lost}
+_KINDS: dict[str, type[Record]] = {"partial": Partial, "stats": TaskStats, "declined": Declined,
+                                   "segment": Segment, "lost": Lost}
 _KIND_OF = {cls: kind for kind, cls in _KINDS.items()}
 
 
@@ -169,7 +169,7 @@ def load(line: str) -> Record:
         if name not in names:
             raise RecordError(f"{kind} record has an unknown field {key!r}")
         args[name] = tuple(value) if isinstance(value, list) else value
-    return cls(**args)  # type: ignore[no-any-return]
+    return cls(**args)
 
 
 __all__ = ["Declined", "Lost", "Partial", "PartitionId", "Record", "RecordError", "Segment",

@@ -7,14 +7,15 @@ plan of paged reads (:mod:`.pageplan`). The modules below it each own one idea.
 """
 
 from shuffled.storage.arrowfile import EOS, SchemaMessage
-from shuffled.storage.index import PartialMeta, TaskEntry
 from shuffled.storage.location import Location
 from shuffled.storage.pageplan import MAX_TOKEN, Page, plan_page
-from shuffled.storage.session import SMALL, BulkSession, PutResult
+from shuffled.storage.records import PartialMeta, TaskEntry
 from shuffled.storage.store import Store
 from shuffled.storage.streams import (FastPlan, Reencoder, byte_range, fast_plan, stream_pieces,
                                       unified_schema)
+from shuffled.storage.outcomes import Outcome, PutResult, Rejected
+from shuffled.storage.upload import SMALL, BulkSession
 
-__all__ = ["EOS", "MAX_TOKEN", "SMALL", "BulkSession", "FastPlan", "Location", "Page",
-           "PartialMeta", "PutResult", "Reencoder", "SchemaMessage", "Store", "TaskEntry", "byte_range",
+__all__ = ["EOS", "MAX_TOKEN", "SMALL", "BulkSession", "FastPlan", "Location", "Outcome", "Page",
+           "PartialMeta", "PutResult", "Rejected", "Reencoder", "SchemaMessage", "Store", "TaskEntry", "byte_range",
            "fast_plan", "plan_page", "stream_pieces", "unified_schema"]

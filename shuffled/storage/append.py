@@ -1,7 +1,7 @@
 """Appending partial segments to a pack: CRC while streaming, validate, or cut it off.
 
 Every function here blocks; the store calls them from its I/O threads. An uploaded stream
-is stored as storage format 3 has it (:class:`~.index.PartialMeta`): its schema message
+is stored as storage format 3 has it (:class:`~.records.PartialMeta`): its schema message
 once per pack and schema, its body, no end-of-stream marker. Nothing appended is visible
 until the group commit (:mod:`shuffled.storage.commit`) records it in the catalog; a
 refused partial is cut off the pack's end, so it leaves nothing.
@@ -18,11 +18,11 @@ from shuffled.crc import crc32c
 from shuffled.errors import DigestMismatch, ShuffleError
 from shuffled.protocol import PartialKey, crc_hex
 from shuffled.storage import arrowfile
-from shuffled.storage.index import PartialMeta
 from shuffled.storage.packs import Pack
+from shuffled.storage.records import PartialMeta
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Written:
     """A validated partial segment in a pack, waiting for its commit."""
 
@@ -136,8 +136,9 @@ class Append:
         facts = arrowfile.inspect(str(self.pack.path), self.size, body_crc, self.offset)
         self.pack.cut(self.offset + self.size - len(arrowfile.EOS))
         self.pack.schemas.setdefault((facts.schema_crc, facts.schema_len), self.offset)
-        return Written(self.pack, self.offset + facts.schema_len, self.size, self.crc, facts,
-                       self.offset, self.size - len(arrowfile.EOS))
+        return Written(pack=self.pack, offset=self.offset + facts.schema_len, size=self.size,
+                       crc=self.crc, facts=facts, schema_at=self.offset,
+                       stored=self.size - len(arrowfile.EOS))
 
     def discard(self) -> None:
         """Cut what was appended off the pack."""
@@ -206,21 +207,22 @@ def append_small(pack: Pack, items: Sequence[Small], fsync: bool = False,
     good: list[memoryview] = []
     start = at = pack.size
     for n, (i, schema, body, crc, body_crc) in enumerate(parts):
-        got = checked[n]
-        if isinstance(got, ShuffleError):
-            out[i] = got
+        facts = checked[n]
+        if isinstance(facts, ShuffleError):
+            out[i] = facts
             continue
-        head = len(schema.data)
-        schema_at = pack.schemas.get((schema.crc, head))
+        schema_len = len(schema.data)
+        schema_at = pack.schemas.get((schema.crc, schema_len))
         stored = len(body)
         if schema_at is None:
-            schema_at = pack.schemas[(schema.crc, head)] = at
+            schema_at = pack.schemas[(schema.crc, schema_len)] = at
             good.append(memoryview(schema.data))
-            at += head
-            stored += head
+            at += schema_len
+            stored += schema_len
         good.append(body)
-        out[i] = Written(pack, at, head + len(body) + len(arrowfile.EOS), crc,
-                         schema.facts(got[0], got[1], body_crc), schema_at, stored)
+        out[i] = Written(pack=pack, offset=at, size=schema_len + len(body) + len(arrowfile.EOS),
+                         crc=crc, facts=schema.facts(facts[0], facts[1], body_crc),
+                         schema_at=schema_at, stored=stored)
         at += len(body)
     if good:
         try:

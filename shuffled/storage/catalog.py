@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from shuffled.storage import layout
-from shuffled.storage.index import slot_key
+from shuffled.storage.records import slot_key
 
 #: Storage format 3: ``offset`` is where the body starts, ``schema_at`` where the schema
-#: message is, ``size`` the whole stream's length (:class:`~.index.PartialMeta`).
+#: message is, ``size`` the whole stream's length (:class:`~.records.PartialMeta`).
 COLUMNS = ("sup", "start", "end", "pid", "sub", "generation", "pack", "offset", "size",
            "rows", "crc", "schema_len", "schema_crc", "body_crc", "dicts", "created",
            "schema_at")
@@ -208,9 +208,10 @@ class Catalog:
     def pack_tail(self, sup: str, pack: int) -> tuple[int, int, int] | None:
         """The last body of one pack: (offset, length, CRC32C), or None if it holds none
         (a schema message is always before the bodies that refer to it)."""
-        return self.writer.execute(
+        tail: tuple[int, int, int] | None = self.writer.execute(
             f'SELECT "offset", size - schema_len - 8, body_crc FROM partials '
             f'WHERE sup = ? AND pack = ? ORDER BY "offset" DESC LIMIT 1', (sup, pack)).fetchone()
+        return tail
 
     @_disk_errors
     def shared_keys(self, other: Path) -> list[tuple[Row, int]]:
@@ -264,8 +265,10 @@ class Catalog:
     # -- reads (event loop thread) -------------------------------------------------------
 
     def lookup(self, sup: str, start: int, end: int, pid: int, sub: str) -> Row | None:
-        return self.reader.execute(f"SELECT {_COLS} FROM partials WHERE {_KEY} AND sub = ?",
-                                   (sup, start, end, pid, sub)).fetchone()
+        row: Row | None = self.reader.execute(
+            f"SELECT {_COLS} FROM partials WHERE {_KEY} AND sub = ?",
+            (sup, start, end, pid, sub)).fetchone()
+        return row
 
     def partition(self, sup: str, start: int, end: int, pid: int,
                   subs: Sequence[str] | None) -> list[Row]:

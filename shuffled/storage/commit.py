@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from shuffled.storage.catalog import Catalog, Row
-from shuffled.storage.index import PartialMeta
 from shuffled.storage.packs import Pack
+from shuffled.storage.records import PartialMeta
 
 
 @dataclass(slots=True)
@@ -42,8 +42,8 @@ class _Item:
 class GroupCommit:
     """Commits one location's partials in groups, on that location's writer thread."""
 
-    def __init__(self, index: int, catalog: Catalog, writer: ThreadPoolExecutor, fsync: bool,
-                 peers: Sequence[tuple[int, Catalog]] = ()) -> None:
+    def __init__(self, index: int, catalog: Catalog, writer: ThreadPoolExecutor, *,
+                 fsync: bool, peers: Sequence[tuple[int, Catalog]] = ()) -> None:
         self.index = index
         self.catalog = catalog
         self.writer = writer

@@ -18,19 +18,20 @@ from shuffled.storage.book import TaskBook
 from shuffled.storage.catalog import Catalog, Row
 from shuffled.storage.commit import GroupCommit, Landed
 from shuffled.storage.horizon import Horizon
-from shuffled.storage.index import PartialMeta, TaskEntry
 from shuffled.storage.inflight import Uploads
 from shuffled.storage.location import Location
 from shuffled.storage.packsource import PackSource
+from shuffled.storage.records import PartialMeta, TaskEntry
 from shuffled.storage.threads import IoThreads
 
-Outcome = asyncio.Future[list[int | None]]
+#: A group's commit: once landed, per partial the generation it replaced (None: new).
+Landing = asyncio.Future[list[int | None]]
 
 
 class Committer:
     """Submits written partials and books what landed (event loop only)."""
 
-    def __init__(self, locations: Sequence[Location], catalogs: Sequence[Catalog],
+    def __init__(self, *, locations: Sequence[Location], catalogs: Sequence[Catalog],
                  commits: Sequence[GroupCommit], threads: IoThreads, horizon: Horizon,
                  book: TaskBook, uploads: Uploads, packs: PackSource,
                  notify: Callable[[str], None]) -> None:
@@ -45,7 +46,7 @@ class Committer:
         self.notify = notify
 
     def submit(self, loc: Location, written: Sequence[tuple[PartialKey, Written]],
-               ) -> tuple[list[PartialMeta], Outcome]:
+               ) -> tuple[list[PartialMeta], Landing]:
         """Submit partials written to one pack to the location's group commit; the future
         gives, per partial, the size of the one it replaced (None if new) once durable."""
         metas = []
@@ -60,12 +61,12 @@ class Committer:
         several = len(self.locations) > 1 and entry is not None
         look = [several and m.slot_key in entry.slots for m in metas]  # type: ignore[union-attr]
         landed = self.commits[loc.index].submit(metas, written[0][1].pack, look)
-        outcome: Outcome = asyncio.get_running_loop().create_future()
+        outcome: Landing = asyncio.get_running_loop().create_future()
         landed.add_done_callback(lambda f: self._landed(sup, metas, f, outcome))
         return metas, outcome
 
     def _landed(self, sup: str, metas: list[PartialMeta], future: asyncio.Future[list[Landed]],
-                outcome: Outcome) -> None:
+                outcome: Landing) -> None:
         """A group landed (or failed): update the task's figures, then resolve ``outcome``
         with the size each partial replaced, wherever it was. Runs on the loop."""
         self.horizon.land([m.generation for m in metas])

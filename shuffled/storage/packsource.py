@@ -14,7 +14,7 @@ from typing import Any
 
 from shuffled.storage import packs
 from shuffled.storage.location import Location
-from shuffled.storage.placement import RoundRobin
+from shuffled.storage.roundrobin import RoundRobin
 from shuffled.storage.threads import IoThreads
 
 log = logging.getLogger("shuffled.storage")

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from shuffled.storage.arrowfile import EOS
-from shuffled.storage.index import PartialMeta
+from shuffled.storage.records import PartialMeta
 from shuffled.storage.streams import messages
 
 BATCH_BITS = 20  # record batches addressable per partial: 1M

@@ -20,9 +20,9 @@ from shuffled.errors import BadRequest, Conflict, NotFound
 from shuffled.protocol import PartialKey, PartitionKey
 from shuffled.storage.book import TaskBook
 from shuffled.storage.catalog import Catalog, Row
-from shuffled.storage.index import PartialMeta
 from shuffled.storage.location import Location
 from shuffled.storage.oserrors import translate
+from shuffled.storage.records import PartialMeta
 from shuffled.storage.threads import IoThreads
 
 Cursor = tuple[int, int, int, str]

@@ -17,11 +17,11 @@ from typing import Any
 
 from shuffled.storage.book import TaskBook
 from shuffled.storage.catalog import Catalog
-from shuffled.storage.index import TaskEntry
 from shuffled.storage.inflight import Uploads
 from shuffled.storage.location import Location
 from shuffled.storage.oserrors import marks_unhealthy, translate
 from shuffled.storage.packsource import PackSource
+from shuffled.storage.records import TaskEntry
 from shuffled.storage.seals import Seals
 from shuffled.storage.threads import IoThreads
 
@@ -41,7 +41,7 @@ def _remove_tree(path: Any) -> None:
 class Removal:
     """Deletes tasks everywhere; remembers and retries what it could not remove."""
 
-    def __init__(self, locations: Sequence[Location], catalogs: Sequence[Catalog],
+    def __init__(self, *, locations: Sequence[Location], catalogs: Sequence[Catalog],
                  threads: IoThreads, book: TaskBook, uploads: Uploads, packs: PackSource,
                  seals: Seals, notify: Callable[[str], None]) -> None:
         self.locations = list(locations)
@@ -85,9 +85,9 @@ class Removal:
                     if marks_unhealthy(exc):
                         loc.mark_unhealthy(f"{exc.strerror} while deleting")
             if failed is not None:
-                loc, exc = failed
-                log.error("could not delete all of %s on %s: %s", sup, loc.path, exc)
-                raise translate(exc, str(loc.path), f"deleting supervisor task {sup}")
+                where, error = failed
+                log.error("could not delete all of %s on %s: %s", sup, where.path, error)
+                raise translate(error, str(where.path), f"deleting supervisor task {sup}")
             self.leftovers.pop(sup, None)
             await self.seals.remove(sup)
         self.notify(sup)

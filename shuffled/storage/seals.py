@@ -85,7 +85,7 @@ class Seals:
     """The seals of the tasks held, in memory and durable on every healthy location (event
     loop; file work on the I/O threads). A task's seal is changed under its lock."""
 
-    def __init__(self, locations: Sequence[Location], threads: IoThreads, uploads: Uploads,
+    def __init__(self, *, locations: Sequence[Location], threads: IoThreads, uploads: Uploads,
                  book: TaskBook, fsync: bool) -> None:
         self.locations = list(locations)
         self.threads = threads

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shuffled.storage import recovery
+from shuffled.storage import reconcile
 from shuffled.storage.book import TaskBook
 from shuffled.storage.catalog import Catalog
 from shuffled.storage.horizon import Horizon
@@ -36,7 +36,7 @@ async def open_locations(locations: Sequence[Location], catalogs: Sequence[Catal
         for loc in locations:
             await threads.run(loc.open)
             opened.append(loc)
-            await threads.run(recovery.check_format, loc.path, fsync)
+            await threads.run(reconcile.check_format, loc.path, fsync)
             await threads.on_writer(loc.index, catalogs[loc.index].open)
     except BaseException:
         for loc in opened:
@@ -50,7 +50,7 @@ async def load(locations: Sequence[Location], catalogs: Sequence[Catalog], threa
     """Reconcile every location and load its figures into the book (after
     :func:`open_locations`)."""
     out = Opened()
-    found_at = [await threads.on_writer(loc.index, recovery.reconcile, loc.path, catalog)
+    found_at = [await threads.on_writer(loc.index, reconcile.reconcile, loc.path, catalog)
                 for loc, catalog in zip(locations, catalogs, strict=True)]
     dropped, touched = await _forget_shadowed(locations, catalogs, threads)
     out.dropped += dropped
@@ -58,7 +58,7 @@ async def load(locations: Sequence[Location], catalogs: Sequence[Catalog], threa
         # A forgotten copy may have been its pack's only or last partial: settle that
         # location's packs again, or the pack stays on disk with nothing referring to it.
         loc = locations[index]
-        again = await threads.on_writer(index, recovery.reconcile, loc.path, catalogs[index])
+        again = await threads.on_writer(index, reconcile.reconcile, loc.path, catalogs[index])
         again.dropped += found_at[index].dropped
         again.max_pack = max(again.max_pack, found_at[index].max_pack)
         found_at[index] = again

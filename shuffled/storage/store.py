@@ -11,7 +11,8 @@ those that need it through their constructors.
 - :class:`~.packsource.PackSource`: placement, the idle-pack pool, pack numbers;
 - :class:`~.committer.Committer`: written partials through the group commit (:mod:`.commit`)
   to visible ones, and the figures that follow;
-- :class:`~.session.BulkSession`: one upload request's partials (:meth:`bulk`);
+- :class:`~.upload.BulkSession`: one upload request's partials (:meth:`bulk`), written to
+  the packs it holds (:class:`~.sessionpacks.SessionPacks`);
 - :class:`~.seals.Seals` and :class:`~.removal.Removal`: seals, and deleting tasks;
 - :class:`~.reads.Reader`: lookups, partitions, pages and opening packs;
 - :mod:`.startup`: locking, checking and reconciling the locations at start.
@@ -28,7 +29,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import IO, Any, TypeVar
 
 from shuffled.config import Settings
-from shuffled.errors import InvalidBody, ShuffleError
+from shuffled.errors import InvalidBody
 from shuffled.protocol import PartialKey, PartitionKey
 from shuffled.storage import startup
 from shuffled.storage.book import TaskBook
@@ -36,15 +37,17 @@ from shuffled.storage.catalog import Catalog
 from shuffled.storage.commit import GroupCommit
 from shuffled.storage.committer import Committer
 from shuffled.storage.horizon import Horizon
-from shuffled.storage.index import PartialMeta, TaskEntry
 from shuffled.storage.inflight import Uploads
 from shuffled.storage.location import Location
 from shuffled.storage.packsource import PackSource
 from shuffled.storage.reads import Reader
+from shuffled.storage.records import PartialMeta, TaskEntry
 from shuffled.storage.removal import Removal
 from shuffled.storage.seals import Seals
-from shuffled.storage.session import INLINE_MAX, BulkSession, PutResult, Writing
 from shuffled.storage.threads import IoThreads
+from shuffled.storage.outcomes import PutResult, Rejected
+from shuffled.storage.sessionpacks import INLINE_MAX, Writing
+from shuffled.storage.upload import BulkSession
 
 log = logging.getLogger("shuffled.storage")
 T = TypeVar("T")
@@ -65,8 +68,8 @@ class Store:
         self.catalogs = [Catalog(loc.path, settings.fsync) for loc in self.locations]
         self.threads = IoThreads(len(self.locations), io_threads)
         self.commits = [
-            GroupCommit(i, c, w, settings.fsync,
-                        [(j, p) for j, p in enumerate(self.catalogs) if j != i])
+            GroupCommit(i, c, w, fsync=settings.fsync,
+                        peers=[(j, p) for j, p in enumerate(self.catalogs) if j != i])
             for i, (c, w) in enumerate(zip(self.catalogs, self.threads.writers, strict=True))]
         # Called on the loop with a supervisor task id whenever its data or state changes
         # (a commit landed, a seal, a delete): long-polling readers wait on this.
@@ -75,16 +78,19 @@ class Store:
         self.generations = Horizon()
         self.uploads = Uploads()
         self.packs = PackSource(self.locations, self.threads, settings.pack_max_bytes)
-        self.committer = Committer(self.locations, self.catalogs, self.commits, self.threads,
-                                   self.generations, self.book, self.uploads, self.packs,
-                                   self._notify)
-        self._seals = Seals(self.locations, self.threads, self.uploads, self.book,
-                            settings.fsync)
-        self.removal = Removal(self.locations, self.catalogs, self.threads, self.book,
-                               self.uploads, self.packs, self._seals, self._notify)
+        self.committer = Committer(locations=self.locations, catalogs=self.catalogs,
+                                   commits=self.commits, threads=self.threads,
+                                   horizon=self.generations, book=self.book,
+                                   uploads=self.uploads, packs=self.packs, notify=self._notify)
+        self._seals = Seals(locations=self.locations, threads=self.threads,
+                            uploads=self.uploads, book=self.book, fsync=settings.fsync)
+        self.removal = Removal(locations=self.locations, catalogs=self.catalogs,
+                               threads=self.threads, book=self.book, uploads=self.uploads,
+                               packs=self.packs, seals=self._seals, notify=self._notify)
         self.reader = Reader(self.locations, self.catalogs, self.book, self.threads)
-        self._writing = Writing(settings, self.locations, self.threads, self.uploads,
-                                self.packs, self.committer)
+        self._writing = Writing(settings=settings, locations=self.locations,
+                                threads=self.threads, uploads=self.uploads, packs=self.packs,
+                                committer=self.committer)
         self.recovered_partials = 0
         self.dropped_on_recovery = 0
 
@@ -185,8 +191,8 @@ class Store:
             else:
                 await session.add(key, body, content_length, expected_crc)
             (result,) = await session.finish()
-        if isinstance(result, ShuffleError):
-            raise result
+        if isinstance(result, Rejected):
+            raise result.error
         return result
 
     async def delete_task(self, supervisor_task_id: str, *,

@@ -9,10 +9,10 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from shuffled.client import ShuffleClient, ShuffleUnavailable
@@ -23,6 +23,7 @@ from shuffled.spark.driver.report import counted
 from shuffled.spark.phase1 import native
 from shuffled.spark.phase1 import sink
 from shuffled.spark.phase1 import tasks as phase1
+from shuffled.spark.phase1.tasks import Phase1Config
 from shuffled.spark.phase1.determine import determine
 from shuffled.spark.phase1.prepare import (bucket_column, metric_column, metric_time_column,
                                             multi_value_dimensions, prepare)
@@ -30,6 +31,7 @@ from shuffled.spark.phase1.source import load_input, resolve_lines
 from shuffled.spark.phase1.text_io import Declined
 from shuffled.spark import records
 from shuffled.spark.phase2 import merge as phase2
+from shuffled.spark.phase2.plan import Assignment
 from shuffled.spark.rows.rollup import BAD, BUCKET, CHUNK, TIME
 from shuffled.spark.spec.model import PartitionPlan
 
@@ -68,7 +70,7 @@ class Job:
         self.report.phase("determinePartitions", started, timeChunks=chunks,
                           estimatedRows=sum(card.values()) if card else None)
         self.say(f"determine partitions: {plan.kind}, "
-                 + (f"{counted(chunks, 'time chunk')}, "
+                 + (f"{counted(len(card), 'time chunk')}, "
                     f"{counted(sum(plan.shards(c) for c in card), 'partition')}"
                     if card else f"numShards {plan.num_shards}"))
         partials = self.phase1(prepared, plan)
@@ -117,14 +119,14 @@ class Job:
             self.ctx.rows.start(jvm=True)
         return self._collect(self._jvm(prepared, plan, cfg), started, "jvm", why_not)
 
-    def _native(self, cfg: phase1.Phase1Config, ninput: native.NativeInput,
+    def _native(self, cfg: Phase1Config, ninput: native.NativeInput,
                 tasks: list[list[native.Split]]) -> list[str]:
         """Each Spark task reads its row groups with pyarrow. ``collect`` keeps the result of
         exactly one successful attempt per task, as the data source commit does."""
         rdd = self.spark.sparkContext.parallelize(tasks, len(tasks))
         rows = self.ctx.rows.acc if self.ctx.rows is not None else None
 
-        def run(it: Iterator[list[native.Split]]) -> list[str]:
+        def run(it: Iterable[list[native.Split]]) -> list[str]:
             try:
                 lines = phase1.run_native_task(cfg, ninput, (x for t in it for x in t))
             except Declined as exc:  # see phase1()
@@ -196,11 +198,12 @@ class Job:
                             bytesRecomputed=sum(p.bytes for p in recomputed))
         return after
 
-    def _jvm(self, prepared: DataFrame, plan: PartitionPlan, cfg: phase1.Phase1Config) -> list[str]:
+    def _jvm(self, prepared: DataFrame, plan: PartitionPlan, cfg: Phase1Config) -> list[str]:
         s = self.spec
-        cols = [CHUNK, BUCKET, TIME, *[F.col(f"`{d}`") for d in s.dimension_names],
-                *[metric_column(i) for i, m in enumerate(s.metrics) if m.field],
-                *[metric_time_column(i) for i, m in enumerate(s.metrics) if m.first_last], BAD]
+        cols: list[Column | str] = [
+            CHUNK, BUCKET, TIME, *[F.col(f"`{d}`") for d in s.dimension_names],
+            *[metric_column(i) for i, m in enumerate(s.metrics) if m.field],
+            *[metric_time_column(i) for i, m in enumerate(s.metrics) if m.first_last], BAD]
         handoff = prepared.withColumn(BUCKET, bucket_column(plan, s)).select(*cols)
         limit = s.max_concurrent_subtasks
         if limit > 1 and handoff.rdd.getNumPartitions() > limit:
@@ -355,7 +358,7 @@ class Job:
                  f"{counted(self.report.rows_out, 'row')}")
         return results
 
-    def _merge(self, assignments: list[phase2.Assignment], tasks: int,
+    def _merge(self, assignments: list[Assignment], tasks: int,
                ) -> tuple[list[records.Segment], list[records.Lost]]:
         """One phase-2 Spark job: (results, partitions reported lost)."""
         groups = phase2.balance(assignments, tasks)
@@ -363,7 +366,7 @@ class Job:
         rdd = self.spark.sparkContext.parallelize(groups, len(groups))
         rows = self.ctx.rows.acc if self.ctx.rows is not None else None
 
-        def run(it: Iterator[list[phase2.Assignment]]) -> Iterator[str]:
+        def run(it: Iterable[list[Assignment]]) -> Iterator[str]:
             for line in fn(a for g in it for a in g):
                 if rows is not None:  # the progress line's rows, once the task is done
                     done = records.load(line)

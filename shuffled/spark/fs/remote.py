@@ -13,6 +13,7 @@ import os
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from typing import BinaryIO
 from functools import lru_cache
 
 import pyarrow as pa
@@ -92,12 +93,12 @@ def size(uri: str) -> int:
 def read_lines(uri: str) -> Iterator[str]:
     """The text lines of ``uri`` (UTF-8, bad bytes replaced), streamed."""
     if scheme(uri) == "s3":
-        raw: io.RawIOBase = s3().open_input_stream(s3_path(uri))  # type: ignore[assignment]
+        raw: BinaryIO = s3().open_input_stream(s3_path(uri))
     elif scheme(uri) in ("http", "https"):
         raw = urllib.request.urlopen(uri, timeout=HTTP_TIMEOUT)  # noqa: S310 (http(s) only)
     else:
         raw = open(uri, "rb")  # noqa: SIM115 (closed below)
-    with raw, io.TextIOWrapper(raw, encoding="utf-8", errors="replace") as text:  # type: ignore[arg-type]
+    with raw, io.TextIOWrapper(raw, encoding="utf-8", errors="replace") as text:
         for line in text:
             yield line.rstrip("\r\n")
 

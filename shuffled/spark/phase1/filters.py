@@ -87,9 +87,9 @@ def filter_column(f: Filter, columns: dict[str, Val], path: str) -> Column:
         return v.col.isNull()
     assert kind == "interval"
     t = as_long(v)
-    out = None
+    either: Column | None = None
     for iv in f.intervals:
         part = (t >= F.lit(iv.start)) & (t < F.lit(iv.end))
-        out = part if out is None else (out | part)
-    assert out is not None
-    return out
+        either = part if either is None else (either | part)
+    assert either is not None
+    return either

@@ -68,6 +68,7 @@ class Bucketer:
     def __call__(self, table: pa.Table) -> np.ndarray:
         """The partition (int32) of every row of ``table`` (``__chunk`` and the columns)."""
         chunks = table.column(CHUNK).to_numpy()
+        shards: np.ndarray | np.int64
         if self.per_chunk:
             keys = np.array(sorted(self.per_chunk), dtype=np.int64)
             vals = np.array([self.per_chunk[k] for k in keys.tolist()], dtype=np.int64)

@@ -194,6 +194,7 @@ def spark_hash(columns: list[pa.Array | pa.ChunkedArray]) -> np.ndarray:
     return h.view(np.int32)
 
 
-def pmod_hash(columns: list[pa.Array | pa.ChunkedArray], shards: np.ndarray) -> np.ndarray:
+def pmod_hash(columns: list[pa.Array | pa.ChunkedArray], shards: np.ndarray | np.int64,
+              ) -> np.ndarray:
     """``pmod(hash(columns), shards)`` per row (``shards`` broadcast, all > 0), as int32."""
     return np.mod(spark_hash(columns).astype(np.int64), shards).astype(np.int32)

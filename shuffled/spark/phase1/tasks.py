@@ -28,27 +28,32 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import groupby
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 
 from shuffled.protocol import Interval, PartialKey
 from shuffled.spark.hooks import NONE, Hooks
-from shuffled.spark.records import Partial, TaskStats, dump
+from shuffled.spark.records import Partial, Record, TaskStats, dump
 from shuffled.spark.spec.granularity import bucket_end
-from shuffled.spark.phase1.native import Bucketer, NativeInput, Split, read_split
+from shuffled.spark.phase1.native import NativeInput, Split, read_split
 from shuffled.spark.phase1.partials import EOS, Encoder, encode_flush
 from shuffled.spark.phase1.placement import Placer
 from shuffled.spark.rows.multivalue import has_multi
 from shuffled.spark.rows.memory import peak_rss, release_free_memory, reset_peak_rss, rss
 from shuffled.spark.rows.rollup import BAD, BUCKET, CHUNK, Layout, combine, rollup_input
 
+
+#: The native reader's partitioning of a table's rows (``native.Bucketer`` for hashed,
+#: ``native_range.RangeBucketer`` for range partitions): one partition per row.
+Bucketing = Callable[[pa.Table], np.ndarray]
 
 #: A full raw buffer whose rollup keeps at least this share of its rows does not fold
 #: (Trino's adaptive partial aggregation uses the same ratio).
@@ -95,7 +100,7 @@ class Phase1Config:
 
 
 class _Task:
-    def __init__(self, cfg: Phase1Config, bucketer: Bucketer | None = None) -> None:
+    def __init__(self, cfg: Phase1Config, bucketer: Bucketing | None = None) -> None:
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
@@ -310,7 +315,7 @@ def run_native_task(cfg: Phase1Config, native: NativeInput, splits: Iterator[Spl
 
 
 def run_task(cfg: Phase1Config, batches: Iterator[pa.RecordBatch | pa.Table],
-             bucketer: Bucketer | None = None) -> list[str]:
+             bucketer: Bucketing | None = None) -> list[str]:
     """Run one phase-1 subtask over its input batches; returns its JSON result lines."""
     started = time.monotonic()
     release_free_memory()  # what earlier tasks of this worker freed, so RSS shows ours
@@ -330,10 +335,11 @@ def run_task(cfg: Phase1Config, batches: Iterator[pa.RecordBatch | pa.Table],
                       ms=int((time.monotonic() - started) * 1000), bad=tuple(task.bad),
                       peak_rss=peak_rss(), rss_at_start=baseline,
                       multi_value=tuple(sorted(task.multi)), **task.stats)
-    return [dump(u) for u in [*task.uploads, stats]]
+    records: list[Record] = [*task.uploads, stats]
+    return [dump(u) for u in records]
 
 
-def run_rows_task(cfg: Phase1Config, rows: Iterator[Any], schema: pa.Schema,
+def run_rows_task(cfg: Phase1Config, rows: Iterable[Any], schema: pa.Schema,
                   batch_rows: int = 20_000) -> list[str]:
     """:func:`run_task` over Spark Rows (``DataFrame.rdd``): how a recompute re-runs one
     JVM-read subtask alone (``SparkContext.runJob`` on chosen partitions), where the data

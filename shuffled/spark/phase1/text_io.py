@@ -191,11 +191,12 @@ def pieces(path: str, block: int, blocks: list[tuple[int, int]]) -> Iterator[Pie
     try:
         for first, end in blocks:
             start, stop = first * block, end * block
-            pos: int | None = start
+            pos = start
             if start > 0:  # the line under way at `start` belongs to the block before
-                pos = _next_line(source, start - 1)
-                if pos is None:
+                after = _next_line(source, start - 1)
+                if after is None:
                     continue
+                pos = after
             counter = LineCounter(source, pos)
             newlines = 0
             while pos < stop:

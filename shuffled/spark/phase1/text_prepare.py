@@ -83,14 +83,20 @@ def prepare_text(table: pa.Table, lines: np.ndarray, piece: Piece, native: Any) 
     def show(a: pa.Array, i: int, name: str) -> str:
         """A value as the JVM's message shows it: its JSON text (a float64 column may hold
         an integer too big for int64: the line has its digits)."""
-        if pa.types.is_floating(a.type) and text.format == "json" and steps.get(name):
-            return _json_text(piece.lines.text(int(lines[i])), steps[name])
+        path = steps.get(name)
+        if pa.types.is_floating(a.type) and text.format == "json" and path:
+            return _json_text(piece.lines.text(int(lines[i])), path)
         return shown(a, i)
 
+    def not_a(message: str, a: pa.Array, name: str) -> Callable[[int], str]:
+        """The message of a bad row ``i``: ``message`` and the value of ``name`` there."""
+        return lambda i: f"{message} [{show(a, i, name)}]"
+
     def resolver(name: str) -> Any:
-        if text.format != "json" or not steps.get(name):
+        path = steps.get(name)
+        if text.format != "json" or not path:
             return None
-        return lambda idx: [_json_text(piece.lines.text(int(lines[i])), steps[name]) for i in idx]
+        return lambda idx: [_json_text(piece.lines.text(int(lines[i])), path) for i in idx]
 
     raw_ts = fields[native.ts_column]
     millis = timestamp_millis(raw_ts, native.ts_format, native.ts_column)
@@ -113,13 +119,14 @@ def prepare_text(table: pa.Table, lines: np.ndarray, piece: Piece, native: Any) 
             continue
         value, bad, src = _typed_input(fields, outputs, name, kind, resolver(name))
         cols[name] = pc.dictionary_encode(value) if kind == "string" else value
-        problems.append((bad, lambda i, s=src, d=name, k=kind: f"dimension [{d}]: not a {k} [{show(s, i, d)}]"))
+        problems.append((bad, not_a(f"dimension [{name}]: not a {kind}", src, name)))
     names = dict(text.metric_names)
     for column, kind, source in native.metrics:
         name = names.get(column, source)
         value, bad, src = _typed_input(fields, outputs, source, kind, resolver(source))
         cols[column] = value
-        problems.append((bad, lambda i, s=src, f=source, m=name: f"field [{f}] of metric [{m}]: not a number [{show(s, i, f)}]"))
+        problems.append((bad, not_a(f"field [{source}] of metric [{name}]: not a number", src,
+                                    source)))
     for column, time_column, time_field, chars in text.first_last:
         if chars is not None:  # Druid's loose chop of a string value: characters
             cols[column] = pc.utf8_slice_codeunits(cols[column], 0, chars)

@@ -17,6 +17,7 @@ overflow) uses a ``try_`` form or a guard, so a bad value is null, never a faile
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
@@ -281,7 +282,7 @@ class Translator:
     def fn_regexp_extract(self, n: Call) -> Val:
         s = as_string(self(n.args[0]))
         lits = _lits(n)
-        pattern, group = str(lits[1]), int(lits[2]) if len(lits) > 2 else 0
+        pattern, group = str(lits[1]), int(cast(int, lits[2])) if len(lits) > 2 else 0
         # Druid: the group of the first match, null when nothing matches.
         return Val(F.when(s.rlike(pattern), F.regexp_extract(s, pattern, group)), STRING)
 

@@ -170,7 +170,7 @@ def _prefetched(clients: dict[str, ShuffleClient], cfg: Phase2Config,
             f.cancel()
 
 
-def make_phase2(cfg: Phase2Config):  # type: ignore[no-untyped-def]
+def make_phase2(cfg: Phase2Config) -> Callable[[Iterable[Assignment]], Iterator[str]]:
     """The ``mapPartitions`` function of phase 2 (input: Assignments; output: JSON lines)."""
 
     def run(assignments: Iterable[Assignment]) -> Iterator[str]:

@@ -7,11 +7,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from shuffled.client import RetryPolicy
 from shuffled.spark.hooks import NONE, Hooks
 from shuffled.spark.records import Partial
 from shuffled.spark.phase2.spill import WORK_FACTOR
+
+if TYPE_CHECKING:  # the annotation only; rows is below phase2
+    from shuffled.spark.rows.rollup import Layout
 
 
 @dataclass(frozen=True)

@@ -104,7 +104,8 @@ def _plan(old: list[dict[str, Any]], data_source: str, version: str,
     """Each written segment's (local path, descriptor) pair, the old segments kept and those
     the new version replaces. ``root``: the local directory the paths are relative to."""
     new_ivs = sorted({(s.start, s.end) for s in staged})
-    keep, dropped = [], []
+    keep: list[dict[str, Any]] = []
+    dropped: list[dict[str, Any]] = []
     for seg in old:
         iv = _interval(seg)
         inside = any(s <= iv.start and iv.end <= e for s, e in new_ivs)

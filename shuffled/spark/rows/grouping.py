@@ -217,7 +217,8 @@ def aggregate(col: pa.Array | pa.ChunkedArray | None, how: str, g: Groups) -> pa
         out = ufunc.reduceat(values, g.starts) if g.count else values[:0]
     mask = None
     if valid is not None:
-        present = np.add.reduceat(valid[g.order].astype(np.int64), g.starts) if g.count else []
+        present: np.ndarray | list[int] = (
+            np.add.reduceat(valid[g.order].astype(np.int64), g.starts) if g.count else [])
         mask = np.asarray(present) == 0
     typ = arr.type if how != "sum" else (pa.float64() if floating else pa.int64())
     return pa.array(out, typ, mask=mask)

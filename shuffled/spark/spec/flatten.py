@@ -59,7 +59,8 @@ def _steps(text: Any, pattern: re.Pattern[str], start: str, path: str, kind: str
     if not isinstance(text, str) or not text.startswith(start) or text == start.rstrip():
         raise SpecError(path, f"{text!r} is not a supported {kind} path (e.g. "
                         f"{'$.a.b[0]' if kind == 'JSONPath' else '.a.b[0]'})")
-    pos, out = len(start), []
+    pos = len(start)
+    out: list[str | int] = []
     while pos < len(text):
         m = pattern.match(text, pos)
         if m is None:

@@ -200,9 +200,9 @@ def check_consistency(s: IngestSpec) -> None:
         if d not in dims:
             raise SpecError(f"{ps}.partitionDimensions[{i}]", f"{d!r} is not a dimension")
     if s.partitions.type in ("range", "single_dim"):
-        for i, d in enumerate(s.dimensions):
-            if d.name in s.partitions.dimensions and d.type != "string":
-                raise SpecError(f"{ps}.partitionDimensions", f"{d.name!r} is not a string dimension")
+        for dim in s.dimensions:
+            if dim.name in s.partitions.dimensions and dim.type != "string":
+                raise SpecError(f"{ps}.partitionDimensions", f"{dim.name!r} is not a string dimension")
     if s.input_format.type == "csv" and s.input_format.columns:
         missing = [c for c in s.input_fields if c not in s.input_format.columns]
         if missing:

@@ -4,35 +4,30 @@ Small partials (up to :data:`SMALL` bytes, held in memory by the caller) are gat
 validated together, then appended with one write per :data:`WRITE_BATCH`; large ones are
 streamed onto a pack as they arrive. Each is committed on its own through the location's
 group commit as soon as it is written, without waiting for the rest of the session; the
-session's :meth:`finish` waits until every one of them is durable.
+session's :meth:`finish` waits until every one of them is durable. Where each write goes
+(the session's packs, one per location) is :mod:`.sessionpacks`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import NamedTuple
 
-from shuffled.config import Settings
-from shuffled.errors import Conflict, InsufficientStorage, InvalidBody, ShuffleError, TooLarge
-from shuffled.protocol import PartialKey
-from shuffled.storage import packs
+from shuffled.errors import InsufficientStorage, InvalidBody, ShuffleError, TooLarge
+from shuffled.protocol import PartialKey, PartialStatus
 from shuffled.storage.append import Append, Small, Written, append_small
 from shuffled.storage.arrowfile import EOS, SchemaMessage
-from shuffled.storage.committer import Committer
-from shuffled.storage.index import PartialMeta
-from shuffled.storage.inflight import Uploads
+from shuffled.storage.committer import Landing
 from shuffled.storage.location import Location
 from shuffled.storage.oserrors import marks_unhealthy, translate
-from shuffled.storage.packs import Pack
-from shuffled.storage.packsource import PackSource
-from shuffled.storage.threads import IoThreads
+from shuffled.storage.outcomes import Outcome, PutResult, Rejected
+from shuffled.storage.records import PartialMeta
+from shuffled.storage.sessionpacks import SessionPacks, Writing, deleted
 
 SMALL = 1 << 20  # partials up to this size are gathered in memory
 WRITE_BATCH = 1 << 20  # bytes gathered before one I/O-thread hop writes them
 RESERVE_STEP = 8 << 20  # reservation growth while streaming a body of unknown length
-INLINE_MAX = 256 << 10  # appends up to this size to an open pack run on the loop (_place)
 FLUSHES_IN_FLIGHT = 2  # gathered batches validated and written while the next is read
 # Written partials are handed to the group commit once this many bytes of them are waiting,
 # when the sender pauses, or at the end of the request: a batch streaming steadily pays one
@@ -41,26 +36,17 @@ FLUSHES_IN_FLIGHT = 2  # gathered batches validated and written while the next i
 DEFER_BYTES = 32 << 20
 
 
-@dataclass(frozen=True, slots=True)
-class Writing:
-    """The parts of the store an upload session works with (handed in by the store)."""
+class _Committing(NamedTuple):
+    """A written partial handed to the group commit: its meta, its group's commit future
+    and its place in that group (the future's result is the replaced generations)."""
 
-    settings: Settings
-    locations: Sequence[Location]
-    threads: IoThreads
-    uploads: Uploads
-    packs: PackSource
-    committer: Committer
-
-
-@dataclass(slots=True)
-class PutResult:
     meta: PartialMeta
-    replaced: bool
+    future: Landing
+    at: int
 
 
-# Per partial: the refusal, or its meta, its group's commit future and its place in it.
-_Outcome = ShuffleError | tuple[PartialMeta, "asyncio.Future[list[int | None]]", int]
+# Per partial while the session runs: the refusal, or its commit under way.
+_Pending = ShuffleError | _Committing
 
 
 async def _framed(schema: SchemaMessage, body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
@@ -79,17 +65,13 @@ class BulkSession:
         self.settings = parts.settings
         self.sup = supervisor_task_id
         self.cancelled = False  # set by a DELETE of the task: nothing more is committed
-        self._packs: dict[int, Pack] = {}
+        self._packs = SessionPacks(supervisor_task_id, parts)
         self._small: list[tuple[PartialKey, Small]] = []
         self._small_bytes = 0
         self._small_slots: list[int] = []  # where each gathered partial's outcome goes
         self._writing: list[asyncio.Task[None]] = []  # gathered batches being written
-        self._extra: list[Pack] = []  # packs to release at the end besides _packs
-        self._placing = 0  # _place calls with file work on an I/O thread (may create a pack)
-        self._placed = asyncio.Event()  # set while _placing is 0
-        self._placed.set()
         # Per partial: the refusal, or its meta and commit future; None while gathered.
-        self._results: list[_Outcome | None] = []
+        self._results: list[_Pending | None] = []
         # Written, not yet handed to the group commit: (location, result slot, key, written).
         self._deferred: list[tuple[Location, int, PartialKey, Written]] = []
         self._deferred_bytes = 0
@@ -112,13 +94,11 @@ class BulkSession:
             self._small_slots.clear()
             # Commits under way complete whatever happened to the request: wait for them
             # (shielded) before the packs they sync go back to the pool.
-            futures = list({id(r[1]): r[1] for r in self._results if isinstance(r, tuple)}.values())
+            futures = list({id(r.future): r.future for r in self._results
+                            if isinstance(r, _Committing)}.values())
             if futures:
                 await asyncio.shield(asyncio.gather(*futures, return_exceptions=True))
-            for pack in [*self._packs.values(), *self._extra]:
-                await self.parts.packs.release(pack)
-            self._packs.clear()
-            self._extra.clear()
+            await self._packs.release()
             self.parts.uploads.close(self.sup, self)
 
     # -- adding partials ------------------------------------------------------------------
@@ -147,7 +127,7 @@ class BulkSession:
                            f"bytes (max_partial_bytes)", limit=limit)
         await self.parts.uploads.wait_for_delete(self.sup)
         if self.cancelled:
-            raise self._conflict()
+            raise deleted(self.sup)
         if isinstance(body, (bytes, bytearray, memoryview)) and len(body) <= SMALL:
             view = memoryview(body).cast("B")
             if length is not None and view.nbytes != length:
@@ -160,7 +140,7 @@ class BulkSession:
                 await self._flush_small()
             return
         await self._flush_small()  # keep the order of the partials
-        await self._drain_writes()  # a streamed body appends after _place: pack to itself
+        await self._drain_writes()  # a streamed body appends after placing: pack to itself
         if isinstance(body, (bytes, bytearray, memoryview)):
             data = memoryview(body).cast("B")
 
@@ -178,28 +158,18 @@ class BulkSession:
     def cancel(self) -> None:
         """The task is being deleted: refuse what comes next, never reuse its packs."""
         self.cancelled = True
-        for pack in [*self._packs.values(), *self._extra]:
-            pack.dead = True
+        self._packs.cancel()
 
     async def settled(self) -> None:
-        """Wait until no file work of :meth:`_place` is under way (a DELETE removes the
+        """Wait until no file work of placing a write is under way (a DELETE removes the
         task's directories only then: a pack being created would recreate them)."""
-        await self._placed.wait()
-
-    def _placing_done(self, _work: asyncio.Future[Any]) -> None:
-        self._placing -= 1
-        if not self._placing:
-            self._placed.set()
-
-    def _conflict(self) -> Conflict:
-        return Conflict(f"supervisor task {self.sup} was deleted while this upload was in "
-                        f"flight; nothing was stored", supervisorTaskId=self.sup)
+        await self._packs.settled()
 
     async def _stream(self, key: PartialKey, body: AsyncIterator[bytes], length: int | None,
                       expected_crc: int | None) -> None:
         run = self.parts.threads.run
         limit = self.settings.max_partial_bytes
-        loc, pack, _ = await self._place(length or 0, None)
+        loc, pack, _ = await self._packs.place(length or 0, None)
         reserved = length or 0
         loc.reserved_bytes += reserved
         append = Append(pack, self.settings.fsync)
@@ -233,7 +203,7 @@ class BulkSession:
         except BaseException as exc:
             await self._cut(append)
             if isinstance(exc, OSError):
-                raise self._failed(loc, exc, f"writing {key}") from exc
+                raise self._packs.failed(loc, exc, f"writing {key}") from exc
             raise
         finally:
             loc.reserved_bytes -= reserved
@@ -245,14 +215,6 @@ class BulkSession:
             await asyncio.shield(self.parts.threads.run(append.discard))
         except (OSError, asyncio.CancelledError):
             append.pack.dead = True  # cannot cut it back: never append to it again
-
-    def _failed(self, loc: Location, exc: OSError, doing: str) -> ShuffleError:
-        if marks_unhealthy(exc):
-            self.parts.packs.take_out(loc, f"{exc.strerror} while {doing}")
-        dead = self._packs.get(loc.index)
-        if dead is not None:
-            dead.dead = True  # released (closed) when the session ends
-        return translate(exc, str(loc.path), doing)
 
     async def flush(self) -> None:
         """Start writing the gathered small partials now and commit them once written (a
@@ -281,8 +243,8 @@ class BulkSession:
     async def _write_small(self, items: list[tuple[PartialKey, Small]], slots: list[int]) -> None:
         total = sum(s.data.nbytes + (len(s.schema.data) if s.schema else 0) for _, s in items)
         try:
-            loc, _, outcomes = await self._place(total, append_small, [s for _, s in items],
-                                                 self.settings.fsync)
+            loc, _, outcomes = await self._packs.place(
+                total, append_small, [s for _, s in items], self.settings.fsync)
         except ShuffleError as exc:
             for slot in slots:
                 self._results[slot] = exc
@@ -316,86 +278,25 @@ class BulkSession:
                 self._results[slot] = result
 
     def _submit(self, loc: Location, written: list[tuple[PartialKey, Written]],
-                ) -> list[_Outcome]:
+                ) -> list[_Pending]:
         if self.cancelled:
-            return [self._conflict() for _ in written]
+            return [deleted(self.sup) for _ in written]
         metas, future = self.parts.committer.submit(loc, written)
-        return [(meta, future, i) for i, meta in enumerate(metas)]
-
-    def _keep(self, index: int, pack: Pack) -> None:
-        """Hold ``pack`` for this session's next write at location ``index``; a second pack
-        there (two batches were written at once) goes back to the pool."""
-        held = self._packs.get(index)
-        if held is not None and held is not pack:
-            self._extra.append(held)
-        self._packs[index] = pack
-
-    async def _place(self, size: int, job: Callable[..., Any] | None, *args: Any,
-                     ) -> tuple[Location, Pack, Any]:
-        """Pick a location by round robin that can take ``size`` more bytes and this
-        session's pack there, then run ``job(pack, *args)`` on an I/O thread in the same
-        call (checking the file system, creating the pack if needed, and writing: one hop).
-        A location found full, read-only or failing is skipped (and taken out of service
-        when the disk is at fault); InsufficientStorage when none is left."""
-        source = self.parts.packs
-        tried: set[int] = set()
-        while True:
-            if self.cancelled:
-                raise self._conflict()
-            loc = source.placement.choose(size, frozenset(tried))
-            pack = self._packs.pop(loc.index, None)
-            if pack is not None and (pack.dead or pack.size + size > source.max_bytes):
-                # Not released now: partials of it may still be waiting for their group
-                # commit, and releasing a pack nothing was committed to yet removes it.
-                self._extra.append(pack)
-                pack = None
-            if pack is None:
-                pack = source.take(loc.index, self.sup)
-            number = source.new_number() if pack is None else 0
-            loc.reserved_bytes += size
-            args_ = (loc, self.sup, pack, number, self.settings.fsync, size, job, *args)
-            try:
-                if pack is not None and size <= INLINE_MAX:
-                    # An I/O-thread hop costs ~0.2 ms here (thread wake-ups on 2 vCPUs),
-                    # more than checking and appending a small batch to the page cache.
-                    pack, result = packs.on_pack(*args_)
-                else:
-                    work = asyncio.ensure_future(self.parts.threads.run(packs.on_pack, *args_))
-                    self._placing += 1
-                    self._placed.clear()
-                    work.add_done_callback(self._placing_done)  # when the thread is done
-                    pack, result = await asyncio.shield(work)
-            except packs.Unusable as exc:
-                if pack is not None:
-                    self._keep(loc.index, pack)
-                tried.add(loc.index)
-                cause = exc.cause
-                if isinstance(cause, OSError) and marks_unhealthy(cause):
-                    source.take_out(loc, f"{cause.strerror} preparing a write")
-                continue
-            except packs.WriteFailed as exc:
-                self._keep(loc.index, exc.pack)
-                raise self._failed(loc, exc.cause, "writing partial segments") from exc.cause
-            finally:
-                loc.reserved_bytes -= size
-            if self.cancelled:
-                pack.dead = True  # its task was deleted meanwhile: the file is gone
-            self._keep(loc.index, pack)
-            return loc, pack, result
+        return [_Committing(meta, future, i) for i, meta in enumerate(metas)]
 
     # -- the outcome ------------------------------------------------------------------------
 
-    async def finish(self) -> list[PutResult | ShuffleError]:
+    async def finish(self) -> list[Outcome]:
         """Wait until every partial added is durable; one outcome per partial that
         :meth:`add` did not refuse, in order."""
         await self._flush_small()
         await self._drain_writes()
         self._submit_deferred()
-        out: list[PutResult | ShuffleError] = []
+        out: list[Outcome] = []
         for result in self._results:
             assert result is not None, "gathered partials were flushed above"
             if isinstance(result, ShuffleError):
-                out.append(result)
+                out.append(Rejected(result))
                 continue
             meta, future, index = result
             try:
@@ -404,10 +305,11 @@ class BulkSession:
                 loc = self.parts.locations[meta.location]
                 if marks_unhealthy(exc):
                     self.parts.packs.take_out(loc, f"{exc.strerror} while committing")
-                out.append(translate(exc, str(loc.path), f"committing {meta.key}"))
+                out.append(Rejected(translate(exc, str(loc.path), f"committing {meta.key}")))
                 continue
             except ShuffleError as exc:
-                out.append(exc)
+                out.append(Rejected(exc))
                 continue
-            out.append(PutResult(meta, old is not None))
+            out.append(PutResult(meta, PartialStatus.CREATED if old is None
+                                 else PartialStatus.REPLACED))
         return out

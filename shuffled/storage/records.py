@@ -27,7 +27,7 @@ def slot_key(start: int, end: int, partition_id: int) -> int:
     return (start << 96) | ((end - start) << 32) | partition_id
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class PartialMeta:
     """Everything needed to serve one stored partial segment (storage format 3).
 
