@@ -62,7 +62,7 @@ def make_app(settings: Settings, *, registry: CollectorRegistry | None = None,
     app.router.add_get(task, handlers.get_task)
     app.router.add_delete(task, handlers.delete_task)
     app.router.add_post(f"{task}/heartbeat", heartbeat.heartbeat)
-    watch = TaskWatch(settings.long_poll_waiters, settings.expiry_timeout)
+    watch = TaskWatch(settings.long_poll_waiters)
     store.listeners.append(watch.notify)
     metrics.long_poll_waiters.set_function(lambda: watch.waiting)
     pages.install(app, task, watch)

@@ -25,7 +25,6 @@ from shuffled.server.ranges import if_range_allows, parse_range
 from shuffled.server.sendfile import send_ranges
 from shuffled.server.state import state_of
 from shuffled.server.views import disk_usages, task_detail, task_summary
-from shuffled.server.waiters import WATCH
 from shuffled.storage import EOS, Reencoder, byte_range, fast_plan, unified_schema
 
 ACCEPTED_TYPES = (ARROW_STREAM, "application/octet-stream", "")
@@ -236,9 +235,7 @@ async def get_task(request: web.Request) -> web.Response:
 async def delete_task(request: web.Request) -> web.Response:
     state = state_of(request)
     sup = validate_id(request.match_info["sup"], "supervisorTaskId")
-    watch = request.app.get(WATCH)
-    if watch is not None:  # paged reads of it answer "failed" from now on, never "empty"
-        watch.mark_failed(sup)
+    state.store.fail(sup)  # paged reads of it answer "failed" from now on, never "empty"
     removed = await state.store.delete_task(sup)
     if removed is not None:
         state.metrics.deleted_tasks.labels("request").inc()

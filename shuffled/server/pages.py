@@ -25,7 +25,7 @@ from typing import Any
 from aiohttp import web
 
 from shuffled.crc import crc32c
-from shuffled.errors import BadRequest, Conflict, InvalidBody, NotFound
+from shuffled.errors import BadRequest, InvalidBody
 from shuffled.protocol import (
     ARROW_STREAM, COMPLETE_HEADER, CONTENT_DIGEST, NEXT_TOKEN_HEADER, PAGE_TOKEN_HEADER,
     PENDING_BYTES_HEADER, TASK_STATE_HEADER, PartitionKey, TaskDataState, format_crc32c,
@@ -70,44 +70,12 @@ def _wait(request: web.Request, state: DaemonState) -> float:
     return min(seconds, state.settings.long_poll_max)
 
 
-def task_state(state: DaemonState, watch: TaskWatch, sup: str) -> TaskDataState:
-    if watch.failed(sup):
-        return TaskDataState.FAILED
-    if sup in state.store.seals:
-        return TaskDataState.SEALED
-    return TaskDataState.RUNNING if state.store.task(sup) is not None else TaskDataState.NONE
-
-
-def _partials(state: DaemonState, key: PartitionKey, subs: list[str] | None,
-              ) -> tuple[list[PartialMeta], bool]:
-    """The partials a paged read walks: held, of the sealed subtasks once sealed, of the
-    named ones if named, in commit order, and below the store's horizon: a partial is
-    served only once every partial with a lower generation has landed or failed, so a
-    token never steps past one that becomes visible later. Also says whether the horizon
-    held any back (then the partition cannot read as complete yet)."""
-    try:
-        metas = state.store.partition(key)
-    except NotFound:
-        return [], False
-    horizon = state.store.horizon
-    held_back = False
-    if horizon is not None:
-        below = [m for m in metas if m.generation < horizon]
-        held_back = len(below) < len(metas)
-        metas = below
-    sealed = state.store.seals.get(key.supervisor_task_id)
-    if sealed is not None:
-        metas = [m for m in metas if m.key.sub_task_id in sealed]
-    if subs is not None:
-        named = set(subs)
-        metas = [m for m in metas if m.key.sub_task_id in named]
-    return sorted(metas, key=lambda m: m.generation), held_back
 
 
 async def _plan(state: DaemonState, key: PartitionKey, subs: list[str] | None, token: int,
                 max_bytes: int) -> tuple[Page, list[PartialMeta], bool]:
     sealed = key.supervisor_task_id in state.store.seals
-    metas, held_back = _partials(state, key, subs)
+    metas, held_back = state.store.visible(key, subs)
     page = await state.store.run(plan_page, metas, token, max_bytes)
     return page, metas, sealed and page.at_end and not held_back
 
@@ -141,7 +109,7 @@ async def get_pages(request: web.Request) -> web.StreamResponse:
         subs = [validate_id(s, "subTaskId") for s in subs]
     # An empty answer is an empty Arrow stream body too: no schema, no batches.
     headers = {PAGE_TOKEN_HEADER: str(token), "Content-Type": ARROW_STREAM}
-    if watch.failed(sup):
+    if state.store.failed(sup):
         await asyncio.sleep(state.settings.failed_read_delay)
         return _failed(headers, token)
     changed = watch.event(sup)  # before looking: a commit in between still wakes us
@@ -149,13 +117,13 @@ async def get_pages(request: web.Request) -> web.StreamResponse:
     if not page.batches and not complete and wait > 0:
         early = await watch.wait(changed, wait)
         state.metrics.long_polls.labels(LongPoll.EARLY if early else LongPoll.TIMEOUT).inc()
-        if watch.failed(sup):
+        if state.store.failed(sup):
             return _failed(headers, token)
         page, metas, complete = await _plan(state, key, subs, token, max_bytes)
     headers.update({
         NEXT_TOKEN_HEADER: str(page.next_token), COMPLETE_HEADER: str(complete).lower(),
         PENDING_BYTES_HEADER: str(page.pending_bytes),
-        TASK_STATE_HEADER: task_state(state, watch, sup),
+        TASK_STATE_HEADER: state.store.state(sup),
     })
     if not page.batches:
         return web.Response(status=200, headers=headers)
@@ -193,7 +161,6 @@ async def ack_pages(request: web.Request) -> web.Response:
 
 async def put_seal(request: web.Request) -> web.Response:
     state = state_of(request)
-    watch = request.app[WATCH]
     sup = validate_id(request.match_info["sup"], "supervisorTaskId")
     try:
         body = await request.json()
@@ -204,22 +171,20 @@ async def put_seal(request: web.Request) -> web.Response:
         raise InvalidBody('the body must be JSON {"subTaskIds": [ids...]} with at most '
                           f"{MAX_SEAL_IDS} ids") from None
     subs = [validate_id(s, "subTaskId") for s in subs]
-    if watch.failed(sup):
-        raise Conflict(f"{sup} was marked failed (or deleted): it cannot be sealed")
-    new = await state.store.seal(sup, subs)
+    new = await state.store.seal(sup, subs)  # refused (409) for a failed task
     return web.json_response({"supervisorTaskId": sup, "sealed": True, "new": new,
                               "subTaskIds": len(set(subs))})
 
 
 async def post_fail(request: web.Request) -> web.Response:
     sup = validate_id(request.match_info["sup"], "supervisorTaskId")
-    request.app[WATCH].mark_failed(sup)
+    state_of(request).store.fail(sup)
     return web.json_response({"supervisorTaskId": sup, "failed": True})
 
 
-def _state_body(state: DaemonState, watch: TaskWatch, sup: str) -> dict[str, Any]:
+def _state_body(state: DaemonState, sup: str) -> dict[str, Any]:
     entry = state.store.task(sup)
-    current = task_state(state, watch, sup)
+    current = state.store.state(sup)
     received = entry.received_partials if entry else 0
     return {"supervisorTaskId": sup, "state": current,
             # changes exactly when a partial commits, the task is sealed or fails
@@ -237,11 +202,11 @@ async def get_state(request: web.Request) -> web.Response:
     known = request.query.get("known")
     wait = _wait(request, state)
     changed = watch.event(sup)
-    body = _state_body(state, watch, sup)
+    body = _state_body(state, sup)
     if known is not None and known == body["tag"] and wait > 0:
         early = await watch.wait(changed, wait)
         state.metrics.long_polls.labels(LongPoll.EARLY if early else LongPoll.TIMEOUT).inc()
-        body = _state_body(state, watch, sup)
+        body = _state_body(state, sup)
     return web.Response(text=json.dumps(body), content_type="application/json")
 
 

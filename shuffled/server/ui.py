@@ -23,7 +23,6 @@ from shuffled.cleanup.sweeper import SweepRecord
 from shuffled.protocol import TaskDataState
 from shuffled.server.state import DaemonState, state_of
 from shuffled.server.views import disk_usages
-from shuffled.server.waiters import WATCH
 from shuffled.storage import Location, TaskEntry
 
 MAX_TASKS = 200
@@ -176,14 +175,7 @@ async def page(request: web.Request) -> web.Response:
     state = state_of(request)
     store = state.store
 
-    watch = request.app.get(WATCH)
-    states: dict[str, TaskDataState] = {}
-    for entry in store.tasks():
-        sup = entry.supervisor_task_id
-        if watch is not None and watch.failed(sup):
-            states[sup] = TaskDataState.FAILED
-        elif sup in store.seals:
-            states[sup] = TaskDataState.SEALED
+    states = {e.supervisor_task_id: store.state(e.supervisor_task_id) for e in store.tasks()}
     html = render(state, await store.run(disk_usages, store.locations), states, store.clock(),
                   where=_where(request))
     return web.Response(text=html, content_type="text/html", charset="utf-8")

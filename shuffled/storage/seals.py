@@ -16,7 +16,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Sequence
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from shuffled.errors import Conflict
@@ -81,18 +83,46 @@ def read_seals(root: Path) -> dict[str, frozenset[str]]:
     return out
 
 
+FAILED_MARKS = 100_000  # failed tasks remembered at most (oldest forgotten first)
+
+
 class Seals:
     """The seals of the tasks held, in memory and durable on every healthy location (event
-    loop; file work on the I/O threads). A task's seal is changed under its lock."""
+    loop; file work on the I/O threads). A task's seal is changed under its lock.
+
+    Also the tasks marked failed (by their supervisor, or by their DELETE): a failed task is
+    never complete and cannot be sealed. Those marks are kept in memory only, bounded by
+    count and by ``mark_ttl`` seconds (a supervisor that failed a task deletes it; the mark
+    only has to outlive the readers still asking), not on disk like a seal."""
 
     def __init__(self, *, locations: Sequence[Location], threads: IoThreads, uploads: Uploads,
-                 book: TaskBook, fsync: bool) -> None:
+                 book: TaskBook, fsync: bool, mark_ttl: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.locations = list(locations)
         self.threads = threads
         self.uploads = uploads
         self.book = book
         self.fsync = fsync
         self.sealed: dict[str, frozenset[str]] = {}
+        self.mark_ttl = mark_ttl
+        self.clock = clock
+        self._failed: OrderedDict[str, float] = OrderedDict()
+
+    def mark_failed(self, sup: str) -> None:
+        """``sup`` failed: its reads never complete, and it cannot be sealed."""
+        self._failed.pop(sup, None)
+        self._failed[sup] = self.clock()
+        while len(self._failed) > FAILED_MARKS:
+            self._failed.popitem(last=False)
+
+    def failed(self, sup: str) -> bool:
+        marked = self._failed.get(sup)
+        if marked is None:
+            return False
+        if self.clock() - marked > self.mark_ttl:
+            del self._failed[sup]
+            return False
+        return True
 
     async def load(self) -> None:
         """Read every location's seals at start (a task held from then on, even empty)."""
@@ -110,6 +140,8 @@ class Seals:
         is a Conflict: a committed subtask is never taken back. A task not held yet is held
         from now on (empty), so that expiry and DELETE remove its seal like any data."""
         subs = frozenset(sub_task_ids)
+        if self.failed(sup):
+            raise Conflict(f"{sup} was marked failed (or deleted): it cannot be sealed")
         async with self.uploads.lock(sup):
             known = self.sealed.get(sup)
             if known is not None:

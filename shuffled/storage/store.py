@@ -29,8 +29,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import IO, Any, TypeVar
 
 from shuffled.config import Settings
-from shuffled.errors import InvalidBody
-from shuffled.protocol import PartialKey, PartitionKey
+from shuffled.errors import InvalidBody, NotFound
+from shuffled.protocol import PartialKey, PartitionKey, TaskDataState
 from shuffled.storage import startup
 from shuffled.storage.book import TaskBook
 from shuffled.storage.catalog import Catalog
@@ -82,8 +82,10 @@ class Store:
                                    commits=self.commits, threads=self.threads,
                                    horizon=self.generations, book=self.book,
                                    uploads=self.uploads, packs=self.packs, notify=self._notify)
+        # A failed mark outlives the readers still asking: as long as a task's data would.
         self._seals = Seals(locations=self.locations, threads=self.threads,
-                            uploads=self.uploads, book=self.book, fsync=settings.fsync)
+                            uploads=self.uploads, book=self.book, fsync=settings.fsync,
+                            mark_ttl=settings.expiry_timeout)
         self.removal = Removal(locations=self.locations, catalogs=self.catalogs,
                                threads=self.threads, book=self.book, uploads=self.uploads,
                                packs=self.packs, seals=self._seals, notify=self._notify)
@@ -148,6 +150,48 @@ class Store:
         new = await self._seals.seal(supervisor_task_id, sub_task_ids)
         self._notify(supervisor_task_id)
         return new
+
+    def fail(self, supervisor_task_id: str) -> None:
+        """Mark the task failed (its supervisor's verdict, or its DELETE): paged reads of it
+        answer empty and never complete, and it cannot be sealed; its waiters hear of it."""
+        self._seals.mark_failed(supervisor_task_id)
+        self._notify(supervisor_task_id)
+
+    def failed(self, supervisor_task_id: str) -> bool:
+        return self._seals.failed(supervisor_task_id)
+
+    def state(self, supervisor_task_id: str) -> TaskDataState:
+        """What a reader may conclude of the task: failed, sealed, running or none."""
+        if self.failed(supervisor_task_id):
+            return TaskDataState.FAILED
+        if supervisor_task_id in self.seals:
+            return TaskDataState.SEALED
+        return TaskDataState.RUNNING if self.task(supervisor_task_id) else TaskDataState.NONE
+
+    def visible(self, key: PartitionKey, sub_task_ids: Sequence[str] | None = None,
+                ) -> tuple[list[PartialMeta], bool]:
+        """The partials a paged read walks: held, of the sealed subtasks once sealed, of the
+        named ones if named, in commit order, and below the commit horizon: a partial is
+        served only once every partial with a lower generation has landed or failed, so a
+        token never steps past one that becomes visible later. Also says whether the
+        horizon held any back (then the partition cannot read as complete yet)."""
+        try:
+            metas = self.reader.partition(key)
+        except NotFound:
+            return [], False
+        horizon = self.generations.horizon
+        held_back = False
+        if horizon is not None:
+            below = [m for m in metas if m.generation < horizon]
+            held_back = len(below) < len(metas)
+            metas = below
+        sealed = self.seals.get(key.supervisor_task_id)
+        if sealed is not None:
+            metas = [m for m in metas if m.key.sub_task_id in sealed]
+        if sub_task_ids is not None:
+            named = set(sub_task_ids)
+            metas = [m for m in metas if m.key.sub_task_id in named]
+        return sorted(metas, key=lambda m: m.generation), held_back
 
     @property
     def horizon(self) -> int | None:
