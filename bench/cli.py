@@ -24,6 +24,7 @@ COMPARISONS = {
     "serve_large": "bench.serve_large",
     "serve_small": "bench.serve_small",
     "ingest": "bench.ingest",
+    "tokens": "bench.tokens",
     "memory": "bench.memory",
     "e2e": "bench.e2e",
     "druid": "bench.druid",

@@ -72,9 +72,10 @@ class Ctx:
         return path
 
     @contextmanager
-    def daemon(self, label: str, location: Path, *, fsync: bool = True) -> Iterator[Daemon]:
+    def daemon(self, label: str, location: Path, *, fsync: bool = True,
+               extra: tuple[str, ...] = ()) -> Iterator[Daemon]:
         """A shuffled daemon for the block; its peak RSS is recorded under ``label``."""
-        d = Daemon(location, fsync=fsync)
+        d = Daemon(location, fsync=fsync, extra=extra)
         d.start()
         assert d.proc is not None
         poller = RssPoller(d.proc.pid).start()

@@ -23,8 +23,10 @@ class Daemon:
     index rebuild included); ``spawned`` the ``time.monotonic()`` of the spawn.
     """
 
-    def __init__(self, location: Path, *, fsync: bool = True, log: Path | None = None) -> None:
+    def __init__(self, location: Path, *, fsync: bool = True, log: Path | None = None,
+                 extra: tuple[str, ...] = ()) -> None:
         self.location = location
+        self.extra = extra  # more `shuffled serve` arguments
         self.fsync = fsync
         self.log = log or location.parent / f"{location.name}.log"
         self.url = ""
@@ -48,7 +50,7 @@ class Daemon:
         cmd = [sys.executable, "-m", "shuffled", "serve", "--host", LOOPBACK, "--port", "0",
                "--location", str(self.location), "--fsync", str(self.fsync).lower(),
                "--free-space-reserve", "0", "--access-log", "false", "--log-level", "WARNING",
-               "--expiry-timeout", "PT2H"]
+               "--expiry-timeout", "PT2H", *self.extra]
         env = {k: v for k, v in os.environ.items() if not k.startswith("SHUFFLED_")}
         began = self.spawned = time.monotonic()
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

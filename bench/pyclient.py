@@ -36,15 +36,17 @@ def _check(answers: list[dict[str, Any]], items: Sequence[Item]) -> None:
             raise RuntimeError(f"bulk upload did not store {key}: {str(answer)[:300]}")
 
 
-def put_bulk(url: str, sup: str, items: Sequence[Item], timeout: float = 300.0) -> float:
+def put_bulk(url: str, sup: str, items: Sequence[Item], timeout: float = 300.0,
+             token: str | None = None) -> float:
     """Store ``items`` with ONE ``put_partials`` request; wall seconds (client made inside)."""
     began = time.perf_counter()
-    with ShuffleClient(url, timeout=timeout) as c:
+    with ShuffleClient(url, timeout=timeout, token=token) as c:
         _check(c.put_partials(sup, list(items)), items)
     return time.perf_counter() - began
 
 
-def put_threads(url: str, items: Sequence[Item], threads: int, timeout: float = 300.0) -> float:
+def put_threads(url: str, items: Sequence[Item], threads: int, timeout: float = 300.0,
+                token: str | None = None) -> float:
     """PUT each item once (``put_partial``), ``threads`` in flight, each thread with its own
     client pulling the next item from a shared cursor; wall seconds."""
     nxt, lock = iter(range(len(items))), threading.Lock()
@@ -52,7 +54,7 @@ def put_threads(url: str, items: Sequence[Item], threads: int, timeout: float = 
 
     def work() -> None:
         """One thread: its own client, items until none is left or one failed."""
-        with ShuffleClient(url, timeout=timeout) as c:
+        with ShuffleClient(url, timeout=timeout, token=token) as c:
             while not errors:
                 with lock:
                     i = next(nxt, None)
@@ -89,7 +91,7 @@ def _run_threads(work: Callable[[], None], threads: int, errors: list[BaseExcept
     return seconds
 
 
-def delete(url: str, sup: str) -> None:
+def delete(url: str, sup: str, token: str | None = None) -> None:
     """Remove task ``sup`` (untimed clean-up between samples)."""
-    with ShuffleClient(url, timeout=120) as c:
+    with ShuffleClient(url, timeout=120, token=token) as c:
         c.delete_task(sup)

@@ -11,12 +11,13 @@ def ingest(spec: Any, *, master: str | None = None,
            shuffle_servers: Sequence[str] | None = None, output_dir: str = "segments",
            token: str | None = None, ca_file: str | None = None,
            progress: Callable[[str], None] | None = None, show_rows: int = 0,
-           reader: str = "auto") -> Any:
+           reader: str = "auto", signing_secret: bytes | None = None) -> Any:
     """Run a Druid ``index_parallel`` spec on Spark through shuffled.
 
     With no ``shuffle_servers`` an embedded daemon runs on a free loopback port with a
     temporary location for the job's lifetime. ``reader`` is phase 1's input reader (see
-    :func:`shuffled.spark.run_ingestion`). Returns the pipeline's IngestResult.
+    :func:`shuffled.spark.run_ingestion`). ``signing_secret``: the daemons' signing secret
+    (per-task tokens, docs/security.md). Returns the pipeline's IngestResult.
     """
     from shuffled.spark import parse_spec, run_ingestion
 
@@ -25,16 +26,19 @@ def ingest(spec: Any, *, master: str | None = None,
     if shuffle_servers:
         result = run_ingestion(parsed, shuffle_servers=list(shuffle_servers), master=master,
                                output_dir=output_dir, token=token, ca_file=ca_file,
-                               progress=progress, reader=reader)
+                               progress=progress, reader=reader,
+                               signing_secret=signing_secret)
     else:
         from shuffled.server.embedded import EmbeddedDaemon
 
         with tempfile.TemporaryDirectory(prefix="shuffled-embedded-") as tmp:
-            with EmbeddedDaemon([tmp], auth_token=token) as url:
+            secrets = (signing_secret,) if signing_secret else ()
+            with EmbeddedDaemon([tmp], auth_token=token, signing_secrets=secrets) as url:
                 say(f"embedded shuffle daemon at {url} (location {tmp})")
                 result = run_ingestion(parsed, shuffle_servers=[url], master=master,
                                        output_dir=output_dir, token=token, ca_file=ca_file,
-                                       progress=progress, reader=reader)
+                                       progress=progress, reader=reader,
+                                       signing_secret=signing_secret)
     if show_rows:
         _show_rows(output_dir, show_rows, say)
     return result

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from shuffled.errors import ConfigError
+from shuffled.tokens import read_secrets
 
 ENV_PREFIX = "SHUFFLED_"
 
@@ -144,14 +145,22 @@ def _port(value: Any, name: str) -> int:
     return port
 
 
-def _positive_int(value: Any, name: str) -> int:
+def _int_at_least(value: Any, name: str, low: int) -> int:
     try:
         number = int(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{name}: {value!r} is not an integer", setting=name)
-    if number < 1:
-        raise ConfigError(f"{name}: {number} must be >= 1", setting=name)
+    if number < low:
+        raise ConfigError(f"{name}: {number} must be >= {low}", setting=name)
     return number
+
+
+def _positive_int(value: Any, name: str) -> int:
+    return _int_at_least(value, name, 1)
+
+
+def _nonnegative_int(value: Any, name: str) -> int:
+    return _int_at_least(value, name, 0)
 
 
 @dataclass(frozen=True)
@@ -189,6 +198,17 @@ FIELDS: tuple[Field, ...] = (
           "--auth-token-file", "PATH"),
     Field("auth_token", _opt_str, "the bearer token itself (prefer the file or the env var)",
           "--auth-token", "TOKEN"),
+    Field("signing_secret_file", _opt_str,
+          "file of secrets (one per line; the first signs, all verify: add the new one first "
+          "to rotate) shared by the daemons and the ingestion drivers, which mint per-task "
+          "read/write/admin tokens with it (docs/security.md); auth_token stays the operator's",
+          "--signing-secret-file", "PATH"),
+    Field("task_quota_bytes", parse_size,
+          "most bytes one supervisor task may hold on this daemon (0: no limit; 507 above)",
+          "--task-quota-bytes", "SIZE"),
+    Field("task_quota_partials", _nonnegative_int,
+          "most partial segments one supervisor task may hold on this daemon (0: no limit)",
+          "--task-quota-partials", "N"),
     Field("metrics_require_auth", parse_bool,
           "whether /metrics needs the token too", "--metrics-require-auth", "BOOL"),
     Field("tls_cert", _opt_str, "PEM certificate chain: serve HTTPS", "--tls-cert", "PATH"),
@@ -246,6 +266,10 @@ class Settings:
     pack_max_bytes: int = 1024**3
     auth_token_file: str | None = None
     auth_token: str | None = field(default=None, repr=False)
+    signing_secret_file: str | None = None
+    signing_secrets: tuple[bytes, ...] = field(default=(), repr=False)
+    task_quota_bytes: int = 0
+    task_quota_partials: int = 0
     metrics_require_auth: bool = False
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -290,7 +314,21 @@ class Settings:
                 )
             if not token:
                 raise ConfigError("auth_token_file: the file is empty", setting="auth_token_file")
-        return replace(self, auth_token=token)
+        secrets = self.signing_secrets
+        if self.signing_secret_file:
+            try:
+                secrets = read_secrets(Path(self.signing_secret_file).read_text())
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigError(f"signing_secret_file: cannot read {self.signing_secret_file}"
+                                  f": {getattr(exc, 'strerror', None) or exc}",
+                                  setting="signing_secret_file") from None
+            if not secrets:
+                raise ConfigError("signing_secret_file: the file has no secret",
+                                  setting="signing_secret_file")
+            if any(len(s) < 16 for s in secrets):
+                raise ConfigError("signing_secret_file: a secret is shorter than 16 characters",
+                                  setting="signing_secret_file")
+        return replace(self, auth_token=token, signing_secrets=secrets)
 
 
 def _apply(values: dict[str, Any], source: Mapping[str, Any], origin: str) -> None:

@@ -64,6 +64,13 @@ class Unauthorized(ShuffleError):
     code = "unauthorized"
 
 
+class Forbidden(ShuffleError):
+    """A valid token that does not open this task or this right (RFC 9110 section 15.5.4)."""
+
+    status = 403
+    code = "forbidden"
+
+
 class RequestTimeout(ShuffleError):
     """The client stopped sending a request body (RFC 9110 section 15.5.9)."""
 
@@ -117,6 +124,26 @@ class InsufficientStorage(ShuffleError):
 
     status = 507
     code = "insufficient_storage"
+
+
+class QuotaExceeded(InsufficientStorage):
+    """The task holds as much on this daemon as its quota allows (``quota`` names which)."""
+
+    code = "quota_exceeded"
+
+
+class SealedConflict(Conflict):
+    """An upload to a sealed subtask or a failed task: what the seal committed never
+    changes, and a failed task takes nothing more."""
+
+    code = "sealed"
+
+
+class ReadAgain(Conflict):
+    """A paged reader passed partials of an attempt the seal left out: the pages it holds
+    are not the committed data. Discard them and read again from token 0."""
+
+    code = "read_again"
 
 
 class LocationFailed(InsufficientStorage):

@@ -9,6 +9,7 @@ first so GETs and the aggregate also hit existing data.
 from __future__ import annotations
 
 import itertools
+import secrets
 
 from collections import Counter
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ from shuffled.client import ShuffleClient
 from shuffled.crc import crc32c
 from shuffled.protocol import Interval, PartialKey, format_crc32c
 from shuffled.server.embedded import EmbeddedDaemon
+from shuffled.tokens import Scope, mint
 from tests.conftest import DAY, arrow_bytes, files_under, sample_table
 
 SPEC_PATH = Path(__file__).resolve().parent.parent / "openapi.yaml"
@@ -55,8 +57,30 @@ def bulk_body(n: int) -> bytes:
     return b"".join(out) + framing.encode_end(n)
 
 
+# Scoped tokens (docs/security.md), made per run: the daemon has an operator token and a
+# signing secret; each generated task request carries a task token, mostly the admin one
+# of its own task, sometimes a read, a write or another task's (403s are checked too).
+SECRET = secrets.token_bytes(32)
+OPERATOR = secrets.token_urlsafe(24)
+_AUTH = itertools.count()
+_SCOPES = (Scope.ADMIN, Scope.ADMIN, Scope.ADMIN, Scope.READ, Scope.WRITE)
+
+
 @schema.hook
 def map_case(context: schemathesis.HookContext, case: schemathesis.Case) -> schemathesis.Case:
+    case = _shape(case)
+    sup = (case.path_parameters or {}).get("supervisorTaskId")
+    n = next(_AUTH)
+    if sup is None:
+        token = OPERATOR
+    else:
+        token = mint(SECRET, str(sup) if n % 7 else "another-task", _SCOPES[n % len(_SCOPES)],
+                     600)
+    case.headers = {**(case.headers or {}), "Authorization": f"Bearer {token}"}
+    return case
+
+
+def _shape(case: schemathesis.Case) -> schemathesis.Case:
     """Half of the generated uploads carry a real Arrow stream with its true digest (or none)
     and a valid interval, so the store's accepting path is exercised, not only refusals."""
     if case.method.upper() == "POST" and case.path.endswith("/partials"):
@@ -86,16 +110,17 @@ def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     locations = [tmp / "a", tmp / "b"]
     # Long polls and failed reads bounded short: generated maxWait values are waited for.
     with EmbeddedDaemon(locations, free_space_reserve=0, long_poll_max=0.05,
-                        failed_read_delay=0.01) as url:
+                        failed_read_delay=0.01, auth_token=OPERATOR,
+                        signing_secrets=(SECRET,)) as url:
         interval = Interval.parse(DAY["start"], DAY["end"])
-        with ShuffleClient(url) as client:
+        with ShuffleClient(url, token=mint(SECRET, "sup", Scope.WRITE, 600)) as client:
             for sub in ("s1", "s2"):
                 client.put_partial(PartialKey("sup", sub, interval, 0),
                                    arrow_bytes(sample_table(20)))
         yield url
     puts = {status for (method, status), _ in SEEN.items() if method == "PUT"}
     if puts:  # the PUT operation ran: generated uploads were refused and accepted
-        assert puts & {200, 201} and puts & {400}, puts
+        assert puts & {200, 201} and puts & {400} and puts & {403}, puts
     # Whatever was generated, nothing is left half-written.
     for loc in locations:
         assert list((loc / ".tmp").iterdir()) == []

@@ -9,6 +9,7 @@ NotFound exactly when the model holds nothing).
 from __future__ import annotations
 
 import json
+import secrets
 import shutil
 import tempfile
 import urllib.error
@@ -24,9 +25,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from shuffled.client import RetryPolicy, ShuffleClient
 from shuffled.crc import crc32c
-from shuffled.errors import Conflict, NotFound
+from shuffled.errors import Conflict, NotFound, SealedConflict
 from shuffled.protocol import Interval, PartialKey, PartitionKey
 from shuffled.server.embedded import EmbeddedDaemon
+from shuffled.tokens import Scope, mint
 from tests.conftest import (
     DAY, PREFIX, arrow_bytes, catalog_rows, committed_bytes, files_under, pack_files, sample_table,
 )
@@ -52,17 +54,27 @@ class StoreMachine(RuleBasedStateMachine):
         self.sealed: dict[str, frozenset[str]] = {}  # survives restarts, gone with a delete
         self.failed: set[str] = set()  # deleted since the last restart: paged reads "failed"
         self.daemon: EmbeddedDaemon | None = None
-        self.client: ShuffleClient | None = None
+        self.client: ShuffleClient | None = None  # the operator's (the listing)
+        # Scoped tokens (docs/security.md), secret and operator token made per run: each
+        # rule acts with the token of its own task and right, as the pipeline does.
+        self.secret = secrets.token_bytes(32)
+        self.operator = secrets.token_urlsafe(24)
+        self.scoped: dict[tuple[str, Scope], ShuffleClient] = {}
         self._start()
 
     def _start(self) -> None:
-        self.daemon = EmbeddedDaemon(self.locations, free_space_reserve=0)
+        self.daemon = EmbeddedDaemon(self.locations, free_space_reserve=0,
+                                     auth_token=self.operator, signing_secrets=(self.secret,))
         self.url = self.daemon.start()
-        self.client = ShuffleClient(self.url, retry=RetryPolicy(attempts=2, backoff=0.01))
+        self.client = ShuffleClient(self.url, token=self.operator,
+                                    retry=RetryPolicy(attempts=2, backoff=0.01))
 
     def _stop(self) -> None:
         if self.client is not None:
             self.client.close()
+        for scoped in self.scoped.values():
+            scoped.close()
+        self.scoped.clear()
         if self.daemon is not None:
             self.daemon.stop()
         self.client = self.daemon = None
@@ -72,12 +84,28 @@ class StoreMachine(RuleBasedStateMachine):
         assert self.client is not None
         return self.client
 
+    def as_(self, scope: Scope, sup: str) -> ShuffleClient:
+        """A client holding the ``scope`` token of task ``sup``."""
+        client = self.scoped.get((sup, scope))
+        if client is None:
+            client = self.scoped[(sup, scope)] = ShuffleClient(
+                self.url, token=mint(self.secret, sup, scope, 3600),
+                retry=RetryPolicy(attempts=2, backoff=0.01))
+        return client
+
     @rule(sup=SUPS, sub=st.sampled_from(SUBS), pid=PIDS, rows=st.integers(0, 60),
           seed=st.integers(0, 10_000))
     def put(self, sup: str, sub: str, pid: int, rows: int, seed: int) -> None:
         key = PartialKey(sup, sub, INTERVAL, pid)
         body = arrow_bytes(sample_table(rows, seed=seed), batch_rows=25)
-        result = self.c.put_partial(key, body)
+        if sub in self.sealed.get(sup, ()):
+            # Sealed means sealed (storage.admission): 409, nothing stored (the invariants
+            # check the listing and the bytes).
+            with pytest.raises(SealedConflict):
+                self.as_(Scope.WRITE, sup).put_partial(key, body)
+            return
+        result = self.as_(Scope.WRITE, sup).put_partial(key, body)
+        self.failed.discard(sup)  # a deleted task's id lives again with an upload
         assert result["replaced"] == (key in self.model)
         assert result["rows"] == rows and result["bytes"] == len(body)
         self.model[key] = body
@@ -87,10 +115,10 @@ class StoreMachine(RuleBasedStateMachine):
     def get(self, sup: str, sub: str, pid: int) -> None:
         key = PartialKey(sup, sub, INTERVAL, pid)
         if key in self.model:
-            assert self.c.get_partial(key) == self.model[key]
+            assert self.as_(Scope.READ, sup).get_partial(key) == self.model[key]
         else:
             with pytest.raises(NotFound):
-                self.c.get_partial(key)
+                self.as_(Scope.READ, sup).get_partial(key)
 
     @rule(sup=SUPS, pid=PIDS,
           subs=st.none() | st.lists(st.sampled_from(SUBS), min_size=1, max_size=3, unique=True))
@@ -101,9 +129,9 @@ class StoreMachine(RuleBasedStateMachine):
         wanted = held if subs is None else subs
         if not wanted or any(s not in held for s in wanted):
             with pytest.raises(NotFound):
-                self.c.get_partition(partition, subs)
+                self.as_(Scope.READ, sup).get_partition(partition, subs)
             return
-        got = pa.ipc.open_stream(self.c.get_partition(partition, subs)).read_all()
+        got = pa.ipc.open_stream(self.as_(Scope.READ, sup).get_partition(partition, subs)).read_all()
         parts = [pa.ipc.open_stream(self.model[PartialKey(sup, s, INTERVAL, pid)]).read_all()
                  for s in wanted]
         # Partials whose schemas differ (an all-null column is typed null) take the daemon's
@@ -118,7 +146,7 @@ class StoreMachine(RuleBasedStateMachine):
                       and k.partition_id == pid and (sealed is None or k.sub_task_id in sealed))
         token, tables = 0, []
         for _ in range(1000):  # bounded: a partition of at most 3 partials of 3 batches
-            page = self.c.read_page(partition, token, max_bytes=max_bytes)
+            page = self.as_(Scope.READ, sup).read_page(partition, token, max_bytes=max_bytes)
             if sup in self.failed:
                 assert page.state == "failed" and not page.body and not page.complete
                 return
@@ -142,14 +170,14 @@ class StoreMachine(RuleBasedStateMachine):
         known = self.sealed.get(sup)
         if sup in self.failed or (known is not None and not known <= subs):
             with pytest.raises(Conflict):  # a seal may add subtasks, never take one back
-                self.c.seal(sup, sorted(subs))
+                self.as_(Scope.ADMIN, sup).seal(sup, sorted(subs))
             return
-        assert self.c.seal(sup, sorted(subs))["new"] == (known != subs)
+        assert self.as_(Scope.ADMIN, sup).seal(sup, sorted(subs))["new"] == (known != subs)
         self.sealed[sup] = subs
 
     @rule(sup=SUPS)
     def delete(self, sup: str) -> None:
-        self.c.delete_task(sup)
+        self.as_(Scope.ADMIN, sup).delete_task(sup)
         self.model = {k: v for k, v in self.model.items() if k.supervisor_task_id != sup}
         self.written.pop(sup, None)
         self.sealed.pop(sup, None)
@@ -189,7 +217,9 @@ class StoreMachine(RuleBasedStateMachine):
         pages, cursor = [], None
         while True:
             query = {"limit": str(limit), **({"cursor": cursor} if cursor else {})}
-            request = f"{self.url}{PREFIX}/tasks/{sup}?{urllib.parse.urlencode(query)}"
+            request = urllib.request.Request(
+                f"{self.url}{PREFIX}/tasks/{sup}?{urllib.parse.urlencode(query)}",
+                headers={"Authorization": f"Bearer {mint(self.secret, sup, Scope.READ, 600)}"})
             try:
                 with urllib.request.urlopen(request, timeout=30) as resp:
                     page = json.load(resp)

@@ -13,6 +13,7 @@ from shuffled.cli.ingest import cmd_ingest, spark_conf
 from shuffled.cli.serve import cmd_migrate, cmd_serve
 from shuffled.config import FIELDS, Settings
 from shuffled.errors import ConfigError, ShuffleError
+from shuffled.tokens import Scope, mint, read_secrets
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -62,6 +63,10 @@ def _ingest_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--output", default="segments",
                         help="output directory, or s3://bucket/prefix (default ./segments)")
     parser.add_argument("--auth-token-file", help="bearer token for the shuffle servers")
+    parser.add_argument("--signing-secret-file", metavar="PATH",
+                        help="the shuffle servers' signing_secret_file: this driver mints "
+                             "per-task tokens with it and executors get only those "
+                             "(docs/security.md)")
     parser.add_argument("--ca-file", help="CA bundle to verify https shuffle servers")
     parser.add_argument("--show-rows", type=int, default=0, metavar="N",
                         help="print up to N rows of the resulting segments")
@@ -83,16 +88,50 @@ def build_parser() -> argparse.ArgumentParser:
     _serve_parser(sub)
     _ingest_parser(sub)
     migrate = sub.add_parser(
-        "migrate", help="convert locations in storage format 1 to packs (daemon stopped)",
-        description="Convert storage locations from format 1 (a file per partial segment) "
-                    "to format 2 (packs + catalog) in place. Run with the daemon stopped; "
-                    "safe to run again after an interruption.")
+        "migrate", help="convert locations of an older storage format to the current one "
+                        "(daemon stopped)",
+        description="Convert storage locations of format 1 (a file per partial segment) or "
+                    "2 (packs of whole streams) to format 3 (packs with the schema once) in "
+                    "place. Run with the daemon stopped; safe to run again after an "
+                    "interruption.")
     migrate.add_argument("--config", metavar="FILE", help="TOML settings file (its locations)")
     migrate.add_argument("--location", action="append", dest="locations", metavar="PATH",
                          help="location to convert; repeat for several (default: the "
                               "configured locations)")
     sub.add_parser("config-reference", help="print the configuration reference (Markdown)")
+    token = sub.add_parser(
+        "token", help="mint a per-task token with the signing secret (docs/security.md)",
+        description="Print a token for one supervisor task and one right (read, write, "
+                    "admin), or an operator token for every task (--task '*'), signed "
+                    "with the first secret of the daemons' signing_secret_file.")
+    token.add_argument("--signing-secret-file", required=True, metavar="PATH")
+    token.add_argument("--task", required=True, metavar="SUPERVISOR_TASK_ID",
+                       help="the task the token opens ('*' with --scope operator)")
+    token.add_argument("--scope", required=True, choices=[s.value for s in Scope])
+    token.add_argument("--ttl", type=float, default=3600.0, metavar="SECONDS",
+                       help="lifetime (default 3600)")
     return parser
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    """Print a minted token (``shuffled token``)."""
+    try:
+        with open(args.signing_secret_file, encoding="utf-8") as fh:
+            secrets = read_secrets(fh.read())
+    except (OSError, UnicodeDecodeError) as exc:
+        print(f"shuffled: --signing-secret-file {args.signing_secret_file} cannot be read: "
+              f"{getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if not secrets:
+        print(f"shuffled: --signing-secret-file {args.signing_secret_file} has no secret",
+              file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        print(mint(secrets[0], args.task, Scope(args.scope), args.ttl))
+    except ValueError as exc:
+        print(f"shuffled: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -105,6 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_ingest(args)
         if args.command == "migrate":
             return cmd_migrate(args)
+        if args.command == "token":
+            return cmd_token(args)
         if args.command == "config-reference":
             from shuffled.config import reference_markdown
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from shuffled.cli.terminal import QUIET_LOG4J, Progress, QuietStderr
+from shuffled.tokens import read_secrets
 
 EXIT_OK, EXIT_FAILED = 0, 1
 
@@ -81,6 +82,22 @@ def _read_spec(path: str) -> Any:
         raise Refused(f"the spec file {path} is not JSON: {exc.msg} at line {exc.lineno} "
                       f"column {exc.colno}",
                       f"fix the JSON in {path} (a Druid index_parallel spec)") from None
+
+
+def _read_secret(path: str | None) -> bytes | None:
+    """The first secret of the daemons' signing secret file (the one that signs)."""
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            secrets = read_secrets(fh.read())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise Refused(f"--signing-secret-file {path} cannot be read: {_reason(exc)}",
+                      "give the daemons' signing_secret_file") from None
+    if not secrets:
+        raise Refused(f"--signing-secret-file {path} has no secret",
+                      "write the daemons' signing secret in it, one per line") from None
+    return secrets[0]
 
 
 def _read_token(path: str | None) -> str | None:
@@ -199,6 +216,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     try:
         spec = _read_spec(args.spec)
         token = _read_token(args.auth_token_file)
+        secret = _read_secret(args.signing_secret_file)
         probe_output(args.output)
         submit = submit_args(args.conf or [], quiet=not args.verbose)
         if submit is not None:
@@ -207,7 +225,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             result = ingest(spec, master=args.master, shuffle_servers=args.shuffle_servers,
                             output_dir=args.output, token=token, ca_file=args.ca_file,
                             progress=progress, show_rows=args.show_rows,
-                            reader=args.phase1_reader)
+                            reader=args.phase1_reader, signing_secret=secret)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # every failure: one paragraph, exit 1

@@ -303,13 +303,19 @@ class ShuffleClient:
             headers={"Content-Type": "application/json"}, handle=json_dict,
             what=f"seal {supervisor_task_id}"))
 
-    def heartbeat(self, supervisor_task_id: str) -> dict[str, Any]:
+    def heartbeat(self, supervisor_task_id: str, *,
+                  quota: dict[str, int] | None = None) -> dict[str, Any]:
         """``POST /tasks/{id}/heartbeat``, one try: refreshes the task's expiry; the answer
         names the daemon's ``instance`` (new after a restart), whether it is ``draining``
-        and what it holds of the task (``bytes``, ``partials``, ``servedBytes``). Raises
-        :class:`ShuffleUnavailable` at once when the daemon does not answer."""
+        and what it holds of the task (``bytes``, ``partials``, ``servedBytes``, the
+        ``quota`` in force). ``quota`` (``{"bytes": N, "partials": M}``, 0: no limit) asks
+        for per-task quotas tighter than the daemon's. Raises :class:`ShuffleUnavailable` at
+        once when the daemon does not answer."""
+        body = json.dumps({"quota": quota}).encode() if quota else None
         return self._http.request(Request("POST", f"{task_path(supervisor_task_id)}/heartbeat",
-                                          handle=json_dict, policy=NO_RETRY,
+                                          body=body, handle=json_dict, policy=NO_RETRY,
+                                          headers={"Content-Type": "application/json"}
+                                          if body else None,
                                           what=f"heartbeat {supervisor_task_id}"))
 
     def fail(self, supervisor_task_id: str) -> None:

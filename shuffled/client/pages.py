@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from shuffled.client.digest import check_crc, crc32c_of
 from shuffled.client.http import Request, Transport
-from shuffled.errors import ShuffleError, TaskFailed
+from shuffled.errors import ReadAgain, ShuffleError, TaskFailed
 from shuffled.protocol import (
     COMPLETE_HEADER, CONTENT_DIGEST, NEXT_TOKEN_HEADER, PENDING_BYTES_HEADER,
     TASK_STATE_HEADER, PartitionKey, TaskDataState, parse_crc32c, task_path,
@@ -91,12 +91,23 @@ def iter_pages(http_: Transport, key: PartitionKey, *, max_bytes: int = 8 << 20,
     token = 0
     started = clock()
     wait = 0.0  # ask at once; after an answer with nothing new, wait for news
+    yielded = False
     while True:
-        page = read_page(http_, key, token, max_bytes=max_bytes, subs=subs, max_wait=wait)
+        try:
+            page = read_page(http_, key, token, max_bytes=max_bytes, subs=subs, max_wait=wait)
+        except ReadAgain:
+            # The seal left out an attempt whose pages this reader passed. Nothing handed
+            # on yet: start over here; else the caller holds pages that are not the
+            # committed data and must discard them (a Spark task fails and is retried).
+            if yielded:
+                raise
+            token, wait = 0, 0.0
+            continue
         if page.state == TaskDataState.FAILED:
             raise TaskFailed(f"{key.supervisor_task_id} was marked failed on the daemon: "
                              f"{key} will never be complete", partition=key.partition_id)
         if page.body:
+            yielded = True
             yield page.body
             started = clock()  # progress: the deadline counts from here
         token = page.next_token

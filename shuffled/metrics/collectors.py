@@ -62,6 +62,19 @@ class StoreCollector(Collector):
                                 value=sum(t.files for t in tasks))
         yield GaugeMetricFamily("shuffled_held_bytes", "Bytes of partial segments held.",
                                 value=sum(t.bytes for t in tasks))
+        # Quotas (shuffled.storage.admission): per task would be a label per task id
+        # (unbounded); the operator's limits and how close the nearest task is to its own.
+        admission = self._store.admission
+        yield GaugeMetricFamily("shuffled_task_quota_bytes", "Most bytes one task may hold "
+                                "here (task_quota_bytes; 0: no limit).",
+                                value=admission.quota.bytes)
+        yield GaugeMetricFamily("shuffled_task_quota_partials", "Most partial segments one "
+                                "task may hold here (task_quota_partials; 0: no limit).",
+                                value=admission.quota.partials)
+        yield GaugeMetricFamily("shuffled_task_quota_used_ratio_max",
+                                "The largest share of its own quota (bytes or partials) any "
+                                "task holds (0 without quotas).",
+                                value=max((admission.used(t) for t in tasks), default=0.0))
         # Expired = last access + expiry_timeout has passed; the sweeper removes such a task
         # within one period unless the overlord says it runs (then its expiry is refreshed)
         # or cannot be asked (kept up to max_age). Read here, not by the sweeper, so the

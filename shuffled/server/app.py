@@ -16,9 +16,8 @@ from shuffled.protocol import API_PREFIX
 from shuffled.server import bulk, handlers, heartbeat, pages, partitions, ui
 from shuffled.server.errors import error_middleware
 from shuffled.server.limits import Limiter
-from shuffled.server.middleware import (
-    Drain, add_request_id, auth_middleware, metrics_middleware,
-)
+from shuffled.server.access import Access, access_middleware
+from shuffled.server.middleware import Drain, add_request_id, metrics_middleware
 from shuffled.server.state import STATE, DaemonState
 from shuffled.server.waiters import TaskWatch
 from shuffled.storage import Store
@@ -41,8 +40,9 @@ def make_app(settings: Settings, *, registry: CollectorRegistry | None = None,
         store, lambda: {"uploads": uploads.active, "downloads": downloads.active}))
 
     middlewares = [metrics_middleware(metrics), drain.middleware]
-    if settings.auth_token:
-        middlewares.append(auth_middleware(settings.auth_token, settings.metrics_require_auth))
+    if settings.auth_token or settings.signing_secrets:
+        access = Access(settings.auth_token, settings.signing_secrets)
+        middlewares.append(access_middleware(access, settings.metrics_require_auth))
     middlewares.append(error_middleware)
     # Uploads stream to disk; client_max_size only bounds bodies read whole (none here).
     app = web.Application(middlewares=middlewares, client_max_size=1 << 20)
@@ -64,6 +64,7 @@ def make_app(settings: Settings, *, registry: CollectorRegistry | None = None,
     app.router.add_post(f"{task}/heartbeat", heartbeat.heartbeat)
     watch = TaskWatch(settings.long_poll_waiters)
     store.listeners.append(watch.notify)
+    drain.on_drain.append(watch.wake_all)
     metrics.long_poll_waiters.set_function(lambda: watch.waiting)
     pages.install(app, task, watch)
     app.router.add_get("/status/health", handlers.health)

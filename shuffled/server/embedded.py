@@ -22,10 +22,13 @@ class EmbeddedDaemon:
                  settings: Settings | None = None, start_timeout: float = 30.0,
                  **overrides: Any) -> None:
         if settings is None:
+            # Secrets are given as bytes here (the file form is for the CLI).
+            secrets: tuple[bytes, ...] = tuple(overrides.pop("signing_secrets", ()) or ())
             base = {"host": "127.0.0.1", "port": 0, "access_log": False,
                     "locations": [str(p) for p in locations or []]}
             base.update(overrides)
-            settings = load_settings(environ={}, overrides=base)
+            settings = replace(load_settings(environ={}, overrides=base),
+                               signing_secrets=secrets)
         elif locations:
             settings = replace(settings, locations=tuple(LocationSettings(Path(p))
                                                          for p in locations))

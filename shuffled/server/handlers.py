@@ -235,7 +235,7 @@ async def get_task(request: web.Request) -> web.Response:
 async def delete_task(request: web.Request) -> web.Response:
     state = state_of(request)
     sup = validate_id(request.match_info["sup"], "supervisorTaskId")
-    state.store.fail(sup)  # paged reads of it answer "failed" from now on, never "empty"
+    state.store.fail(sup, deleted=True)  # paged reads of it answer "failed" from now on, never "empty"
     removed = await state.store.delete_task(sup)
     if removed is not None:
         state.metrics.deleted_tasks.labels("request").inc()

@@ -1,27 +1,24 @@
-"""Cross-cutting request handling: bearer auth, draining on shutdown, metrics timing,
-request ids and the access log."""
+"""Cross-cutting request handling: draining on shutdown, metrics timing, request ids and
+the access log (who may do what: :mod:`.access`)."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import hmac
 import json
 import re
 import time
 import uuid
+from collections.abc import Callable
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from aiohttp.typedefs import Middleware
 from aiohttp.web_request import BaseRequest
 
-from shuffled.errors import Overloaded, ShuffleError, Unauthorized
+from shuffled.errors import Overloaded, ShuffleError
 from shuffled.metrics import Metrics
 from shuffled.protocol import Interval
 from shuffled.server.errors import REJECT_REASON, Handler, error_response
-from shuffled.server.login import login_page
 
 HEALTH_PATH = "/status/health"
 HEARTBEAT_SUFFIX = "/heartbeat"
@@ -105,55 +102,6 @@ class AccessLog(AbstractAccessLogger):
         return self.logger.isEnabledFor(20)  # logging.INFO
 
 
-# Read-only pages a browser opens: with auth on they also take HTTP basic auth (any user
-# name, the token as password), which a browser asks for itself; a browser cannot send a
-# bearer token. The data API takes the bearer token only.
-BROWSER_PATHS = frozenset({"/", "/ui", "/status", METRICS_PATH})
-UI_PATHS = frozenset({"/", "/ui"})
-
-
-def _basic_password(credentials: str) -> bytes | None:
-    try:
-        decoded = base64.b64decode(credentials.strip(), validate=True)
-    except (binascii.Error, ValueError):
-        return None
-    _, sep, password = decoded.partition(b":")
-    return password if sep else None
-
-
-def auth_middleware(token: str, metrics_require_auth: bool) -> Middleware:
-    """Require ``Authorization: Bearer <token>`` (RFC 6750) on every route but health;
-    GETs of :data:`BROWSER_PATHS` also take ``Basic`` (RFC 7617) with the token as the
-    password, and ``/ui`` without either answers a browser's login challenge."""
-    expected = token.encode()
-    open_paths = {HEALTH_PATH} | (set() if metrics_require_auth else {METRICS_PATH})
-
-    def allowed(request: web.Request) -> bool:
-        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        scheme = scheme.lower()
-        # Constant-time comparisons: no timing oracle on the token.
-        if scheme == "bearer":
-            return hmac.compare_digest(given.strip().encode(), expected)
-        if scheme == "basic" and request.method in ("GET", "HEAD") and \
-                request.path in BROWSER_PATHS:
-            password = _basic_password(given)
-            return password is not None and hmac.compare_digest(password, expected)
-        return False
-
-    @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path not in open_paths and not allowed(request):
-            request[REJECT_REASON] = "unauthorized"
-            if request.path in UI_PATHS:
-                return login_page()
-            response = error_response(Unauthorized("missing or wrong bearer token"))
-            response.headers["WWW-Authenticate"] = 'Bearer realm="shuffled"'
-            return response
-        return await handler(request)
-
-    return middleware
-
-
 class Drain:
     """Tracks requests in flight; once draining, new requests get 503 + Retry-After."""
 
@@ -161,6 +109,14 @@ class Drain:
         self.draining = False
         self.in_flight = 0
         self._idle: asyncio.Event | None = None
+        # Called once draining starts (long polls answer at once instead of holding on).
+        self.on_drain: list[Callable[[], None]] = []
+
+    def start(self) -> None:
+        """Stop taking requests: from now on they get 503 + Retry-After."""
+        self.draining = True
+        for callback in self.on_drain:
+            callback()
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until no request is in flight (True) or ``timeout`` passes (False)."""

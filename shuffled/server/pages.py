@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from typing import Any
+from typing import IO, Any
 
 from aiohttp import web
 
@@ -33,10 +33,12 @@ from shuffled.protocol import (
 )
 from shuffled.metrics import LongPoll, Served
 from shuffled.server.handlers import _partition_key
+from shuffled.server.errors import RESPONSE_STARTED
 from shuffled.server.middleware import SENT_BYTES
 from shuffled.server.state import DaemonState, state_of
 from shuffled.server.waiters import WATCH, TaskWatch
-from shuffled.storage import MAX_TOKEN, Page, PartialMeta, plan_page
+from shuffled.server.sendfile import CHUNK, send_ranges
+from shuffled.storage import MAX_TOKEN, SEALED_FLAG, Page, PartialMeta, plan_page
 
 DEFAULT_PAGE_BYTES = 8 << 20
 MAX_PAGE_BYTES = 256 << 20
@@ -74,26 +76,36 @@ def _wait(request: web.Request, state: DaemonState) -> float:
 
 async def _plan(state: DaemonState, key: PartitionKey, subs: list[str] | None, token: int,
                 max_bytes: int) -> tuple[Page, list[PartialMeta], bool]:
-    sealed = key.supervisor_task_id in state.store.seals
-    metas, held_back = state.store.visible(key, subs)
+    """The page at ``token`` (ReadAgain if the seal left out what it passed), its partials
+    and whether the partition is complete with it; past the seal, the next token carries
+    SEALED_FLAG."""
+    metas, held_back, sealed = state.store.view(key, subs, token)
     page = await state.store.run(plan_page, metas, token, max_bytes)
+    if sealed and page.next_token:  # 0 stays 0: the start is the start
+        page.next_token |= SEALED_FLAG
     return page, metas, sealed and page.at_end and not held_back
 
 
-def _read(files: dict[int, Any], page: Page) -> bytes:
-    """The page's bytes, read on an I/O thread (a page is bounded by maxBytes, and reading
-    it whole lets it carry a digest the reader checks)."""
-    parts = []
+def _digest(files: dict[int, IO[bytes]], page: Page) -> int:
+    """The page's CRC32C, read through in chunks on an I/O thread: the digest goes in the
+    headers, before the body, which then goes out by sendfile from the page cache; memory
+    stays one chunk whatever maxBytes is."""
+    crc = 0
+    buf = bytearray(min(CHUNK, max(page.length, 1)))
+    view = memoryview(buf)
     for piece in page.pieces:
         if isinstance(piece, bytes):
-            parts.append(piece)
-        else:
-            index, offset, length = piece
-            data = os.pread(files[index].fileno(), length, offset)
-            if len(data) != length:
-                raise OSError(f"short read of a pack: {len(data)} of {length} bytes")
-            parts.append(data)
-    return b"".join(parts)
+            crc = crc32c(piece, crc)
+            continue
+        index, offset, length = piece
+        while length:
+            got = os.preadv(files[index].fileno(), [view[:min(length, len(buf))]], offset)
+            if got <= 0:
+                raise OSError(f"short read of a pack: {length} bytes missing")
+            crc = crc32c(view[:got], crc)
+            offset += got
+            length -= got
+    return crc
 
 
 async def get_pages(request: web.Request) -> web.StreamResponse:
@@ -130,18 +142,26 @@ async def get_pages(request: web.Request) -> web.StreamResponse:
     with state.downloads.slot():
         used = sorted({p[0] for p in page.pieces if isinstance(p, tuple)})
         opened = await state.store.open_many([metas[i] for i in used])
+        files = dict(zip(used, opened))
         try:
-            body = await state.store.run(_read, dict(zip(used, opened)), page)
+            headers[CONTENT_DIGEST] = format_crc32c(await state.store.run(_digest, files, page))
+            response = web.StreamResponse(headers=headers)
+            response.content_length = page.length
+            await response.prepare(request)
+            request[RESPONSE_STARTED] = True
+            await send_ranges(request, response,
+                              [p if isinstance(p, bytes) else (files[p[0]], p[1], p[2])
+                               for p in page.pieces], state.store.run)
+            await response.write_eof()
         finally:
             for fh in opened:
                 fh.close()
     state.store.touch(sup)
-    headers[CONTENT_DIGEST] = format_crc32c(crc32c(body))
-    request[SENT_BYTES] = len(body)
-    state.metrics.served_bytes.labels(Served.PAGES).inc(len(body))
+    request[SENT_BYTES] = page.length
+    state.metrics.served_bytes.labels(Served.PAGES).inc(page.length)
     state.metrics.served_requests.labels(Served.PAGES).inc()
-    state.store.record_served(sup, len(body))
-    return web.Response(body=body, headers=headers)
+    state.store.record_served(sup, page.length)
+    return response
 
 
 def _failed(headers: dict[str, str], token: int) -> web.Response:

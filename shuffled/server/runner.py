@@ -141,7 +141,7 @@ async def serve(settings: Settings, *, registry: CollectorRegistry | None = None
             ready(url)
         await stop.wait()
         drain = app[STATE].drain
-        drain.draining = True
+        drain.start()
         log.info("draining: %d requests in flight", drain.in_flight)
         if not await drain.wait_idle(settings.shutdown_timeout):
             log.warning("shutdown timeout: %d requests still in flight", drain.in_flight)

@@ -23,7 +23,7 @@ from shuffled.cleanup.sweeper import SweepRecord
 from shuffled.protocol import TaskDataState
 from shuffled.server.state import DaemonState, state_of
 from shuffled.server.views import disk_usages
-from shuffled.storage import Location, TaskEntry
+from shuffled.storage import Location, Quota, TaskEntry
 
 MAX_TASKS = 200
 REFRESH = 10
@@ -95,12 +95,25 @@ def _location_row(loc: Location, usage: tuple[int, int]) -> str:
             f"<td>{health}</td></tr>")
 
 
-def _task_row(entry: TaskEntry, state: TaskDataState, now: float, timeout: float) -> str:
+def _quota(entry: TaskEntry, quota: Quota) -> str:
+    if not quota.bytes and not quota.partials:
+        return "none"
+    parts = []
+    if quota.bytes:
+        parts.append(f"{entry.bytes / quota.bytes:.0%} of {_bytes(quota.bytes)}")
+    if quota.partials:
+        parts.append(f"{entry.files / quota.partials:.0%} of {quota.partials} partials")
+    return ", ".join(parts)
+
+
+def _task_row(entry: TaskEntry, state: TaskDataState, now: float, timeout: float,
+              quota: Quota) -> str:
     left = entry.last_access + timeout - now
     return (f"<tr><td><code>{escape(entry.supervisor_task_id)}</code></td><td>{state}</td>"
             f'<td class="n">{_bytes(entry.bytes)}</td><td class="n">{entry.files}</td>'
             f'<td class="n">{entry.partitions}</td><td class="n">{_ago(now - entry.last_access)} ago</td>'
-            f'<td class="n">{"expired" if left < 0 else "in " + _ago(left)}</td></tr>')
+            f'<td class="n">{"expired" if left < 0 else "in " + _ago(left)}</td>'
+            f'<td class="n">{_quota(entry, quota)}</td></tr>')
 
 
 def _sweep_row(record: SweepRecord, now: float) -> str:
@@ -132,7 +145,8 @@ def render(state: DaemonState, usages: list[tuple[int, int]], task_states: dict[
             + "</p>")
     locs = "".join(_location_row(loc, u) for loc, u in zip(store.locations, usages))
     rows = "".join(_task_row(t, task_states.get(t.supervisor_task_id, TaskDataState.RUNNING),
-                             now, settings.expiry_timeout) for t in shown)
+                             now, settings.expiry_timeout,
+                             store.admission.of(t.supervisor_task_id)) for t in shown)
     more = (f"<p class=meta>and {len(tasks) - len(shown)} more (smaller) tasks: "
             f"<code>GET /druid/worker/v1/shuffle/tasks</code> lists all</p>"
             if len(tasks) > len(shown) else "")
@@ -152,7 +166,7 @@ space the file system keeps in reserve (not free to this daemon).</p>
 <th>health</th></tr>{locs}</table>
 <h2>Tasks</h2>
 <table id=tasks><tr><th>supervisor task</th><th>state</th><th>bytes</th><th>partials</th>
-<th>partitions</th><th>last access</th><th>expiry</th></tr>{rows}</table>{more}
+<th>partitions</th><th>last access</th><th>expiry</th><th>quota used</th></tr>{rows}</table>{more}
 <h2>Last sweeps</h2>
 <table id=sweeps><tr><th>finished</th><th>took</th><th>expired</th><th>extended</th>
 <th>deleted</th><th>outcome</th></tr>{sweep_rows}</table>

@@ -22,6 +22,7 @@ class TaskWatch:
     def __init__(self, max_waiters: int) -> None:
         self.max_waiters = max_waiters
         self.waiting = 0
+        self.draining = False
         self._events: dict[str, asyncio.Event] = {}
 
     def event(self, sup: str) -> asyncio.Event:
@@ -38,6 +39,15 @@ class TaskWatch:
         if event is not None:
             event.set()
 
+    def wake_all(self) -> None:
+        """The daemon is draining: every waiter answers now with what there is (the
+        reader's next request goes to a replica or waits for the restart), and no new
+        request waits."""
+        self.draining = True
+        events, self._events = self._events, {}
+        for event in events.values():
+            event.set()
+
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
         """Room for one more waiter, or Overloaded (503) beyond the setting."""
@@ -52,6 +62,8 @@ class TaskWatch:
 
     async def wait(self, event: asyncio.Event, seconds: float) -> bool:
         """Wait for ``event`` up to ``seconds``; True if it came (early), False on time."""
+        if self.draining:
+            return False
         async with self.slot():
             try:
                 await asyncio.wait_for(event.wait(), seconds)

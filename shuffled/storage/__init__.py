@@ -6,9 +6,10 @@ partial (:class:`PartialMeta`), a task's figures (:class:`TaskEntry`), a locatio
 plan of paged reads (:mod:`.pageplan`). The modules below it each own one idea.
 """
 
+from shuffled.storage.admission import Quota
 from shuffled.storage.arrowfile import EOS, SchemaMessage
 from shuffled.storage.location import Location
-from shuffled.storage.pageplan import MAX_TOKEN, Page, plan_page
+from shuffled.storage.pageplan import MAX_TOKEN, SEALED_FLAG, Page, plan_page
 from shuffled.storage.records import PartialMeta, TaskEntry
 from shuffled.storage.store import Store
 from shuffled.storage.streams import (FastPlan, Reencoder, byte_range, fast_plan, stream_pieces,
@@ -17,5 +18,5 @@ from shuffled.storage.outcomes import Outcome, PutResult, Rejected
 from shuffled.storage.upload import SMALL, BulkSession
 
 __all__ = ["EOS", "MAX_TOKEN", "SMALL", "BulkSession", "FastPlan", "Location", "Outcome", "Page",
-           "PartialMeta", "PutResult", "Rejected", "Reencoder", "SchemaMessage", "Store", "TaskEntry", "byte_range",
+           "PartialMeta", "PutResult", "Quota", "Rejected", "Reencoder", "SEALED_FLAG", "SchemaMessage", "Store", "TaskEntry", "byte_range",
            "fast_plan", "plan_page", "stream_pieces", "unified_schema"]

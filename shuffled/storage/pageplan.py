@@ -27,6 +27,11 @@ from shuffled.storage.streams import messages
 
 BATCH_BITS = 20  # record batches addressable per partial: 1M
 MAX_TOKEN = (1 << 128) - 1  # generations are wide (time-based), so tokens are too
+# Set on every token handed out once the task is sealed. A token without it that has
+# passed a partial of a subtask the seal left out belonged to a reader who was served that
+# partial: it must read again from 0 (Store.view). Generations are nanoseconds (< 2**64),
+# so a position never reaches this bit.
+SEALED_FLAG = 1 << 120
 
 
 def token_of(generation: int, batch: int) -> int:
@@ -34,7 +39,8 @@ def token_of(generation: int, batch: int) -> int:
 
 
 def position(token: int) -> tuple[int, int]:
-    """(generation, batch) of ``token``."""
+    """(generation, batch) of ``token`` (its sealed flag ignored)."""
+    token &= SEALED_FLAG - 1
     return token >> BATCH_BITS, token & ((1 << BATCH_BITS) - 1)
 
 

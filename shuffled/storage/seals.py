@@ -107,13 +107,31 @@ class Seals:
         self.mark_ttl = mark_ttl
         self.clock = clock
         self._failed: OrderedDict[str, float] = OrderedDict()
+        self._deleted: set[str] = set()  # marks that a DELETE set, not a verdict
 
-    def mark_failed(self, sup: str) -> None:
-        """``sup`` failed: its reads never complete, and it cannot be sealed."""
+    def mark_failed(self, sup: str, *, deleted: bool = False) -> None:
+        """``sup`` failed (``deleted``: its DELETE): its reads never complete, and it cannot
+        be sealed. A verdict (``POST /fail``) also refuses uploads; a DELETE does not: a
+        task id used again (a rerun) starts a new life with its first upload."""
         self._failed.pop(sup, None)
         self._failed[sup] = self.clock()
+        if deleted:
+            self._deleted.add(sup)
+        else:
+            self._deleted.discard(sup)
         while len(self._failed) > FAILED_MARKS:
-            self._failed.popitem(last=False)
+            self._deleted.discard(self._failed.popitem(last=False)[0])
+
+    def refuses_uploads(self, sup: str) -> bool:
+        """Whether ``sup`` was failed by its supervisor's verdict (not only deleted)."""
+        return self.failed(sup) and sup not in self._deleted
+
+    def revive(self, sup: str) -> None:
+        """An upload to a deleted task: the id lives again (its reads are no longer
+        "failed")."""
+        if sup in self._deleted:
+            self._deleted.discard(sup)
+            self._failed.pop(sup, None)
 
     def failed(self, sup: str) -> bool:
         marked = self._failed.get(sup)
@@ -121,6 +139,7 @@ class Seals:
             return False
         if self.clock() - marked > self.mark_ttl:
             del self._failed[sup]
+            self._deleted.discard(sup)
             return False
         return True
 

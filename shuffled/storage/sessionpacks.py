@@ -17,6 +17,7 @@ from typing import Any
 from shuffled.config import Settings
 from shuffled.errors import Conflict, ShuffleError
 from shuffled.storage import packs
+from shuffled.storage.admission import Admission
 from shuffled.storage.committer import Committer
 from shuffled.storage.inflight import Uploads
 from shuffled.storage.location import Location
@@ -38,6 +39,7 @@ class Writing:
     uploads: Uploads
     packs: PackSource
     committer: Committer
+    admission: Admission
 
 
 def deleted(sup: str) -> Conflict:

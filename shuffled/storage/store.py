@@ -29,9 +29,10 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import IO, Any, TypeVar
 
 from shuffled.config import Settings
-from shuffled.errors import InvalidBody, NotFound
+from shuffled.errors import InvalidBody, NotFound, ReadAgain
 from shuffled.protocol import PartialKey, PartitionKey, TaskDataState
 from shuffled.storage import startup
+from shuffled.storage.admission import Admission, Quota
 from shuffled.storage.book import TaskBook
 from shuffled.storage.catalog import Catalog
 from shuffled.storage.commit import GroupCommit
@@ -40,6 +41,7 @@ from shuffled.storage.horizon import Horizon
 from shuffled.storage.inflight import Uploads
 from shuffled.storage.location import Location
 from shuffled.storage.packsource import PackSource
+from shuffled.storage.pageplan import SEALED_FLAG, position
 from shuffled.storage.reads import Reader
 from shuffled.storage.records import PartialMeta, TaskEntry
 from shuffled.storage.removal import Removal
@@ -90,9 +92,12 @@ class Store:
                                threads=self.threads, book=self.book, uploads=self.uploads,
                                packs=self.packs, seals=self._seals, notify=self._notify)
         self.reader = Reader(self.locations, self.catalogs, self.book, self.threads)
+        self.admission = Admission(seals=self._seals, book=self.book,
+                                   quota=Quota(settings.task_quota_bytes,
+                                               settings.task_quota_partials))
         self._writing = Writing(settings=settings, locations=self.locations,
                                 threads=self.threads, uploads=self.uploads, packs=self.packs,
-                                committer=self.committer)
+                                committer=self.committer, admission=self.admission)
         self.recovered_partials = 0
         self.dropped_on_recovery = 0
 
@@ -151,10 +156,11 @@ class Store:
         self._notify(supervisor_task_id)
         return new
 
-    def fail(self, supervisor_task_id: str) -> None:
-        """Mark the task failed (its supervisor's verdict, or its DELETE): paged reads of it
-        answer empty and never complete, and it cannot be sealed; its waiters hear of it."""
-        self._seals.mark_failed(supervisor_task_id)
+    def fail(self, supervisor_task_id: str, *, deleted: bool = False) -> None:
+        """Mark the task failed (its supervisor's verdict, or ``deleted``: its DELETE):
+        paged reads of it answer empty and never complete, and it cannot be sealed; its
+        waiters hear of it. A verdict also refuses its uploads (:mod:`.admission`)."""
+        self._seals.mark_failed(supervisor_task_id, deleted=deleted)
         self._notify(supervisor_task_id)
 
     def failed(self, supervisor_task_id: str) -> bool:
@@ -168,30 +174,45 @@ class Store:
             return TaskDataState.SEALED
         return TaskDataState.RUNNING if self.task(supervisor_task_id) else TaskDataState.NONE
 
-    def visible(self, key: PartitionKey, sub_task_ids: Sequence[str] | None = None,
-                ) -> tuple[list[PartialMeta], bool]:
-        """The partials a paged read walks: held, of the sealed subtasks once sealed, of the
-        named ones if named, in commit order, and below the commit horizon: a partial is
-        served only once every partial with a lower generation has landed or failed, so a
-        token never steps past one that becomes visible later. Also says whether the
-        horizon held any back (then the partition cannot read as complete yet)."""
+    def view(self, key: PartitionKey, sub_task_ids: Sequence[str] | None, token: int,
+             ) -> tuple[list[PartialMeta], bool, bool]:
+        """The partials a paged read from ``token`` walks: held, of the sealed subtasks once
+        sealed, of the named ones if named, in commit order, and below the commit horizon:
+        a partial is served only once every partial with a lower generation has landed or
+        failed, so a token never steps past one that becomes visible later. Also says
+        whether the horizon held any back (then the partition cannot read as complete yet)
+        and whether the task is sealed (then the tokens handed out carry SEALED_FLAG).
+
+        Raises ReadAgain (409) for a token handed out before the seal that has passed a
+        partial of a subtask the seal leaves out: that reader was served bytes that are not
+        the committed data."""
+        sup = key.supervisor_task_id
         try:
             metas = self.reader.partition(key)
         except NotFound:
-            return [], False
+            metas = []
         horizon = self.generations.horizon
         held_back = False
         if horizon is not None:
             below = [m for m in metas if m.generation < horizon]
             held_back = len(below) < len(metas)
             metas = below
-        sealed = self.seals.get(key.supervisor_task_id)
-        if sealed is not None:
-            metas = [m for m in metas if m.key.sub_task_id in sealed]
         if sub_task_ids is not None:
             named = set(sub_task_ids)
             metas = [m for m in metas if m.key.sub_task_id in named]
-        return sorted(metas, key=lambda m: m.generation), held_back
+        sealed = self.seals.get(sup)
+        if sealed is not None:
+            if token and not token & SEALED_FLAG:
+                at = position(token)
+                passed = [m for m in metas if m.key.sub_task_id not in sealed
+                          and (m.generation, 0) < at]
+                if passed:
+                    raise ReadAgain(
+                        f"this reader was served partials of subtask {passed[0].key.sub_task_id}"
+                        f" of {sup}, which the seal leaves out: discard the pages read and "
+                        "read again from token 0", supervisorTaskId=sup, token=0)
+            metas = [m for m in metas if m.key.sub_task_id in sealed]
+        return sorted(metas, key=lambda m: m.generation), held_back, sealed is not None
 
     @property
     def horizon(self) -> int | None:

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 from shuffled.errors import InsufficientStorage, InvalidBody, ShuffleError, TooLarge
 from shuffled.protocol import PartialKey, PartialStatus
+from shuffled.storage.admission import Pending
 from shuffled.storage.append import Append, Small, Written, append_small
 from shuffled.storage.arrowfile import EOS, SchemaMessage
 from shuffled.storage.committer import Landing
@@ -76,6 +77,7 @@ class BulkSession:
         self._deferred: list[tuple[Location, int, PartialKey, Written]] = []
         self._deferred_bytes = 0
         self._eager = False  # the sender paused: commit what is written at once
+        self._pending = Pending()  # added by this session, not yet committed (quotas)
 
     async def __aenter__(self) -> BulkSession:
         self.parts.uploads.open(self.sup, self)
@@ -128,6 +130,7 @@ class BulkSession:
         await self.parts.uploads.wait_for_delete(self.sup)
         if self.cancelled:
             raise deleted(self.sup)
+        self.parts.admission.admit(key, whole, self._pending)  # sealed, failed, quotas
         if isinstance(body, (bytes, bytearray, memoryview)) and len(body) <= SMALL:
             view = memoryview(body).cast("B")
             if length is not None and view.nbytes != length:
@@ -185,6 +188,8 @@ class BulkSession:
                     raise InvalidBody(f"body has more than the {length} bytes announced")
                 if size > reserved:
                     grow = max(RESERVE_STEP, size - reserved)
+                    if length is None:  # admitted without a size: count it as it comes
+                        self.parts.admission.grow(key, size - reserved, self._pending)
                     if not loc.has_room(grow):
                         raise InsufficientStorage(f"location {loc.path} is full (max size)",
                                                   location=str(loc.path))
@@ -281,8 +286,20 @@ class BulkSession:
                 ) -> list[_Pending]:
         if self.cancelled:
             return [deleted(self.sup) for _ in written]
-        metas, future = self.parts.committer.submit(loc, written)
-        return [_Committing(meta, future, i) for i, meta in enumerate(metas)]
+        # A seal or a fail may have landed while these were on their way (see .admission).
+        refused = [self.parts.admission.may_commit(key) for key, _ in written]
+        kept = [w for w, r in zip(written, refused, strict=True) if r is None]
+        if not kept:
+            return [r for r in refused if r is not None]
+        metas, future = self.parts.committer.submit(loc, kept)
+        pending, nbytes, count = self._pending, sum(m.size for m in metas), len(metas)
+
+        def landed(_: object) -> None:  # the book holds them now (or they failed)
+            pending.bytes -= nbytes
+            pending.partials -= count
+        future.add_done_callback(landed)
+        committing = iter(_Committing(meta, future, i) for i, meta in enumerate(metas))
+        return [next(committing) if r is None else r for r in refused]
 
     # -- the outcome ------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from shuffled.spark.phase1.tasks import Phase1Config
 from shuffled.spark.phase2.merge import Phase2Config
 from shuffled.spark.rows.rollup import Layout
 from shuffled.spark.spec.model import IngestSpec
+from shuffled.tokens import Scope, mint
 
 READERS = ("auto", "native", "jvm")
 _PHASE1_AGG = {"count": "count", "sum": "sum", "min": "min", "max": "max", "first": "first",
@@ -45,10 +46,28 @@ def layout_of(spec: IngestSpec) -> Layout:
 
 @dataclass(frozen=True)
 class Auth:
-    """How the driver and executors authenticate to the daemons."""
+    """How the driver and executors authenticate to the daemons: ``token`` is the
+    driver's (admin of the task, or the shared token), ``write``/``read`` what phase-1 and
+    phase-2 executors get (the shared token too, in the shared-token mode)."""
 
     token: str | None = None
     ca_file: str | None = None
+    write: str | None = None
+    read: str | None = None
+
+    @classmethod
+    def scoped(cls, secret: bytes, task_id: str, ttl: float, ca_file: str | None) -> Auth:
+        """Tokens minted for one ingestion (shuffled.tokens): the secret stays here."""
+        return cls(mint(secret, task_id, Scope.ADMIN, ttl), ca_file,
+                   mint(secret, task_id, Scope.WRITE, ttl), mint(secret, task_id, Scope.READ, ttl))
+
+    @property
+    def write_token(self) -> str | None:
+        return self.write or self.token
+
+    @property
+    def read_token(self) -> str | None:
+        return self.read or self.token
 
 
 @dataclass
@@ -94,7 +113,7 @@ class JobContext:
         s = self.spec
         return Phase1Config(self.task_id, self.survivors, self.layout, s.segment_granularity,
                             s.max_rows_in_memory, s.max_saved_parse_exceptions,
-                            self.auth.token, self.auth.ca_file, self.hooks,
+                            self.auth.write_token, self.auth.ca_file, self.hooks,
                             s.partial_compression, s.max_bytes_in_memory,
                             s.shuffle_replicas, multi_value=multi_value,
                             **recompute)
@@ -102,7 +121,7 @@ class JobContext:
     def phase2_config(self, multi_value: tuple[str, ...] = ()) -> Phase2Config:
         """What a phase-2 Spark task needs (pickled into its closure); ``multi_value``: the
         string dimensions phase 1 saw holding multi-values (stored as list<string>)."""
-        return Phase2Config(self.task_id, self.layout, self.segments, self.auth.token,
+        return Phase2Config(self.task_id, self.layout, self.segments, self.auth.read_token,
                             self.auth.ca_file, self.spec.max_bytes_in_memory,
                             retry_seconds=float(self.spec.shuffle_retry_seconds),
                             lost=frozenset(self.lost),

@@ -64,8 +64,10 @@ class Monitor:
     def __init__(self, task_id: str, servers: Sequence[str], *, token: str | None,
                  ca_file: str | None, timing: Timing = Timing(), progress_seconds: float = 2.0,
                  status: Callable[[], str | None] | None = None,
-                 progress: Callable[[str], None] | None = None) -> None:
+                 progress: Callable[[str], None] | None = None,
+                 quota: dict[str, int] | None = None) -> None:
         self.task_id = task_id
+        self.quota = quota  # the spec's per-task quotas, asked of every daemon each beat
         self.servers = list(servers)
         self.token, self.ca_file = token, ca_file
         self.timing = timing
@@ -101,9 +103,9 @@ class Monitor:
         try:
             if client is None:
                 with self._client(server) as c:
-                    answer = c.heartbeat(self.task_id)
+                    answer = c.heartbeat(self.task_id, quota=self.quota)
             else:
-                answer = client.heartbeat(self.task_id)
+                answer = client.heartbeat(self.task_id, quota=self.quota)
         except Exception as exc:
             if isinstance(exc, ShuffleError) and exc.status in (404, 405):
                 # A daemon older than the heartbeat route answered: alive, but its expiry

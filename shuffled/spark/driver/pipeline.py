@@ -63,7 +63,7 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
                   master: str | None = None, output_dir: str, token: str | None = None,
                   ca_file: str | None = None, progress: Callable[[str], None] | None = None,
                   keepalive_seconds: float = 2.0, reader: str = "auto",
-                  hooks: Hooks = NONE) -> IngestResult:
+                  hooks: Hooks = NONE, signing_secret: bytes | None = None) -> IngestResult:
     """Run a perfect-rollup ingestion of ``spec`` through the given shuffle servers.
 
     The spec is validated (SpecError naming the field) and the input files listed before
@@ -75,6 +75,10 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
     Python), or ``auto`` (native where it applies). ``keepalive_seconds`` is the period of
     the heartbeats to the daemons (expiry and loss detection, docs/failover.md). ``hooks``
     are test seams (:mod:`shuffled.spark.hooks`); production passes none.
+    ``signing_secret`` (the daemons' ``signing_secret_file``, first line): the driver
+    mints per-task tokens with it (write for phase 1, read for phase 2, admin for itself,
+    docs/security.md) and executors see only those; without it ``token`` (the daemons'
+    shared token) goes everywhere.
     """
     if reader not in READERS:
         raise ValueError(f"reader must be auto, native or jvm, not {reader!r}")
@@ -100,11 +104,16 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
     spark, created = get_session(master)
     staging = os.path.join(local_dir, f".staging-{task_id}")
     segments = segment_dir(local_dir, version)
+    auth = (Auth.scoped(signing_secret, task_id, s.shuffle_token_seconds, ca_file)
+            if signing_secret else Auth(token, ca_file))
+    token = auth.token  # the driver's own from here on (admin of this task when scoped)
     ctx = JobContext(spark, s, files, tuple(servers), task_id, report, staging, segments,
-                     Auth(token, ca_file), reader, say, hooks)
+                     auth, reader, say, hooks)
     monitor = Monitor(task_id, servers, token=token, ca_file=ca_file,
                       timing=Timing(keepalive_seconds, restart_seconds=s.shuffle_retry_seconds),
-                      progress_seconds=2.0, progress=progress)
+                      progress_seconds=2.0, progress=progress,
+                      quota={"bytes": s.shuffle_quota_bytes, "partials": s.shuffle_quota_partials}
+                      if s.shuffle_quota_bytes or s.shuffle_quota_partials else None)
     ctx.rows = RowCount(spark)
     monitor.status = stage_status(spark, lambda: ctx.phase, monitor.held, ctx.rows)
     ctx.monitor = monitor

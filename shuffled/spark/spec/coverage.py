@@ -197,6 +197,9 @@ def _rows() -> list[Field]:
           for c in ("lz4", "zstd", "none")],
         Field(f"{TUN}.shuffleReplicas", 2, S, "ours: daemons each partial is written to (docs/failover.md)"),
         Field(f"{TUN}.shuffleRetrySeconds", 30, S, "ours: how long a read waits for a daemon that does not answer"),
+        Field(f"{TUN}.shuffleQuotaBytes", 1 << 30, S, "ours: most bytes the task may hold on each daemon (docs/security.md)"),
+        Field(f"{TUN}.shuffleQuotaPartials", 100000, S, "ours: most partial segments the task may hold on each daemon"),
+        Field(f"{TUN}.shuffleTokenSeconds", 3600, S, "ours: lifetime of the per-task tokens minted with --signing-secret-file"),
         *[Field(f"{TUN}.indexSpec.{k}", c, S,
                 f"the Parquet codec of the segments' {what} columns (lz4: Druid's default)"
                 if c == "lz4" else "") for k, what in (

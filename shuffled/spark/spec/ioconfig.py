@@ -157,6 +157,11 @@ def parse_tuning(o: JsonObject) -> dict[str, Any]:
         # that does not answer (a restart) before its data counts as lost (docs/failover.md)
         "shuffle_replicas": o.int_("shuffleReplicas", 1),
         "shuffle_retry_seconds": o.int_("shuffleRetrySeconds", 30),
+        # ours: per-task limits on each daemon (tighter than the daemons' own, never
+        # looser; 0: none) and how long the per-task tokens minted for it live
+        "shuffle_quota_bytes": o.int_("shuffleQuotaBytes", 0, minimum=0),
+        "shuffle_quota_partials": o.int_("shuffleQuotaPartials", 0, minimum=0),
+        "shuffle_token_seconds": o.int_("shuffleTokenSeconds", 172_800, minimum=60),
     }
     out.update(_index_spec(JsonObject(o.get("indexSpec"), o.at("indexSpec"), required=False)))
     o.done(IGNORED["tuningConfig"] - {"indexSpec"})
