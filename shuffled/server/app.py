@@ -21,6 +21,7 @@ from shuffled.server.middleware import (
 )
 from shuffled.server.state import STATE, DaemonState
 from shuffled.server.waiters import TaskWatch
+from shuffled.server import verdict
 from shuffled.storage import Store
 
 CleanupCtx = Callable[[web.Application], AsyncIterator[None]]
@@ -66,6 +67,7 @@ def make_app(settings: Settings, *, registry: CollectorRegistry | None = None,
     store.listeners.append(watch.notify)
     metrics.long_poll_waiters.set_function(lambda: watch.waiting)
     pages.install(app, task, watch)
+    verdict.install(app, task)  # the driver's lost-daemon verdicts (PUT/GET .../lost)
     app.router.add_get("/status/health", handlers.health)
     app.router.add_get("/status", handlers.status)
     app.router.add_get("/metrics", handlers.metrics)
