@@ -28,8 +28,9 @@ from shuffled.spark.hooks import Hooks
 from shuffled.spark.phase2.verdict import Verdict
 from shuffled.storage.verdicts import Verdicts
 from tests.procs import DaemonProcess
-from tests.spark_conftest_helpers import (base_spec, expected_rollup, free_port, generate,
-                                          read_output, write_parts)
+from tests.spark_conftest_helpers import (  # noqa: F401  (spark: a fixture)
+    base_spec, expected_rollup, free_port, generate, read_output, spark, write_parts,
+)
 from tests.test_spark_pipeline import assert_matches
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the hooks go to executors
@@ -170,16 +171,18 @@ def three_daemons(tmp_path: Path) -> Iterator[list[DaemonProcess]]:
 
 
 @pytest.mark.spark
+@pytest.mark.parametrize("budget", [1 << 16, 1 << 19], ids=["paged", "bulk"])
 def test_merge_tasks_move_on_within_seconds_of_a_sigkill(
-        spark: Any, tmp_path: Path, three_daemons: list[DaemonProcess]) -> None:
+        spark: Any, tmp_path: Path, three_daemons: list[DaemonProcess], budget: int) -> None:
     from shuffled.spark import run_ingestion
 
     lines, good, _ = generate(12_000, seed=7)
     write_parts(lines, tmp_path / "input", parts=4)
-    # Small in-memory bounds: each merge task reads its partitions in several batches
-    # (streamed), so it reads from the victim after the kill.
+    # Small in-memory bounds: each merge task reads its partitions in several batches, so
+    # it reads from the victim after the kill: streamed in pages one partition at a time
+    # (64 KiB), or a few partitions a bulk read (512 KiB).
     spec = base_spec(tmp_path / "input", {"type": "hashed", "numShards": 4},
-                     maxRowsInMemory=1000, maxBytesInMemory=1 << 16,
+                     maxRowsInMemory=1000, maxBytesInMemory=budget,
                      maxNumConcurrentSubTasks=4, totalNumMergeTasks=2,
                      shuffleRetrySeconds=RETRY_SECONDS)
     victim = three_daemons[0]
@@ -202,7 +205,8 @@ def test_merge_tasks_move_on_within_seconds_of_a_sigkill(
     assert lost, "no merge task read from the killed daemon"
     first = min(e["lost"] for e in lost) - killed
     last = max(e["lost"] for e in lost) - killed
-    print(f"\nkill -> first Lost report {first:.2f} s, last {last:.2f} s; ingestion {took:.1f} s")
+    print(f"\nkill -> first Lost report {first:.2f} s, last {last:.2f} s; ingestion {took:.1f} s;"
+          f" {len(lost)} Lost; {sorted({e['why'][:60] for e in lost})}")
     assert first < TARGET + MARGIN, (first, lost[:3])
     assert last < TARGET + MARGIN, (last, lost[-3:])
     assert all(e["servers"] == [victim.url] for e in lost)

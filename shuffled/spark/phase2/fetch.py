@@ -148,6 +148,7 @@ def _stream(clients: dict[str, ShuffleClient], cfg: Phase2Config, a: Assignment,
         # loses the partition (another replica's tokens are not this one's).
         server = _next_replica(replicas, down)
         got = 0
+        why = "known lost"
         while server is not None:
             try:
                 for page in _client(clients, cfg, server, verdict).pages(
@@ -163,11 +164,12 @@ def _stream(clients: dict[str, ShuffleClient], cfg: Phase2Config, a: Assignment,
                 down.add(server)
                 if got:
                     raise SourceLost(replicas, f"{server}: {exc}") from exc
+                why = f"{server}: {getattr(exc, 'message', None) or exc!r}"
                 server = _next_replica(replicas, down)
                 continue
             break
         if server is None:
-            raise SourceLost(replicas, "no replica answers")
+            raise SourceLost(replicas, f"no replica answers ({why})")
         if got != expected:
             down.add(server)
             raise SourceLost(replicas, f"{Interval(a.start, a.end)} partition {a.partition} "
