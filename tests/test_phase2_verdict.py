@@ -27,7 +27,7 @@ from shuffled.client import RetryPolicy, ShuffleClient, ShuffleUnavailable
 from shuffled.spark.hooks import Hooks
 from shuffled.spark.phase2.verdict import Verdict
 from shuffled.storage.verdicts import Verdicts
-from tests.procs import DaemonProcess
+from tests.procs import DaemonProcess, wait_for
 from tests.spark_conftest_helpers import (  # noqa: F401  (spark: a fixture)
     base_spec, expected_rollup, free_port, generate, read_output, spark, write_parts,
 )
@@ -118,6 +118,25 @@ def test_reads_that_succeed_never_ask(daemon_url: str) -> None:
         for _ in range(20):
             c.list_tasks()
     assert verdict.asked == 0
+
+
+def test_the_monitor_declares_a_refusing_daemon_and_tells_the_survivors(
+        daemon_url: str) -> None:
+    from shuffled.spark.driver.monitor import Monitor
+
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    monitor = Monitor("sup1", [daemon_url, dead], token=None, ca_file=None)
+    started = time.monotonic()
+    monitor.start()
+    try:
+        with ShuffleClient(daemon_url) as survivor:
+            wait_for(lambda: survivor.lost_daemons("sup1") == [dead], "the verdict", 10.0,
+                     interval=0.05)
+        took = time.monotonic() - started
+    finally:
+        monitor.stop()
+    assert took < 2.0 + 0.5 + 1.5  # a heartbeat period, the refused grace, a margin
+    assert list(monitor.declared) == [dead] and monitor.declared_after[dead] >= 0.5
 
 
 # --- a real ingestion ---------------------------------------------------------------------
