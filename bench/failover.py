@@ -5,26 +5,74 @@ string dimensions, hashed numShards 2, read natively from Parquet) ingested thro
 ``shuffled serve`` processes on loopback by one local[2] Spark session, ``repeats`` times
 undisturbed and ``repeats`` times with daemon 0 SIGKILLed by phase-1 task 0 after its
 first flush landed there (replication off: that task's partials there are lost, later
-flushes of every task fail over), alternating. Each run gets three fresh daemons. Prints
-the medians, their ratio (target <= 1.5, docs/failover.md) and what the recovery did
-(from the task report), and checks both kinds of run publish the same rows.
+flushes of every task fail over), and ``repeats`` times with daemon 0 SIGKILLed by a merge
+task after its first batch (``shuffleRetrySeconds`` 120: the merge tasks reading it move on
+once the driver's verdict reaches them, not after 120 s), alternating. Each run gets three
+fresh daemons. Prints the medians, their ratios to the undisturbed run (target <= 1.5,
+docs/failover.md), the seconds from the phase-2 kill to the merge tasks' Lost reports
+(target 5 s) and what the recovery did (from the task report), and checks every kind of run
+publishes the same rows.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 from typing import Any
 
 import pyarrow.parquet as pq
+from pyspark import cloudpickle
 
 from bench.daemon import Daemon
 from bench.druid_data import generate, spec
+from shuffled.spark.hooks import Hooks
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the hooks go to executors
+KINDS = ("undisturbed", "killed", "killed_phase2")
+
+
+@dataclass
+class Kill(Hooks):
+    """SIGKILL the daemon ``pid`` (this bench started it) in phase 1, once Spark partition
+    0 has a flush answered, or in phase 2 once a merge task fetched a batch; ``log``
+    records when, and when each partition is reported lost (one JSON line each)."""
+
+    pid: int
+    phase: int
+    log: str
+
+    def _kill(self) -> None:
+        try:  # once, across worker processes
+            os.close(os.open(self.log + ".killed", os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return
+        os.kill(self.pid, signal.SIGKILL)
+        self._note({"kill": time.time()})
+
+    def _note(self, record: dict[str, Any]) -> None:
+        fd = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, (json.dumps(record) + "\n").encode())
+        finally:
+            os.close(fd)
+
+    def phase1_uploaded(self, partition: int, attempt_number: int, uploads: int) -> None:
+        if self.phase == 1 and partition == 0 and uploads >= 1:
+            self._kill()
+
+    def phase2_fetched(self, batches: int) -> None:
+        if self.phase == 2:
+            self._kill()
+
+    def phase2_lost(self, partition: int, servers: tuple[str, ...], why: str) -> None:
+        self._note({"lost": time.time()})
 
 
 def _rows(out: Path) -> tuple[int, int]:
@@ -33,30 +81,40 @@ def _rows(out: Path) -> tuple[int, int]:
     return sum(t.num_rows for t in tables), sum(int(t.column(0).to_numpy().sum()) for t in tables)
 
 
-def _one(base: Path, data: Path, name: str, kill: bool) -> dict[str, Any]:
+def _one(base: Path, data: Path, name: str, kind: str) -> dict[str, Any]:
     from shuffled.spark.driver.pipeline import run_ingestion
 
     work = base / name
     daemons = [Daemon(work / f"d{i}", fsync=True) for i in range(3)]
+    log = work / "kill.jsonl"
+    the_spec = spec(data)
     try:
         for d in daemons:
             d.start()
-        fault: dict[str, Any] = {}
-        if kill:
+        hooks = Hooks()
+        if kind != "undisturbed":
             assert daemons[0].proc is not None
-            fault["kill"] = {"pid": daemons[0].proc.pid, "partition": 0, "after_uploads": 1}
+            hooks = Kill(daemons[0].proc.pid, 2 if kind == "killed_phase2" else 1, str(log))
+        if kind == "killed_phase2":
+            the_spec["spec"]["tuningConfig"]["shuffleRetrySeconds"] = 120
         started = time.monotonic()
-        result = run_ingestion(spec(data), shuffle_servers=[d.url for d in daemons],
-                               output_dir=str(work / "out"), fault=fault)
+        result = run_ingestion(the_spec, shuffle_servers=[d.url for d in daemons],
+                               output_dir=str(work / "out"), hooks=hooks)
         seconds = time.monotonic() - started
         rows = _rows(work / "out")
     finally:
         for d in daemons:
             d.stop()
     report = result.report
-    return {"seconds": seconds, "rows": rows, "recovery": report["recovery"],
-            "phases": {k: v["ingest/task/time"] / 1000 for k, v in report["phases"].items()},
-            "failovers": report["phases"]["partialSegmentGeneration"].get("failovers", 0)}
+    out = {"seconds": seconds, "rows": rows, "recovery": report["recovery"],
+           "phases": {k: v["ingest/task/time"] / 1000 for k, v in report["phases"].items()},
+           "failovers": report["phases"]["partialSegmentGeneration"].get("failovers", 0)}
+    if kind == "killed_phase2":
+        events = [json.loads(x) for x in log.read_text().splitlines()]
+        killed = min(e["kill"] for e in events if "kill" in e)
+        lost = [e["lost"] - killed for e in events if "lost" in e]
+        out["killToLost"] = [round(min(lost), 2), round(max(lost), 2)] if lost else None
+    return out
 
 
 def main(argv: list[str]) -> int:
@@ -70,14 +128,16 @@ def main(argv: list[str]) -> int:
     base = Path(tempfile.mkdtemp(prefix="bench-failover-"))
     data = base / "data"
     generate(data, rows, days)
-    runs: dict[str, list[dict[str, Any]]] = {"undisturbed": [], "killed": []}
+    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in KINDS}
     try:
-        _one(base, data, "warmup", False)  # Python workers and imports, once
+        _one(base, data, "warmup", "undisturbed")  # Python workers and imports, once
         for i in range(repeats):
             for kind in runs:
-                runs[kind].append(_one(base, data, f"{kind}-{i}", kind == "killed"))
+                runs[kind].append(_one(base, data, f"{kind}-{i}", kind))
                 print(f"{kind} {i}: {runs[kind][-1]['seconds']:.1f} s "
-                      f"{json.dumps(runs[kind][-1]['phases'])}", flush=True)
+                      f"{json.dumps(runs[kind][-1]['phases'])}"
+                      + (f" kill->Lost {runs[kind][-1]['killToLost']} s"
+                         if kind == "killed_phase2" else ""), flush=True)
     finally:
         spark.stop()
     same = {json.dumps(r["rows"]) for v in runs.values() for r in v}
@@ -87,8 +147,11 @@ def main(argv: list[str]) -> int:
     rec = runs["killed"][-1]["recovery"]
     print(json.dumps({"rows": rows, "days": days, "repeats": repeats,
                       "seconds_median": t, "ratio": t["killed"] / t["undisturbed"],
+                      "ratio_phase2": t["killed_phase2"] / t["undisturbed"],
                       "target": "<= 1.5", "rowsOut_countSum": runs["killed"][0]["rows"],
+                      "killToLost_phase2": [r["killToLost"] for r in runs["killed_phase2"]],
                       "lastRecovery": rec,
+                      "lastRecovery_phase2": runs["killed_phase2"][-1]["recovery"],
                       "failovers": [r["failovers"] for r in runs["killed"]]}, indent=1))
     return 0
 

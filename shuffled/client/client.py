@@ -338,6 +338,22 @@ class ShuffleClient:
                                           query=query, handle=json_dict,
                                           what=f"state of {supervisor_task_id}"))
 
+    def declare_lost(self, supervisor_task_id: str, servers: Sequence[str]) -> dict[str, Any]:
+        """``PUT /tasks/{id}/lost``, one try: the driver declared ``servers`` (base URLs)
+        lost; idempotent. The answer lists every daemon declared lost for the task so far."""
+        return self._http.request(Request(
+            "PUT", f"{task_path(supervisor_task_id)}/lost",
+            body=json.dumps({"lost": list(servers)}).encode(),
+            headers={"Content-Type": "application/json"}, handle=json_dict, policy=NO_RETRY,
+            what=f"declare lost for {supervisor_task_id}"))
+
+    def lost_daemons(self, supervisor_task_id: str) -> list[str]:
+        """``GET /tasks/{id}/lost``, one try: the daemons the task's driver declared lost."""
+        answer = self._http.request(Request("GET", f"{task_path(supervisor_task_id)}/lost",
+                                            handle=json_dict, policy=NO_RETRY,
+                                            what=f"lost daemons of {supervisor_task_id}"))
+        return [str(s) for s in answer.get("lost", [])]
+
     # -- tasks (listing) ------------------------------------------------------------------
 
     def list_tasks(self) -> dict[str, Any]:

@@ -288,6 +288,8 @@ class Transport:
             remaining = policy.deadline - (now - started)
             if failures >= policy.attempts or remaining <= 0:
                 self._give_up(what, label, last, failures, now - started)
+            if policy.abandon is not None and (why := policy.abandon()) is not None:
+                self._give_up(what, label, last, failures, now - started, why)
             if retry_after is not None:
                 delay = min(retry_after, policy.max_backoff * 4)
             else:
@@ -300,12 +302,13 @@ class Transport:
             if delay:
                 self._sleep(delay)
 
-    def _give_up(self, what: str, label: str, last: BaseException, tries: int, elapsed: float) -> None:
-        if isinstance(last, ShuffleError):
+    def _give_up(self, what: str, label: str, last: BaseException, tries: int, elapsed: float,
+                 why: str = "") -> None:
+        if isinstance(last, ShuffleError) and not why:
             raise last
         raise ShuffleUnavailable(
             f"{what}: {label} to {self.base_url} failed after {tries} tries over "
-            f"{elapsed:.1f}s: {last!r}",
+            f"{elapsed:.1f}s{', given up: ' + why if why else ''}: {last!r}",
             request=label,
         ) from last
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import email.utils
 import random
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from shuffled.errors import CorruptData, LocationFailed, ShuffleError
 
@@ -27,13 +28,17 @@ class RetryPolicy:
     starts its count afresh); sleeps start at ``backoff`` seconds and double, with jitter, up
     to ``max_backoff``; a 503's ``Retry-After`` is honoured up to ``4 * max_backoff``. No retry
     starts once ``deadline`` seconds have passed since the call began (or since its last
-    progress, so a long transfer is not cut off just for being long).
+    progress, so a long transfer is not cut off just for being long). ``abandon``, if
+    given, is asked after each failed try: a reason (not None) gives up at once with
+    :class:`ShuffleUnavailable` naming it (phase 2 asks whether the driver declared the
+    daemon lost, :mod:`shuffled.spark.phase2.verdict`).
     """
 
     attempts: int = 6
     backoff: float = 0.2
     max_backoff: float = 5.0
     deadline: float = 120.0
+    abandon: Callable[[], str | None] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.attempts < 1:

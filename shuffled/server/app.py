@@ -20,6 +20,7 @@ from shuffled.server.access import Access, access_middleware
 from shuffled.server.middleware import Drain, add_request_id, metrics_middleware
 from shuffled.server.state import STATE, DaemonState
 from shuffled.server.waiters import TaskWatch
+from shuffled.server import verdict
 from shuffled.storage import Store
 
 CleanupCtx = Callable[[web.Application], AsyncIterator[None]]
@@ -67,6 +68,7 @@ def make_app(settings: Settings, *, registry: CollectorRegistry | None = None,
     drain.on_drain.append(watch.wake_all)
     metrics.long_poll_waiters.set_function(lambda: watch.waiting)
     pages.install(app, task, watch)
+    verdict.install(app, task)  # the driver's lost-daemon verdicts (PUT/GET .../lost)
     app.router.add_get("/status/health", handlers.health)
     app.router.add_get("/status", handlers.status)
     app.router.add_get("/metrics", handlers.metrics)

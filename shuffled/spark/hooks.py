@@ -21,6 +21,10 @@ class Hooks:
         """A merge task has fetched its ``batches``-th batch of partitions (or began a
         streamed partition after the first)."""
 
+    def phase2_lost(self, partition: int, servers: tuple[str, ...], why: str) -> None:
+        """A merge task reports a partition lost: no replica of a source answers on
+        ``servers`` (called as the Lost record is made)."""
+
     def between_phases(self) -> None:
         """The driver: phase 1 committed, the daemons not sealed yet."""
 

@@ -14,6 +14,7 @@ those that need it through their constructors.
 - :class:`~.upload.BulkSession`: one upload request's partials (:meth:`bulk`), written to
   the packs it holds (:class:`~.sessionpacks.SessionPacks`);
 - :class:`~.seals.Seals` and :class:`~.removal.Removal`: seals, and deleting tasks;
+- :class:`~.verdicts.Verdicts`: the daemons a task's driver declared lost;
 - :class:`~.reads.Reader`: lookups, partitions, pages and opening packs;
 - :mod:`.startup`: locking, checking and reconciling the locations at start.
 
@@ -50,6 +51,7 @@ from shuffled.storage.threads import IoThreads
 from shuffled.storage.outcomes import PutResult, Rejected
 from shuffled.storage.sessionpacks import INLINE_MAX, Writing
 from shuffled.storage.upload import BulkSession
+from shuffled.storage.verdicts import Verdicts
 
 log = logging.getLogger("shuffled.storage")
 T = TypeVar("T")
@@ -95,6 +97,8 @@ class Store:
         self.admission = Admission(seals=self._seals, book=self.book,
                                    quota=Quota(settings.task_quota_bytes,
                                                settings.task_quota_partials))
+        # The driver's lost-daemon verdicts per task (memory only, bounded like failed marks).
+        self.verdicts = Verdicts(ttl=settings.expiry_timeout)
         self._writing = Writing(settings=settings, locations=self.locations,
                                 threads=self.threads, uploads=self.uploads, packs=self.packs,
                                 committer=self.committer, admission=self.admission)

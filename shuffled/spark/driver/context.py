@@ -124,7 +124,7 @@ class JobContext:
         return Phase2Config(self.task_id, self.layout, self.segments, self.auth.read_token,
                             self.auth.ca_file, self.spec.max_bytes_in_memory,
                             retry_seconds=float(self.spec.shuffle_retry_seconds),
-                            lost=frozenset(self.lost),
+                            lost=frozenset(self.lost), servers=self.servers,
                             hooks=self.hooks,
                             multi_value=multi_value, dimension_codec=self.spec.dimension_codec,
                             metric_codec=self.spec.metric_codec)

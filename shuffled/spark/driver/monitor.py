@@ -9,6 +9,14 @@ is coming) and which process answered (a new ``instance`` is a restart). The pip
 :meth:`Monitor.verdict` which daemons are gone before it trusts their data
 (docs/failover.md).
 
+Verdicts reach the merge tasks: a heartbeat thread whose daemon stays silent past the
+same rule :meth:`Monitor.verdict` applies declares it lost at once (it asks again every
+fraction of a second while it fails) and tells every surviving daemon
+(``PUT .../tasks/{id}/lost``); each survivor's own thread tells it again after any answer
+that finds it behind (one that missed the broadcast). A merge task whose reads from a
+daemon fail asks a survivor (``GET .../lost``) and gives up on a daemon named there within
+seconds, instead of retrying for ``shuffleRetrySeconds`` (:mod:`~..phase2.verdict`).
+
 Progress: every ``progress_seconds`` the Spark status tracker's active stages and what the
 daemons hold and served of the task are summarised through the progress callback (only
 when something changed).
@@ -24,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shuffled.client import ShuffleClient
+from shuffled.client.http import NO_RETRY
 from shuffled.errors import ShuffleError
 
 log = logging.getLogger("shuffled.spark")
@@ -76,6 +85,11 @@ class Monitor:
         self.progress = progress
         self.live = {s: Liveness() for s in self.servers}
         self._old: set[str] = set()  # daemons without the heartbeat route (warned once)
+        # Daemons declared lost while the job ran (monotonic time of the declaration, and
+        # how long they had been silent), and what each survivor has acknowledged of them.
+        self.declared: dict[str, float] = {}
+        self.declared_after: dict[str, float] = {}
+        self._told: dict[str, frozenset[str]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._beat, args=(s,), daemon=True,
@@ -142,12 +156,61 @@ class Monitor:
 
     def _beat(self, server: str) -> None:
         client = self._client(server)
+        wait = self.timing.heartbeat_seconds
         try:
-            while not self._stop.wait(self.timing.heartbeat_seconds):
-                if not self.beat(server, client):
-                    client.close()  # a fresh connection next time
+            while not self._stop.wait(wait):
+                wait = self.timing.heartbeat_seconds
+                if self.beat(server, client):
+                    self._tell(server, client)
+                    continue
+                client.close()  # a fresh connection next time
+                if server in self.declared:
+                    continue
+                silent = self._silent(server)
+                if silent >= self.gone_for(server):
+                    self._declare(server, silent)
+                else:  # ask again soon: a lost daemon is declared within its grace
+                    wait = min(wait, max(0.1, self.gone_for(server) / 2))
         finally:
             client.close()
+
+    def _silent(self, server: str) -> float:
+        with self._lock:
+            since = self.live[server].failing_since
+        return 0.0 if since is None else time.monotonic() - since
+
+    def _declare(self, server: str, silent: float) -> None:
+        """``server`` is lost: record it and tell every survivor now (one short try each;
+        a survivor that missed it is told again by its own thread, :meth:`_tell`)."""
+        with self._lock:
+            if server in self.declared:
+                return
+            self.declared[server] = time.monotonic()
+            self.declared_after[server] = round(silent, 3)
+            survivors = [s for s in self.servers if s not in self.declared]
+        log.warning("shuffle daemon %s declared lost (silent %.1f s); telling %d survivors",
+                    server, silent, len(survivors))
+        for other in survivors:
+            with ShuffleClient(other, token=self.token, ca_file=self.ca_file,
+                               timeout=2.0, retry=NO_RETRY) as c:
+                self._tell(other, c)
+
+    def _tell(self, server: str, client: ShuffleClient) -> None:
+        """Bring ``server``'s copy of the verdicts up to date (if it is behind)."""
+        with self._lock:
+            lost = frozenset(self.declared) - {server}
+            if not lost or lost <= self._told.get(server, frozenset()):
+                return
+        try:
+            answer = client.declare_lost(self.task_id, sorted(lost))
+        except Exception as exc:  # told again after its next answer
+            if isinstance(exc, ShuffleError) and exc.status in (404, 405):
+                answer = {}  # a daemon older than the route: its readers retry as before
+            else:
+                log.debug("could not tell %s the lost daemons: %s", server, exc)
+                return
+        with self._lock:
+            self._told[server] = frozenset(answer.get("lost", lost)) | lost
 
     def gone_for(self, server: str) -> float:
         """Seconds ``server`` must stay silent before it counts as gone."""

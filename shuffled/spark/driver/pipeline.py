@@ -147,6 +147,7 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
             finally:
                 if job is not None:
                     job.recovery.lost.update(ctx.lost)
+                    job.recovery.declared = dict(monitor.declared_after)
                     report.recovery = job.recovery.to_json()
                 monitor.stop()
                 _cleanup(servers, task_id, token, ca_file, report, lost=set(ctx.lost))

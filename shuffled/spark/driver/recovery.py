@@ -74,6 +74,9 @@ class Recovery:
     lost: dict[str, str] = field(default_factory=dict)  # daemon -> why it counts as gone
     rounds: list[dict[str, Any]] = field(default_factory=list)
     restarts: dict[str, int] = field(default_factory=dict)  # restarts ridden through
+    # daemons the heartbeats declared lost while the job ran (told to the survivors, so
+    # merge tasks stop reading them), with how long each had been silent then
+    declared: dict[str, float] = field(default_factory=dict)
 
     def round(self, when: str, started: float, **facts: Any) -> None:
         self.rounds.append({"when": when, "seconds": round(time.monotonic() - started, 3),
@@ -88,4 +91,5 @@ class Recovery:
                 "subtasksRecomputed": self.recomputed,
                 "partitionsRemerged": sum(int(r.get("partitionsRemerged", 0))
                                           for r in self.rounds),
-                "restartsRiddenThrough": self.restarts}
+                "restartsRiddenThrough": self.restarts,
+                "declaredLost": self.declared}

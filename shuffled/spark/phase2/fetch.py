@@ -4,7 +4,8 @@ Each source of an :class:`~.plan.Assignment` (the partials of some subtasks, on 
 more replicas) is read from its first replica not known to be gone: in bulk
 (:func:`_fetch`, a batch of partitions per request per daemon) or in pages
 (:func:`_stream`, a partition bigger than the memory budget). A daemon that stays
-unreachable past the retry budget (long enough to ride through its restart), or answers
+unreachable past the retry budget (long enough to ride through its restart), or declared
+lost by the driver (asked of a survivor between retries, :mod:`.verdict`), or answers
 without rows it committed, is gone for the rest of the task and its sources move to their
 next replica; a source with no replica left makes its partition :class:`SourceLost`,
 reported to the driver (which recomputes what was lost) instead of failing the task
@@ -21,16 +22,21 @@ from shuffled.client import ShuffleClient, daemon_failed
 from shuffled.errors import CorruptData, DigestMismatch
 from shuffled.protocol import Interval, PartitionKey
 from shuffled.spark.phase2.plan import Assignment, Phase2Config
+from shuffled.spark.phase2.verdict import Verdict
 from shuffled.spark.rows.rollup import from_ipc
 
 _IDS_PER_REQUEST = 64
 
 
-def _client(clients: dict[str, ShuffleClient], cfg: Phase2Config, server: str) -> ShuffleClient:
+def _client(clients: dict[str, ShuffleClient], cfg: Phase2Config, server: str,
+            verdict: Verdict | None = None) -> ShuffleClient:
+    """The task's client of ``server``: reads retry it for the read budget, given up as
+    soon as the driver declared it lost, when ``verdict`` is given."""
     client = clients.get(server)
     if client is None:
+        retry = cfg.retry if verdict is None else verdict.policy(cfg.retry, server)
         client = clients[server] = ShuffleClient(server, token=cfg.token, ca_file=cfg.ca_file,
-                                                 retry=cfg.retry)
+                                                 retry=retry)
     return client
 
 
@@ -49,7 +55,8 @@ def _next_replica(replicas: Sequence[str], down: set[str]) -> str | None:
 
 
 def _fetch(clients: dict[str, ShuffleClient], cfg: Phase2Config, batch: Sequence[Assignment],
-           down: set[str] | None = None) -> list[list[pa.Table] | SourceLost]:
+           down: set[str] | None = None, verdict: Verdict | None = None,
+           ) -> list[list[pa.Table] | SourceLost]:
     """The partials of every assignment of ``batch``: one bulk read per daemon for the
     lot (``get_partitions``), subtask ids :data:`_IDS_PER_REQUEST` at a time. Checks each
     daemon's row count per partition against what phase 1 reported.
@@ -58,7 +65,8 @@ def _fetch(clients: dict[str, ShuffleClient], cfg: Phase2Config, batch: Sequence
     unreachable past the retry budget, or lacks rows it committed, joins ``down`` and its
     sources move to their next replica, as does a corrupt copy when another replica
     exists. An assignment with a source no replica can serve comes back as
-    :class:`SourceLost` (the driver recomputes it) instead of failing the task."""
+    :class:`SourceLost` (the driver recomputes it) instead of failing the task. With
+    ``verdict``, a daemon the driver declared lost is given up within seconds."""
     down = down if down is not None else set(cfg.lost)
     out: list[list[pa.Table] | SourceLost] = [[] for _ in batch]
     parts: dict[tuple[int, int], list[pa.Table]] = {}
@@ -81,7 +89,7 @@ def _fetch(clients: dict[str, ShuffleClient], cfg: Phase2Config, batch: Sequence
         pending = []
         for server, items in asked.items():
             try:
-                got = _read_sources(_client(clients, cfg, server), cfg, batch, items)
+                got = _read_sources(_client(clients, cfg, server, verdict), cfg, batch, items)
             except Exception as exc:
                 spare = all(_next_replica(batch[n].sources[si][0], down | {server})
                             for n, si in items)
@@ -129,7 +137,7 @@ def _read_sources(client: ShuffleClient, cfg: Phase2Config, batch: Sequence[Assi
 
 
 def _stream(clients: dict[str, ShuffleClient], cfg: Phase2Config, a: Assignment,
-            down: set[str]) -> Iterator[pa.RecordBatch]:
+            down: set[str], verdict: Verdict | None = None) -> Iterator[pa.RecordBatch]:
     """The record batches of one partition, read in pages of at most :attr:`page_bytes`
     (paged reads: a partial bigger than a page comes in several), row counts checked per
     daemon as in :func:`_fetch`. The driver sealed each daemon before phase 2, so a
@@ -140,9 +148,10 @@ def _stream(clients: dict[str, ShuffleClient], cfg: Phase2Config, a: Assignment,
         # loses the partition (another replica's tokens are not this one's).
         server = _next_replica(replicas, down)
         got = 0
+        why = "known lost"
         while server is not None:
             try:
-                for page in _client(clients, cfg, server).pages(
+                for page in _client(clients, cfg, server, verdict).pages(
                         key, max_bytes=cfg.page_bytes, sub_task_ids=list(subs), poll=5.0,
                         deadline=120.0):
                     table = from_ipc(page)
@@ -155,11 +164,12 @@ def _stream(clients: dict[str, ShuffleClient], cfg: Phase2Config, a: Assignment,
                 down.add(server)
                 if got:
                     raise SourceLost(replicas, f"{server}: {exc}") from exc
+                why = f"{server}: {getattr(exc, 'message', None) or exc!r}"
                 server = _next_replica(replicas, down)
                 continue
             break
         if server is None:
-            raise SourceLost(replicas, "no replica answers")
+            raise SourceLost(replicas, f"no replica answers ({why})")
         if got != expected:
             down.add(server)
             raise SourceLost(replicas, f"{Interval(a.start, a.end)} partition {a.partition} "

@@ -30,6 +30,7 @@ from shuffled.spark.phase2.plan import (  # noqa: F401  (re-exported: the driver
     Assignment, Phase2Config, assign, balance, merge_tasks,
 )
 from shuffled.spark.phase2.publish import segment_name
+from shuffled.spark.phase2.verdict import Verdict
 from shuffled.spark.records import Lost, Segment, dump
 from shuffled.spark.rows.memory import peak_rss, release_free_memory, reset_peak_rss, rss
 from shuffled.spark.phase2.spill import SpillStats, merge_bounded, merge_in_memory
@@ -125,7 +126,8 @@ def _write(out: pa.Table, path: str, cfg: Phase2Config) -> int:
 
 
 def _write_streamed(cfg: Phase2Config, clients: dict[str, ShuffleClient], a: Assignment,
-                    path: str, down: set[str]) -> tuple[int, int, SpillStats]:
+                    path: str, down: set[str], verdict: Verdict | None = None,
+                    ) -> tuple[int, int, SpillStats]:
     """Merge a partition too big for one piece within the budget, writing its segment as
     the sorted rows come: returns (rows, bytes written, spill stats)."""
     schema = _segment_table(cfg.layout.schema().empty_table(), cfg.multi_value,
@@ -138,8 +140,8 @@ def _write_streamed(cfg: Phase2Config, clients: dict[str, ShuffleClient], a: Ass
             writer.write_table(_segment_table(table, cfg.multi_value, cfg.layout.hidden),
                                row_group_size=1 << 20)
 
-        stats = merge_bounded(_stream(clients, cfg, a, down), cfg.layout, cfg.memory_budget, sink,
-                              cfg.spill_dir)
+        stats = merge_bounded(_stream(clients, cfg, a, down, verdict), cfg.layout,
+                              cfg.memory_budget, sink, cfg.spill_dir)
     return rows, os.path.getsize(path), stats
 
 
@@ -148,6 +150,7 @@ Fetched = list[list[pa.Table] | SourceLost]
 
 def _prefetched(clients: dict[str, ShuffleClient], cfg: Phase2Config,
                 assignments: Iterable[Assignment], pool: ThreadPoolExecutor, down: set[str],
+                verdict: Verdict | None = None,
                 ) -> Iterator[tuple[list[Assignment], Fetched, float]]:
     """Batches of assignments with their fetched tables and the fetch's seconds, fetched
     one batch ahead on ``pool`` (one thread: it alone uses ``clients``), so that fetching
@@ -155,7 +158,7 @@ def _prefetched(clients: dict[str, ShuffleClient], cfg: Phase2Config,
 
     def fetch(batch: list[Assignment]) -> tuple[list[Assignment], Fetched, float]:
         started = time.monotonic()
-        return batch, _fetch(clients, cfg, batch, down), time.monotonic() - started
+        return batch, _fetch(clients, cfg, batch, down, verdict), time.monotonic() - started
 
     ahead: deque[Future[tuple[list[Assignment], Fetched, float]]] = deque()
     try:
@@ -202,14 +205,19 @@ def make_phase2(cfg: Phase2Config) -> Callable[[Iterable[Assignment]], Iterator[
         def lost(a: Assignment, exc: SourceLost) -> str:
             # Not a failure of the task: the driver recomputes what was lost and merges
             # this partition again (docs/failover.md).
+            cfg.hooks.phase2_lost(a.partition, exc.servers, exc.why)
             return dump(Lost(start=a.start, end=a.end, partition=a.partition, attempt=attempt,
                              lost=tuple(exc.servers), missing=tuple(exc.missing), why=exc.why))
 
         down = set(cfg.lost)  # daemons this task found gone: not asked again
+        # Asked only when a read fails: has the driver declared that daemon lost?
+        verdict = Verdict(cfg.supervisor_task_id, cfg.servers, down, token=cfg.token,
+                          ca_file=cfg.ca_file)
         try:
             small = (a for a in todo if not cfg.streams(a))
             n_batch = 0
-            for fetched_batch, fetched, fetch_s in _prefetched(clients, cfg, small, pool, down):
+            for fetched_batch, fetched, fetch_s in _prefetched(clients, cfg, small, pool, down,
+                                                               verdict):
                 n_batch += 1
                 for a, got in zip(fetched_batch, fetched, strict=True):
                     if isinstance(got, SourceLost):
@@ -239,7 +247,7 @@ def make_phase2(cfg: Phase2Config) -> Callable[[Iterable[Assignment]], Iterator[
                 started = time.monotonic()
                 path = os.path.join(cfg.segment_dir, segment_name(a.start, a.end, a.partition, attempt))
                 try:
-                    rows, size, spilled = _write_streamed(cfg, clients, a, path, down)
+                    rows, size, spilled = _write_streamed(cfg, clients, a, path, down, verdict)
                 except SourceLost as exc:
                     os.unlink(path)  # a torn segment: never published, not kept
                     yield lost(a, exc)
@@ -254,5 +262,6 @@ def make_phase2(cfg: Phase2Config) -> Callable[[Iterable[Assignment]], Iterator[
             pool.shutdown(wait=True, cancel_futures=True)
             for c in clients.values():
                 c.close()
+            verdict.close()
 
     return run

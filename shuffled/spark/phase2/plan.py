@@ -36,6 +36,9 @@ class Phase2Config:
     # the partition is reported lost instead of failing the task (docs/failover.md).
     retry_seconds: float = 30.0
     lost: frozenset[str] = frozenset()  # daemons the driver knows are gone: never asked
+    # Every daemon of the task: the survivors a merge task asks for the driver's verdict
+    # when its reads from one fail (phase2.verdict).
+    servers: tuple[str, ...] = ()
     hooks: Hooks = NONE  # test seams (shuffled.spark.hooks): none in production
     multi_value: tuple[str, ...] = ()  # dimensions written as list<string> (rows.multivalue)
     dimension_codec: str = "lz4"  # Parquet codecs of the segments (tuningConfig.indexSpec)
