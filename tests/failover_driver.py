@@ -173,7 +173,7 @@ def run_cli(spec: dict[str, Any], urls: list[str], master: str, output: Path,
 def main(args_path: str, results_path: str) -> int:
     args = json.loads(Path(args_path).read_text())
     args.setdefault("root", tempfile.mkdtemp(prefix="failover-"))
-    from shuffled.spark.driver.session import get_session
+    from shuffled.spark.driver.sparksession import get_session
 
     spark, _ = get_session(args["master"])  # one application: its executors start once
     results = {}

@@ -59,7 +59,7 @@ def _normal(table: pa.Table, columns: list[str]) -> list[tuple[Any, ...]]:
 def prepared_both(spark: Any, spec: dict[str, Any], block: int = 1 << 16,
                   ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], pa.Table]:
     """(JVM rows, native rows, the native table) of ``spec`` (see module doc)."""
-    from shuffled.spark.driver.session import job_conf
+    from shuffled.spark.driver.sparksession import job_conf
     from shuffled.spark.phase1.prepare import prepare
     from shuffled.spark.phase1.source import load_input, resolve_files
     from shuffled.spark.spec.parse import parse_spec

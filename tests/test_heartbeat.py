@@ -19,8 +19,8 @@ from shuffled.spark.records import Partial
 from shuffled.protocol import API_PREFIX, Interval, PartialKey
 from shuffled.server.embedded import EmbeddedDaemon
 from shuffled.server.state import STATE
-from shuffled.spark.driver import recovery
-from shuffled.spark.phase1.placement import AllDaemonsFailed, Placer, RetryPolicy, ring
+from shuffled.spark.driver import recompute
+from shuffled.spark.phase1.ring import AllDaemonsFailed, Placer, RetryPolicy, ring
 from shuffled.spark.rows.rollup import to_ipc
 
 PREFIX = f"{API_PREFIX}/tasks"
@@ -133,17 +133,17 @@ def test_recompute_replaces_exactly_the_lost_keys_of_the_lost_subtasks() -> None
     partials = [p(0, 0, 0, 0, "A"), p(0, 0, 0, 1, "A"), p(0, 1, 0, 0, "B"),  # task 0
                 p(1, 0, 0, 0, "B"), p(1, 0, 1, 0, "A", "C"),  # task 1: replicated on C
                 p(2, 0, 1, 1, "C")]
-    only = recovery.lost_keys(partials, {"A"})
+    only = recompute.lost_keys(partials, {"A"})
     assert only == {0: frozenset({(0, 0), (0, 1)})}  # task 1's partial has a replica
     redone = [replace(p(0, 0, 0, 0, "B"), sub="p0-a99-f0"),
               replace(p(0, 0, 0, 1, "C"), sub="p0-a99-f0")]
-    after = recovery.replace(partials, only, redone)
+    after = recompute.replace(partials, only, redone)
     # Task 0's flush 1 on B held key (0, 0) too: dropped, since the recompute has its rows.
     assert sorted((x.task, x.sub, x.start, x.partition) for x in after) == [
         (0, "p0-a99-f0", 0, 0), (0, "p0-a99-f0", 0, 1), (1, "p1-a11-f0", 0, 0),
         (1, "p1-a11-f0", 1, 0), (2, "p2-a12-f0", 1, 1)]
-    assert recovery.lost_keys(partials, {"A"}, wanted={(0, 1, 1)}) == {0: frozenset({(0, 1)})}
-    assert recovery.on_daemons(after)["C"] == {"p0-a99-f0", "p1-a11-f0", "p2-a12-f0"}
+    assert recompute.lost_keys(partials, {"A"}, wanted={(0, 1, 1)}) == {0: frozenset({(0, 1)})}
+    assert recompute.on_daemons(after)["C"] == {"p0-a99-f0", "p1-a11-f0", "p2-a12-f0"}
 
 
 def test_a_recompute_keeps_exactly_the_rows_of_the_lost_keys() -> None:

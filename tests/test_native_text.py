@@ -209,7 +209,7 @@ def test_casts_equal_sparks_on_a_corpus(spark: Any) -> None:
     """try_cast of text to BIGINT, DOUBLE, FLOAT and TIMESTAMP: Arrow's and Spark's agree."""
     from pyspark.sql import functions as F
 
-    from shuffled.spark.driver.session import job_conf
+    from shuffled.spark.driver.sparksession import job_conf
 
     rnd = random.Random(7)
     values = _corpus(rnd, 4000) + [

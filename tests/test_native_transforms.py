@@ -77,7 +77,7 @@ def frame(spark: Any) -> Any:
 def _spark_columns(df: Any) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
-    from shuffled.spark.phase1.transform import LONG as SLONG, Val, input_val
+    from shuffled.spark.phase1.sqlexpr import LONG as SLONG, Val, input_val
 
     cols = {f.name: input_val(F.col(f.name), f.dataType, f.name, "$") for f in df.schema.fields}
     cols["__time"] = Val(F.col("ms"), SLONG)
@@ -99,8 +99,8 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def test_expressions_equal_sparks(spark: Any, frame: Any) -> None:
-    from shuffled.spark.driver.session import job_conf
-    from shuffled.spark.phase1.transform import Translator, as_value as spark_value
+    from shuffled.spark.driver.sparksession import job_conf
+    from shuffled.spark.phase1.sqlexpr import Translator, as_value as spark_value
 
     exprs = [e for e, _ in EXPRESSIONS] + MORE
     translate = Translator(_spark_columns(frame), "$")
@@ -117,7 +117,7 @@ def test_expressions_equal_sparks(spark: Any, frame: Any) -> None:
 def test_filters_equal_sparks(spark: Any, frame: Any) -> None:
     from pyspark.sql import functions as F
 
-    from shuffled.spark.driver.session import job_conf
+    from shuffled.spark.driver.sparksession import job_conf
     from shuffled.spark.phase1.filters import filter_column
 
     filters = [f for f, _ in FILTERS] + MORE_FILTERS

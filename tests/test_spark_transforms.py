@@ -158,7 +158,7 @@ FILTERS: list[tuple[dict[str, Any], str]] = [
 
 @pytest.fixture(scope="module")
 def frame(spark: Any) -> Any:
-    from shuffled.spark.driver.session import JOB_CONF
+    from shuffled.spark.driver.sparksession import JOB_CONF
 
     spark.conf.set("spark.sql.session.timeZone", JOB_CONF["spark.sql.session.timeZone"])
     n = len(ROWS["s"])
@@ -169,7 +169,7 @@ def frame(spark: Any) -> Any:
 def _columns(df: Any) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
-    from shuffled.spark.phase1.transform import LONG, Val, input_val
+    from shuffled.spark.phase1.sqlexpr import LONG, Val, input_val
 
     cols = {f.name: input_val(F.col(f.name), f.dataType, f.name, "$") for f in df.schema.fields}
     cols["__time"] = Val(F.col("ms"), LONG)
@@ -193,7 +193,7 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def test_expressions_equal_duckdb(frame: Any) -> None:
-    from shuffled.spark.phase1.transform import Translator, as_value
+    from shuffled.spark.phase1.sqlexpr import Translator, as_value
     from shuffled.spark.spec.expr import parse_expr
 
     cols = _columns(frame)
