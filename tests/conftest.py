@@ -162,7 +162,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A Spark standalone cluster (master and two workers on loopback) for every test that
     needs one (test_failover, test_spark_cluster): started once, its JVMs' start being
     most of a small job's time; stopped by pid at the end of the session."""
-    from tests.test_spark_cluster import standalone_cluster
+    from tests.helpers.spark_cluster import standalone_cluster
 
     with standalone_cluster(tmp_path_factory.mktemp("cluster")) as master:
         yield master

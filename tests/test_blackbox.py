@@ -25,7 +25,7 @@ import pyarrow as pa
 import pytest
 
 from tests.conftest import packed_size
-from tests.procs import first_line
+from tests.helpers.procs import first_line
 
 PREFIX = "/druid/worker/v1/shuffle"
 ARROW = "application/vnd.apache.arrow.stream"

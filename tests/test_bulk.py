@@ -23,21 +23,14 @@ from aiohttp.test_utils import TestClient
 from shuffled import framing
 from shuffled.client import ShuffleClient
 from shuffled.crc import crc32c
-from shuffled.protocol import Interval, PartialKey
+from shuffled.protocol import PartialKey
 from shuffled.server.embedded import EmbeddedDaemon
 from shuffled.server.state import STATE
 from shuffled.storage.upload import SMALL
 from tests.conftest import (
     DAY, PREFIX, arrow_bytes, committed_bytes, files_under, pack_files, sample_table,
 )
-
-INTERVAL = Interval.parse(DAY["start"], DAY["end"])
-MEDIA = {"Content-Type": framing.MEDIA_TYPE}
-
-
-def key(sub: str, sup: str = "sup", pid: int = 0, day: int = 0) -> PartialKey:
-    return PartialKey(sup, sub, Interval(INTERVAL.start + day * 86_400_000,
-                                         INTERVAL.end + day * 86_400_000), pid)
+from tests.helpers.bulk import MEDIA, get, key, partials, post
 
 
 def batch(items: list[tuple[PartialKey, bytes]], *, end: bool = True) -> tuple[bytes, list[int]]:
@@ -52,24 +45,6 @@ def batch(items: list[tuple[PartialKey, bytes]], *, end: bool = True) -> tuple[b
     if end:
         out.append(framing.encode_end(len(items)))
     return b"".join(out), starts
-
-
-def partials(sup: str, n: int = 6) -> list[tuple[PartialKey, bytes]]:
-    return [(key(f"s{i % 3}", sup, pid=i % 2, day=i // 3), arrow_bytes(sample_table(20 + i, i)))
-            for i in range(n)]
-
-
-async def post(daemon: TestClient, sup: str, body: bytes, **headers: str) -> tuple[int, Any]:
-    resp = await daemon.post(f"{PREFIX}/tasks/{sup}/partials", data=body,
-                             headers={**MEDIA, **headers})
-    return resp.status, await resp.json()
-
-
-async def get(daemon: TestClient, k: PartialKey) -> tuple[int, bytes]:
-    resp = await daemon.get(f"{PREFIX}/tasks/{k.supervisor_task_id}/{k.sub_task_id}/partition",
-                            params={"start": k.interval.start_iso, "end": k.interval.end_iso,
-                                    "partitionId": str(k.partition_id)})
-    return resp.status, await resp.read()
 
 
 async def test_a_batch_stores_every_partial_readable_alone_and_together(daemon: TestClient,
@@ -380,7 +355,7 @@ BULK = f"{PREFIX}/tasks/{{supervisorTaskId}}/partials"
 
 
 async def test_answers_match_openapi(start_daemon, make_settings) -> None:
-    from tests.test_openapi import Checker
+    from tests.helpers.openapi_checker import Checker
 
     daemon = await start_daemon(make_settings(upload_idle_timeout=0.3))
     check = Checker(daemon)

@@ -7,7 +7,6 @@ frames with shuffled.framing) is the only way to make the daemon answer a given 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 import threading
@@ -21,7 +20,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
-from shuffled.client import RetryPolicy, ShuffleClient
+from shuffled.client import ShuffleClient
 from shuffled.client.http import NO_RETRY
 from shuffled.crc import crc32c
 from shuffled.errors import (
@@ -31,10 +30,8 @@ from shuffled.protocol import PartialKey
 from shuffled.server import make_app
 from shuffled.server.embedded import EmbeddedDaemon
 from tests.conftest import PREFIX, arrow_bytes, pack_files, packed_size, sample_table
-from tests.test_bulk import get, key, partials
-from tests.test_framing import frames_of
-
-FAST = RetryPolicy(attempts=3, backoff=0.0, max_backoff=0.0, deadline=30.0)
+from tests.helpers.bulk import frames_of, get, key, partials
+from tests.helpers.clients import FAST, in_thread
 
 
 def held(client: ShuffleClient, sup: str) -> int:
@@ -173,7 +170,7 @@ def test_a_batch_cut_while_sending_is_sent_again_whole(tmp_path: Path) -> None:
 
 
 def test_a_batch_whose_answer_was_cut_is_sent_again(tmp_path: Path) -> None:
-    from tests.test_faults import CuttingProxy
+    from tests.helpers.cutting_proxy import CuttingProxy
 
     items = partials("resend", 5)
     with EmbeddedDaemon([tmp_path / "a"], free_space_reserve=0) as url:
@@ -224,29 +221,6 @@ async def scripted(script: Script) -> tuple[TestClient, list[list[PartialKey]]]:
     server = TestClient(TestServer(app, host="127.0.0.1"))
     await server.start_server()
     return server, calls
-
-
-async def in_thread(server: TestClient, run: Callable[[ShuffleClient], Any]) -> Any:
-    """``run(client)`` on a thread while this loop serves ``server``; its result or error."""
-    url = str(server.make_url("")).rstrip("/")
-    out: list[Any] = []
-
-    def main() -> None:
-        try:
-            with ShuffleClient(url, retry=FAST) as client:
-                out.append(run(client))
-        except Exception as exc:  # handed back to the test
-            out.append(exc)
-
-    thread = threading.Thread(target=main)
-    thread.start()
-    async with asyncio.timeout(60):
-        while thread.is_alive():
-            await asyncio.sleep(0.01)  # let the server on this loop answer the thread
-    thread.join()
-    if isinstance(out[0], Exception):
-        raise out[0]
-    return out[0]
 
 
 def rejected(code: str, status: int) -> dict[str, Any]:

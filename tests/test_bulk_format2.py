@@ -23,8 +23,7 @@ from shuffled.server.state import STATE
 from shuffled.storage import fast_plan
 from shuffled.storage.arrowfile import EOS, SchemaMessage, validate_bodies
 from tests.conftest import PREFIX, committed_bytes, pack_files, sample_table
-from tests.test_bulk import INTERVAL, MEDIA, get, key, post
-from tests.test_framing import frames_of
+from tests.helpers.bulk import INTERVAL, MEDIA, frames_of, get, key, post
 
 
 def flush(table: pa.Table, cuts: list[int]) -> tuple[bytes, list[bytes]]:

@@ -28,8 +28,8 @@ from shuffled.server import make_app
 from shuffled.server.embedded import EmbeddedDaemon
 from shuffled.server.partitions import MAX_PARTITIONS
 from tests.conftest import PREFIX, arrow_bytes, pack_files, sample_table
-from tests.test_bulk_client import FAST, in_thread
-from tests.test_faults import CuttingProxy
+from tests.helpers.clients import FAST, in_thread
+from tests.helpers.cutting_proxy import CuttingProxy
 
 DAY = 86_400_000
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.procs import DaemonProcess
+from tests.helpers.procs import DaemonProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = json.loads((ROOT / "examples/rollup-tutorial/rollup-index.json").read_text())

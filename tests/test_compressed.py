@@ -17,8 +17,8 @@ from shuffled.protocol import Interval, PartialKey, PartitionKey
 from shuffled.spark.phase1.partials import Encoder
 from shuffled.spark.spec.parse import parse_spec
 from tests.conftest import PREFIX
-from tests.test_bulk_client import FAST
-from tests.test_spark_units import with_change
+from tests.helpers.clients import FAST
+from tests.helpers.spec_changes import with_change
 
 DAY = 86_400_000
 

@@ -30,7 +30,7 @@ import pytest
 import yaml
 
 from shuffled.config import load_settings
-from tests.deploy_helpers import (
+from tests.helpers.deploy import (
     DEPLOY, ROOT, RunningDaemon, dashboard_exprs, dockerfile_copies, dockerfile_env, exec_form,
     exported_names, free_port, github_anchors, healthcheck_command, http, localise,
     parse_dockerfile, poll, promql_metric_names, rule_exprs, start_daemon, stop,

@@ -32,7 +32,7 @@ from tests.conftest import (
     DAY, PREFIX, arrow_bytes, catalog_rows, committed_bytes, files_under, pack_files,
     packed_size, sample_table,
 )
-from tests.procs import DaemonProcess, http_get, metric_value, wait_for
+from tests.helpers.procs import DaemonProcess, http_get, metric_value, wait_for
 
 INTERVAL = Interval.parse(DAY["start"], DAY["end"])
 QUERY = "start=2018-01-01&end=2018-01-02&partitionId=0"

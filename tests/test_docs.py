@@ -141,7 +141,7 @@ def test_make_targets_named_exist() -> None:
 
 
 def test_every_metric_named_is_exported(daemon_url: str) -> None:
-    from tests.procs import http_get
+    from tests.helpers.procs import http_get
 
     status, _, body = http_get(daemon_url + "/metrics")
     assert status == 200

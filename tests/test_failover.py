@@ -4,7 +4,7 @@ processes. Daemons are SIGKILLed during phase 1 and between the phases, SIGTERMe
 restarted during phase 2, with and without replicas; every run's segments equal DuckDB's
 rollup of the input and the task report says what was recomputed. A run that loses every
 daemon ends with one paragraph and exit code 1. All scenarios run in one Spark application
-(tests/failover_driver.py): executors start once."""
+(tests/helpers/failover_driver.py): executors start once."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
-from tests.spark_conftest_helpers import expected_rollup, generate, read_output, write_parts
-from tests.test_spark_pipeline import assert_matches
+from tests.helpers.ingestion import (
+    assert_matches, expected_rollup, generate, read_output, write_parts,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.spark
@@ -46,7 +47,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory,
     results = root / "results.json"
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
            "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "failover_driver.py"),
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "failover_driver.py"),
                            str(args), str(results)], cwd=ROOT, capture_output=True,
                           text=True, timeout=1200, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

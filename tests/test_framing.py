@@ -11,60 +11,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shuffled import framing, framing2
+from shuffled import framing
 from shuffled.crc import crc32c
 from shuffled.framing import FramingError
 from shuffled.protocol import Interval, PartialKey
+from tests.helpers.bulk import frames_of
 
 DAY = Interval.parse("2018-01-01T00:00:00.000Z", "2018-01-02T00:00:00.000Z")
 KEY = PartialKey("sup", "s1", DAY, 3)
-
-
-def frames_of(body: bytes, sup: str = "sup") -> list[tuple[PartialKey | None, Any, bytes]]:
-    """Decode a whole bulk body (format 1 or 2) with the shared functions: (key, crc, stream)
-    per partial (format 2: the whole stream its schema and body stand for, and its CRC32C),
-    (None, count, b"") for the END frame. The daemon does the same incrementally."""
-    if body[:4] == framing2.MAGIC:
-        return _frames_2(body, sup)
-    out: list[tuple[PartialKey | None, Any, bytes]] = []
-    at = 0
-    while at < len(body):
-        frame = framing.parse_fixed(body[at: at + framing.FIXED_LEN])
-        at += framing.FIXED_LEN
-        header = framing.parse_header(frame, body[at: at + frame.header_len])
-        at += frame.header_len
-        if frame.end:
-            out.append((None, framing.end_count(header), b""))
-            continue
-        key, crc = framing.data_key(sup, header)
-        out.append((key, crc, body[at: at + frame.body_len]))
-        at += frame.body_len
-    return out
-
-
-def _frames_2(body: bytes, sup: str) -> list[tuple[PartialKey | None, Any, bytes]]:
-    out: list[tuple[PartialKey | None, Any, bytes]] = []
-    schemas: dict[int, bytes] = {}
-    at = 0
-    while at < len(body):
-        frame = framing2.parse_fixed(body[at: at + framing.FIXED_LEN])
-        at += framing.FIXED_LEN
-        header = body[at: at + frame.header_len]
-        framing2.check_header(frame, header)
-        at += frame.header_len
-        data = body[at: at + frame.body_len]
-        at += frame.body_len
-        if frame.kind == framing2.END:
-            out.append((None, framing2.number(frame, header), b""))
-        elif frame.kind == framing2.SCHEMA:
-            schemas[framing2.number(frame, header)] = data
-        else:
-            key, schema_id, crc = framing2.partial_of(sup, header)
-            assert crc32c(data) == crc
-            whole = data if schema_id == framing2.WHOLE else (
-                schemas[schema_id] + data + b"\xff\xff\xff\xff\0\0\0\0")
-            out.append((key, crc32c(whole), whole))
-    return out
 
 
 def with_header(header: dict[str, Any] | bytes, *, flags: int = 0, body_len: int = 0,

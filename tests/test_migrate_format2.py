@@ -19,7 +19,7 @@ from shuffled.protocol import Interval, PartialKey, PartitionKey
 from shuffled.storage import layout, migrate
 from shuffled.storage.migrate import migrate_location
 from tests.conftest import catalog_rows, pack_files
-from tests.procs import DaemonProcess
+from tests.helpers.procs import DaemonProcess
 
 DATA = Path(__file__).resolve().parent / "data"
 ROOT = DATA.parent.parent

@@ -24,7 +24,7 @@ from shuffled.protocol import Interval, PartialKey
 from shuffled.storage import arrowfile, layout, packs
 from shuffled.storage.catalog import Catalog
 from tests.conftest import PREFIX, arrow_bytes, sample_table
-from tests.procs import DaemonProcess
+from tests.helpers.procs import DaemonProcess
 
 DAY_MS = 86_400_000
 RSS_LIMIT = 300 << 20  # docs/design.md section 8: 1M partials held, daemon RSS < 300 MiB

@@ -1,7 +1,7 @@
 """The native JSON/CSV reader computes phase 1's rows exactly as the JVM reader does.
 
 Each spec here is read both ways and the prepared rows compared row for row
-(:mod:`native_text_helpers`): timestamps of every format, typed dimensions and metrics,
+(:mod:`tests.helpers.native_text`): timestamps of every format, typed dimensions and metrics,
 CSV quoting and bad lines, flatten paths, multi-value dimensions, first/last and sketch
 inputs, transforms and filters; the casts themselves against Spark on generated corpora.
 Full ingestions (both readers publishing the same segments) are in test_native_text_e2e.
@@ -17,10 +17,10 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from native_text_helpers import bad_lines, check_lines, prepared_both, text_spec, write_lines
-from spark_conftest_helpers import base_spec, generate, spark, write_parts  # noqa: F401
 
 from shuffled.spark.phase1 import spark_casts, spark_time
+from tests.helpers.ingestion import base_spec, generate, spark, write_parts  # noqa: F401
+from tests.helpers.native_text import bad_lines, check_lines, prepared_both, text_spec, write_lines
 
 pytestmark = pytest.mark.spark
 ROOT = Path(__file__).resolve().parent.parent

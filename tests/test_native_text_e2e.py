@@ -14,11 +14,12 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from spark_conftest_helpers import (base_spec, daemons, expected_rollup, generate,  # noqa: F401
-                                    read_output, spark, write_parts)
 
 from shuffled.spark import run_ingestion
-from tests.hooks import FailAttempts
+from tests.helpers.hooks import FailAttempts
+from tests.helpers.ingestion import (  # noqa: F401  (fixtures)
+    base_spec, daemons, expected_rollup, generate, read_output, spark, write_parts,
+)
 
 pytestmark = pytest.mark.spark
 

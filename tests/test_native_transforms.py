@@ -15,15 +15,15 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from native_text_helpers import prepared_both, text_spec, write_lines
-from spark_conftest_helpers import spark  # noqa: F401
-from test_spark_transforms import EXPRESSIONS, FILTERS
 
 from shuffled.spark.phase1.arrow_transform import ArrowTranslator, filter_array, unsupported
 from shuffled.spark.phase1.arrow_values import DOUBLE, LONG, STRING, AVal, as_value
 from shuffled.spark.spec.expr import parse_expr
 from shuffled.spark.spec.transform import parse_filter, parse_transform_spec
 from shuffled.spark.spec.base import JsonObject
+from tests.helpers.ingestion import spark  # noqa: F401
+from tests.helpers.native_text import prepared_both, text_spec, write_lines
+from tests.helpers.transform_cases import EXPRESSIONS, FILTERS
 
 pytestmark = pytest.mark.spark
 ROOT = Path(__file__).resolve().parent.parent

@@ -21,9 +21,9 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
-from spark_conftest_helpers import generate, spark, start_daemon  # noqa: F401
 
 from shuffled.spark import SpecError, parse_spec, run_ingestion
+from tests.helpers.ingestion import generate, spark, start_daemon  # noqa: F401
 
 moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed "
                                   "(it is in the test extras)")
@@ -100,7 +100,7 @@ def _spec(source: dict[str, Any], fmt: str) -> dict[str, Any]:
 
 
 def _base() -> dict[str, Any]:
-    from spark_conftest_helpers import base_spec
+    from tests.helpers.ingestion import base_spec
 
     spec = base_spec(Path("."), {"type": "hashed", "numShards": 2})
     spec["spec"]["tuningConfig"]["totalNumMergeTasks"] = 2

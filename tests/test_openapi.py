@@ -3,20 +3,19 @@
 Every request below goes to a real daemon; each answer must be a documented status of the
 operation it hit, carry that response's required headers, and have a body matching the
 documented media type and JSON schema (validated by ``jsonschema`` when importable, and
-always by the small validator here, which refuses keywords it does not implement).
+always by the small validator in tests/helpers/openapi_checker.py, which refuses keywords
+it does not implement).
 """
 
 from __future__ import annotations
 
 import re
-from collections import defaultdict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
-import yaml
 from aiohttp.test_utils import TestClient
 
 from shuffled.crc import crc32c
@@ -24,11 +23,9 @@ from shuffled.protocol import format_crc32c
 from shuffled.server import handlers
 from shuffled.server.state import STATE
 from tests.conftest import DAY, PREFIX, arrow_bytes, sample_table
+from tests.helpers.openapi_checker import ROUTE_PARAMS, SPEC, Checker, schema_errors
 
-SPEC: dict[str, Any] = yaml.safe_load(
-    (Path(__file__).resolve().parent.parent / "openapi.yaml").read_text())
 METHODS = ("get", "put", "post", "delete", "head", "patch", "options", "trace")
-ROUTE_PARAMS = {"sup": "supervisorTaskId", "sub": "subTaskId"}
 ARROW = "application/vnd.apache.arrow.stream"
 
 PARTIAL = f"{PREFIX}/tasks/{{supervisorTaskId}}/{{subTaskId}}/partition"
@@ -37,170 +34,15 @@ TASKS = f"{PREFIX}/tasks"
 TASK = f"{PREFIX}/tasks/{{supervisorTaskId}}"
 
 
-# --- the spec as data -------------------------------------------------------------------
-
-def resolve(node: Any) -> Any:
-    """Follow local ``$ref``s (``#/components/...``) until a node without one."""
-    while isinstance(node, dict) and "$ref" in node:
-        ref = node["$ref"]
-        assert ref.startswith("#/"), ref
-        target: Any = SPEC
-        for part in ref[2:].split("/"):
-            target = target[part]
-        node = target
-    return node
-
+# --- the spec as data (the validators and Checker: tests/helpers/openapi_checker.py) -------
 
 def documented_operations() -> set[tuple[str, str]]:
     return {(method.upper(), path) for path, item in SPEC["paths"].items()
             for method in item if method in METHODS}
 
 
-def url(template: str, sup: str = "sup", sub: str = "s1") -> str:
-    return template.replace("{supervisorTaskId}", sup).replace("{subTaskId}", sub)
-
-
 def q(pid: int = 0, **extra: str) -> dict[str, str]:
     return {**DAY, "partitionId": str(pid), **extra}
-
-
-# --- JSON Schema validation -------------------------------------------------------------
-
-ANNOTATIONS = {"description", "examples", "format", "title", "contentMediaType"}
-MINI_KEYWORDS = {"$ref", "allOf", "type", "const", "enum", "pattern", "minimum", "maximum",
-                 "required", "properties", "additionalProperties", "items"}
-TYPES: dict[str, Callable[[Any], bool]] = {
-    "object": lambda v: isinstance(v, dict),
-    "array": lambda v: isinstance(v, list),
-    "string": lambda v: isinstance(v, str),
-    "boolean": lambda v: isinstance(v, bool),
-    "null": lambda v: v is None,
-    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-}
-
-
-def mini_errors(schema: dict[str, Any], value: Any, where: str = "$") -> list[str]:
-    """The subset of JSON Schema 2020-12 openapi.yaml uses; unknown keywords are an error."""
-    unknown = set(schema) - MINI_KEYWORDS - ANNOTATIONS
-    if unknown:
-        return [f"{where}: validator does not implement {sorted(unknown)}"]
-    errors: list[str] = []
-    if "$ref" in schema:
-        errors += mini_errors(resolve({"$ref": schema["$ref"]}), value, where)
-    for sub in schema.get("allOf", ()):
-        errors += mini_errors(sub, value, where)
-    if "type" in schema:
-        types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
-        if not any(TYPES[t](value) for t in types):
-            return errors + [f"{where}: {value!r} is not of type {types}"]
-    if "const" in schema and (value != schema["const"]
-                              or type(value) is not type(schema["const"])):
-        errors.append(f"{where}: {value!r} is not {schema['const']!r}")
-    if "enum" in schema and value not in schema["enum"]:
-        errors.append(f"{where}: {value!r} is not one of {schema['enum']}")
-    if isinstance(value, str) and "pattern" in schema and not re.search(schema["pattern"], value):
-        errors.append(f"{where}: {value!r} does not match {schema['pattern']}")
-    if TYPES["number"](value):
-        if "minimum" in schema and value < schema["minimum"]:
-            errors.append(f"{where}: {value} < {schema['minimum']}")
-        if "maximum" in schema and value > schema["maximum"]:
-            errors.append(f"{where}: {value} > {schema['maximum']}")
-    if isinstance(value, dict):
-        errors += [f"{where}: missing {k!r}" for k in schema.get("required", ()) if k not in value]
-        props = schema.get("properties", {})
-        extra = schema.get("additionalProperties", True)
-        for key, item in value.items():
-            if key in props:
-                errors += mini_errors(props[key], item, f"{where}.{key}")
-            elif extra is False:
-                errors.append(f"{where}: undocumented property {key!r}")
-            elif isinstance(extra, dict):
-                errors += mini_errors(extra, item, f"{where}.{key}")
-    if isinstance(value, list) and "items" in schema:
-        for i, item in enumerate(value):
-            errors += mini_errors(schema["items"], item, f"{where}[{i}]")
-    return errors
-
-
-def _absolute_refs(node: Any) -> Any:
-    if isinstance(node, dict):
-        return {k: ("urn:openapi" + v if k == "$ref" and v.startswith("#") else _absolute_refs(v))
-                for k, v in node.items()}
-    if isinstance(node, list):
-        return [_absolute_refs(v) for v in node]
-    return node
-
-
-def jsonschema_errors(schema: dict[str, Any], value: Any) -> list[str] | None:
-    """jsonschema's verdict (None when it is not installed); refs resolve into the spec."""
-    try:
-        from jsonschema import Draft202012Validator
-        from referencing import Registry, Resource
-        from referencing.jsonschema import DRAFT202012
-    except ImportError:
-        return None
-    registry = Registry().with_resource("urn:openapi", Resource(SPEC, DRAFT202012))
-    validator = Draft202012Validator(_absolute_refs(schema), registry=registry)
-    return [f"{'/'.join(map(str, e.absolute_path)) or '$'}: {e.message}"
-            for e in validator.iter_errors(value)]
-
-
-def schema_errors(schema: dict[str, Any], value: Any) -> list[str]:
-    errors = mini_errors(schema, value)
-    full = jsonschema_errors(schema, value)
-    if full is not None:
-        assert bool(full) == bool(errors), f"validators disagree: {full} vs {errors}"
-        errors += full
-    return errors
-
-
-# --- checking answers against the spec ---------------------------------------------------
-
-class Checker:
-    """Checks each answer against its operation in openapi.yaml; remembers the statuses."""
-
-    def __init__(self, client: TestClient) -> None:
-        self.client = client
-        self.seen: dict[tuple[str, str], set[int]] = defaultdict(set)
-
-    async def __call__(self, method: str, template: str, *, sup: str = "sup", sub: str = "s1",
-                       expect: int | None = None, **kwargs: Any) -> tuple[Any, Any]:
-        resp = await self.client.request(method, url(template, sup, sub), **kwargs)
-        body = await resp.read()
-        where = f"{method} {template} -> {resp.status}"
-        if expect is not None:
-            assert resp.status == expect, f"{where}: expected {expect}: {body[:300]!r}"
-        op = SPEC["paths"][template][method.lower()]
-        assert str(resp.status) in op["responses"], f"{where}: status not documented"
-        documented = resolve(op["responses"][str(resp.status)])
-        for name, header in documented.get("headers", {}).items():
-            header = resolve(header)
-            value = resp.headers.get(name)
-            if value is None:
-                assert not header.get("required"), f"{where}: required header {name} missing"
-                continue
-            if resolve(header["schema"]).get("type") == "integer":
-                assert value.isdigit(), f"{where}: header {name}: {value!r} is not an integer"
-                value = int(value)
-            errors = schema_errors(header["schema"], value)
-            assert not errors, f"{where}: header {name}: {errors}"
-        content = documented.get("content")
-        parsed: Any = body
-        if method == "HEAD" or not content:
-            assert body == b"", f"{where}: body where none is documented"
-        else:
-            assert resp.content_type in content, f"{where}: undocumented type {resp.content_type}"
-            if resp.content_type == "application/json":
-                parsed = await resp.json()
-                errors = schema_errors(content["application/json"]["schema"], parsed)
-                assert not errors, f"{where}: {errors}\n{parsed}"
-        self.seen[(method, template)].add(resp.status)
-        return resp, parsed
-
-    def assert_seen(self, expected: dict[tuple[str, str], set[int]]) -> None:
-        for op, statuses in expected.items():
-            assert statuses <= self.seen[op], f"{op}: saw {self.seen[op]}, want {statuses}"
 
 
 def arrow_headers(body: bytes) -> dict[str, str]:

@@ -49,7 +49,7 @@ from tests.conftest import (
     DAY, PREFIX, arrow_bytes, catalog_rows, files_under, pack_files, packed_size, sample_table,
     stored_stream,
 )
-from tests.procs import DaemonProcess, http_get
+from tests.helpers.procs import DaemonProcess, http_get
 
 INTERVAL = Interval.parse(DAY["start"], DAY["end"])
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,8 +20,8 @@ from shuffled.errors import Conflict, TaskFailed
 from shuffled.protocol import Interval, PartialKey, PartitionKey
 from shuffled.server.embedded import EmbeddedDaemon
 from tests.conftest import arrow_bytes, sample_table
-from tests.test_bulk_client import FAST
-from tests.test_faults import CuttingProxy
+from tests.helpers.clients import FAST
+from tests.helpers.cutting_proxy import CuttingProxy
 
 DAY = 86_400_000
 KEY = PartitionKey("paged", Interval(0, DAY), 0)

@@ -22,7 +22,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from spark_conftest_helpers import start_daemon
 
 import shuffled.spark.phase1.partials as partials_mod
 import shuffled.spark.rows.rollup as rollup_mod
@@ -35,7 +34,8 @@ from shuffled.spark.phase1.tasks import Phase1Config, run_task
 from shuffled.spark.rows.rollup import (BAD, BUCKET, CHUNK, TIME, Layout, _cast, _group_acero, combine,
                                    from_ipc, rollup_input, split_by, to_ipc)
 from shuffled.spark.phase1.sparkhash import spark_hash
-from tests.hooks import FailAttempts
+from tests.helpers.hooks import FailAttempts
+from tests.helpers.ingestion import start_daemon
 
 DAY, HOUR = 86_400_000, 3_600_000
 LAYOUT = Layout((("a", "string"), ("b", "string"), ("c", "long")),

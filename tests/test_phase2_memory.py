@@ -13,9 +13,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from spark_conftest_helpers import read_output, spark, start_daemon  # noqa: F401
 
 from shuffled.spark import run_ingestion
+from tests.helpers.ingestion import read_output, spark, start_daemon  # noqa: F401
 
 BUDGET = 16 << 20
 # What a merge may add to its worker beyond the budget (docs/memory.md): one fetched partial

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from tests.deploy_helpers import (
+from tests.helpers.deploy import (
     DEPLOY, RunningDaemon, dashboard_exprs, free_port, http, poll, rule_exprs, start_daemon,
     stop,
 )

@@ -27,7 +27,7 @@ import threading
 
 import aiohttp, prometheus_client, pyarrow, pyspark.sql  # what the suite imports
 import shuffled.cli, shuffled.server, shuffled.spark.driver.pipeline
-from tests.spark_conftest_helpers import expected_rollup
+from tests.helpers.ingestion import expected_rollup
 
 GOOD = [{"ms": 1519862400000 + i * 60000, "country": "fr", "device": None, "clicks": i,
          "revenue": 1.5} for i in range(20)]

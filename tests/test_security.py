@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import secrets
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from shuffled.errors import Unauthorized
 from shuffled.protocol import Interval, PartialKey
 from shuffled.server.embedded import EmbeddedDaemon
 from tests.conftest import DAY, PREFIX, arrow_bytes, sample_table
+from tests.helpers.tls import tls_files  # noqa: F401  (a per-run certificate fixture)
 
 
 async def test_bearer_token_required_except_health(start_daemon, make_settings) -> None:
@@ -38,18 +38,6 @@ async def test_metrics_can_require_auth(start_daemon, make_settings) -> None:
     client = await start_daemon(make_settings(auth_token=token, metrics_require_auth=True))
     assert (await client.get("/metrics")).status == 401
     assert (await client.get("/metrics", headers={"Authorization": f"Bearer {token}"})).status == 200
-
-
-@pytest.fixture
-def tls_files(tmp_path: Path) -> tuple[Path, Path]:
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-         "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True, timeout=60,
-    )
-    return cert, key
 
 
 def test_tls_with_ca_bundle_and_token(tmp_path: Path, tls_files: tuple[Path, Path]) -> None:

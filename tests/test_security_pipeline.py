@@ -14,7 +14,7 @@ from shuffled.protocol import Interval, PartialKey
 from shuffled.server.embedded import EmbeddedDaemon
 from shuffled.spark.phase2.merge import Assignment, Phase2Config, _fetch
 from tests.conftest import DAY, arrow_bytes, sample_table
-from tests.test_security import tls_files  # noqa: F401  (a per-run certificate fixture)
+from tests.helpers.tls import tls_files  # noqa: F401  (a per-run certificate fixture)
 
 
 def test_phase2_reads_over_tls_with_ca_bundle_and_token(tmp_path: Path,

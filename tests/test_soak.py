@@ -27,7 +27,7 @@ from shuffled.crc import crc32c
 from shuffled.errors import DigestMismatch
 from shuffled.protocol import Interval, PartialKey, PartitionKey
 from tests.conftest import DAY, arrow_bytes, files_under, sample_table
-from tests.procs import DaemonProcess
+from tests.helpers.procs import DaemonProcess
 
 INTERVAL = Interval.parse(DAY["start"], DAY["end"])
 WRITERS = READERS = 32

@@ -11,10 +11,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from spark_conftest_helpers import ingest_alone, read_output, spark  # noqa: F401  (fixtures)
 
 from shuffled.spark import SpecError, parse_spec
 from shuffled.spark.rows.multivalue import decode, encode, has_multi
+from tests.helpers.ingestion import ingest_alone, read_output, spark  # noqa: F401  (fixtures)
 
 HOUR = 3_600_000
 BASE = 1_519_862_400_000  # 2018-03-01T00:00:00Z

@@ -15,7 +15,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from spark_conftest_helpers import (  # noqa: F401  (fixtures)
+
+from shuffled.spark import IngestionFailed, run_ingestion
+from shuffled.spark.spec.granularity import GRANULARITIES, truncate
+from shuffled.spark.phase1.native import Split, SplitSizing, pack, truncate_array
+from shuffled.spark.phase1.sparkhash import spark_hash
+from tests.helpers.hooks import FailAttempts
+from tests.helpers.ingestion import (  # noqa: F401  (fixtures)
     BASE,
     HOUR,
     base_spec,
@@ -25,12 +31,6 @@ from spark_conftest_helpers import (  # noqa: F401  (fixtures)
     read_output,
     spark,
 )
-
-from shuffled.spark import IngestionFailed, run_ingestion
-from shuffled.spark.spec.granularity import GRANULARITIES, truncate
-from shuffled.spark.phase1.native import Split, SplitSizing, pack, truncate_array
-from shuffled.spark.phase1.sparkhash import spark_hash
-from tests.hooks import FailAttempts
 
 pytestmark = pytest.mark.spark
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -12,9 +11,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from spark_conftest_helpers import (  # noqa: F401  (fixtures)
+
+from shuffled.client import ShuffleClient
+from shuffled.protocol import parse_instant
+from shuffled.spark import IngestionFailed, run_ingestion
+from tests.helpers.hooks import FailAttempts
+from tests.helpers.ingestion import (  # noqa: F401  (fixtures)
     BASE,
     HOUR,
+    _ms,
+    assert_matches,
     base_spec,
     daemons,
     expected_rollup,
@@ -27,34 +33,8 @@ from spark_conftest_helpers import (  # noqa: F401  (fixtures)
     write_parts,
 )
 
-from shuffled.client import ShuffleClient
-from shuffled.protocol import parse_instant
-from shuffled.spark import IngestionFailed, run_ingestion
-from tests.hooks import FailAttempts
-
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = ["__time", "country", "device"]
-
-
-def _ms(table: pa.Table) -> list[int]:
-    return pc.cast(pc.cast(table.column("__time"), pa.timestamp("ms")), pa.int64()).to_pylist()
-
-
-def assert_matches(out: pa.Table, expected: pa.Table) -> None:
-    """Same rows as the independent rollup; no (time, dimensions) key twice."""
-    rows = sorted(zip(_ms(out), out.column("country").to_pylist(), out.column("device").to_pylist(),
-                      *(out.column(c).to_pylist() for c in ("count", "clicks", "revenue",
-                                                             "max_clicks", "min_revenue"))),
-                  key=lambda r: (r[0], r[1] or "", r[2] is not None, r[2] or ""))
-    keys = [r[:3] for r in rows]
-    assert len(keys) == len(set(keys)), "a (time, dimensions) key appears twice"
-    exp = expected.to_pylist()
-    exp.sort(key=lambda r: (r["t"], r["country"] or "", r["device"] is not None, r["device"] or ""))
-    assert len(rows) == len(exp)
-    for got, want in zip(rows, exp):
-        assert got[:5] == (want["t"], want["country"], want["device"], want["count"], want["clicks"])
-        assert math.isclose(got[5], want["revenue"], rel_tol=1e-9, abs_tol=1e-9)
-        assert got[6] == want["max_clicks"] and got[7] == want["min_revenue"]
 
 
 def assert_segments_sorted(out_dir: Path, manifest: dict[str, Any]) -> None:

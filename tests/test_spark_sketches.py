@@ -12,9 +12,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from spark_conftest_helpers import ingest_alone, read_output, spark, start_daemon  # noqa: F401  (fixtures)
 
 from shuffled.spark import SpecError, parse_spec, run_ingestion
+from tests.helpers.ingestion import ingest_alone, read_output, spark, start_daemon  # noqa: F401  (fixtures)
 
 ds = pytest.importorskip("datasketches")
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from shuffled.spark.records import Partial, Segment
 
-import copy
-import json
 import random
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,29 +22,11 @@ from shuffled.spark.phase2.merge import (
 )
 from shuffled.spark.phase2.publish import publish, read_manifest
 from shuffled.spark.rows.rollup import Layout, combine, from_ipc, rollup_input, split_by, to_ipc
-
-ROOT = Path(__file__).resolve().parent.parent
-TUTORIAL = json.loads((ROOT / "examples/rollup-tutorial/rollup-index.json").read_text())
+from tests.helpers.spec_changes import TUTORIAL, with_change
 
 
 def ms(text: str) -> int:
     return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
-
-
-def with_change(path: str, value: Any) -> dict[str, Any]:
-    spec = copy.deepcopy(TUTORIAL)
-    node = spec
-    keys = path.split(".")
-    for k in keys[:-1]:
-        node = node.setdefault(k, {})
-    if value is _DELETE:
-        node.pop(keys[-1], None)
-    else:
-        node[keys[-1]] = value
-    return spec
-
-
-_DELETE = object()
 
 
 def test_tutorial_spec_parses() -> None:

@@ -23,7 +23,7 @@ from shuffled.client import ShuffleClient
 from shuffled.protocol import Interval, PartialKey
 from shuffled.server.embedded import EmbeddedDaemon
 from tests.conftest import arrow_bytes, sample_table
-from tests.test_bulk_client import FAST
+from tests.helpers.clients import FAST
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # The flags a sandboxed root needs, and no background traffic (the network is closed).

@@ -14,7 +14,7 @@ import pytest
 
 from shuffled.server.embedded import EmbeddedDaemon
 from tests.conftest import PREFIX, arrow_bytes, files_under, sample_table
-from tests.procs import http_get, wait_for
+from tests.helpers.procs import http_get, wait_for
 
 GOOD = arrow_bytes(sample_table(2000))
 QUERY = "start=2018-01-01&end=2018-01-02&partitionId=0"

@@ -2,7 +2,7 @@
 every scenario in turn (an application's executors take longer to start than a scenario
 takes to run).
 
-Usage: ``python tests/failover_driver.py ARGS.json RESULTS.json``. ARGS has ``master``,
+Usage: ``python tests/helpers/failover_driver.py ARGS.json RESULTS.json``. ARGS has ``master``,
 ``input`` (the JSON input directory), ``root`` (a scratch directory) and ``scenarios``:
 each with a ``name`` and optional ``tuning`` (tuningConfig additions), ``kill_in_phase1``
 (daemon indexes an executor SIGKILLs after partition 0's second upload),
@@ -28,9 +28,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from tests.hooks import StopDaemons
-from tests.procs import DaemonProcess
-from tests.spark_conftest_helpers import base_spec, free_port, held_tasks
+from tests.helpers.hooks import StopDaemons
+from tests.helpers.procs import DaemonProcess
+from tests.helpers.ingestion import base_spec, free_port, held_tasks
 
 
 def spec_for(base: str, tuning: dict[str, Any]) -> dict[str, Any]:

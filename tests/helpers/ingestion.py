@@ -1,4 +1,4 @@
-"""Fixtures and data generators for the Spark pipeline tests (imported by tests/test_spark_*).
+"""Fixtures, data generators and checks for the Spark pipeline tests (tests/spark/).
 
 One SparkSession per test session (local[2,4]: 2 cores, up to 4 attempts per task so
 injected failures are retried; speculation on; UI off; loopback only).
@@ -7,6 +7,7 @@ injected failures are retried; speculation on; UI off; loopback only).
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import socket
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -232,3 +234,24 @@ def read_output(out_dir: Path, data_source: str = "events") -> tuple[dict[str, A
         t = t.append_column("__seg", pa.array([f"{seg['interval']}#{seg['partitionNum']}"] * t.num_rows))
         tables.append(t)
     return manifest, pa.concat_tables(tables) if tables else pa.table({})
+
+
+def _ms(table: pa.Table) -> list[int]:
+    return pc.cast(pc.cast(table.column("__time"), pa.timestamp("ms")), pa.int64()).to_pylist()
+
+
+def assert_matches(out: pa.Table, expected: pa.Table) -> None:
+    """Same rows as the independent rollup; no (time, dimensions) key twice."""
+    rows = sorted(zip(_ms(out), out.column("country").to_pylist(), out.column("device").to_pylist(),
+                      *(out.column(c).to_pylist() for c in ("count", "clicks", "revenue",
+                                                             "max_clicks", "min_revenue"))),
+                  key=lambda r: (r[0], r[1] or "", r[2] is not None, r[2] or ""))
+    keys = [r[:3] for r in rows]
+    assert len(keys) == len(set(keys)), "a (time, dimensions) key appears twice"
+    exp = expected.to_pylist()
+    exp.sort(key=lambda r: (r["t"], r["country"] or "", r["device"] is not None, r["device"] or ""))
+    assert len(rows) == len(exp)
+    for got, want in zip(rows, exp):
+        assert got[:5] == (want["t"], want["country"], want["device"], want["count"], want["clicks"])
+        assert math.isclose(got[5], want["revenue"], rel_tol=1e-9, abs_tol=1e-9)
+        assert got[6] == want["max_clicks"] and got[7] == want["min_revenue"]

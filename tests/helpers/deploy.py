@@ -24,9 +24,9 @@ from typing import Any
 
 import yaml
 
-from tests.procs import first_line
+from tests.helpers.procs import first_line
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 DOCKERFILE = DEPLOY / "Dockerfile"
 START_TIMEOUT = 30.0
