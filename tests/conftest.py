@@ -19,6 +19,8 @@ from shuffled.server import make_app
 from shuffled.server.embedded import EmbeddedDaemon
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# Helpers shared by test modules (tests/helpers/) give assertion messages as tests do.
+pytest.register_assert_rewrite("tests.helpers")
 
 PREFIX = "/druid/worker/v1/shuffle"
 DAY = {"start": "2018-01-01T00:00:00.000Z", "end": "2018-01-02T00:00:00.000Z"}
