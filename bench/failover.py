@@ -122,7 +122,7 @@ def main(argv: list[str]) -> int:
     repeats = int(argv[1]) if len(argv) > 1 else 3
     days = int(argv[2]) if len(argv) > 2 else 1096  # three years
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from shuffled.spark.driver.session import get_session
+    from shuffled.spark.driver.sparksession import get_session
 
     spark, _ = get_session("local[2]")
     base = Path(tempfile.mkdtemp(prefix="bench-failover-"))

@@ -57,7 +57,7 @@ def main(argv: list[str]) -> int:
     days = int(argv[2]) if len(argv) > 2 else 365
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from shuffled.server.embedded import EmbeddedDaemon
-    from shuffled.spark.driver.session import get_session
+    from shuffled.spark.driver.sparksession import get_session
 
     spark, _ = get_session("local[2]")
     base = Path(tempfile.mkdtemp(prefix="bench-sketches-"))

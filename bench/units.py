@@ -39,7 +39,7 @@ BUCKETS: list[tuple[str, str, tuple[str, ...]]] = [
     ("phase 1: partition (Spark's hash)", "input row", ("Bucketer", "pmod_hash", "sparkhash")),
     ("phase 1: cut and encode partials", "partial", ("encode_flush", "partials.py")),
     ("phase 1: send partials", "partial", ("put_flush", "put_partials", "client/bulk",
-                                           "placement.py")),
+                                           "phase1/ring.py")),
     ("daemon: receive and store partials", "partial", (
         "server/bulk.py", "storage/upload", "storage/append", "storage/commit",
         "storage/catalog", "storage/arrowfile", "storage/packs")),

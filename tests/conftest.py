@@ -19,6 +19,8 @@ from shuffled.server import make_app
 from shuffled.server.embedded import EmbeddedDaemon
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# Helpers shared by test modules (tests/helpers/) give assertion messages as tests do.
+pytest.register_assert_rewrite("tests.helpers")
 
 PREFIX = "/druid/worker/v1/shuffle"
 DAY = {"start": "2018-01-01T00:00:00.000Z", "end": "2018-01-02T00:00:00.000Z"}
@@ -162,7 +164,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A Spark standalone cluster (master and two workers on loopback) for every test that
     needs one (test_failover, test_spark_cluster): started once, its JVMs' start being
     most of a small job's time; stopped by pid at the end of the session."""
-    from tests.test_spark_cluster import standalone_cluster
+    from tests.helpers.spark_cluster import standalone_cluster
 
     with standalone_cluster(tmp_path_factory.mktemp("cluster")) as master:
         yield master

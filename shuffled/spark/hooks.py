@@ -2,8 +2,8 @@
 after some uploads, stop a daemon mid-phase, between the phases.
 
 Production passes none (:data:`NONE`, every method a no-op); a test passes a subclass
-(tests/hooks.py). A hooks object travels to the executors inside the phases' configs, so it
-must pickle: keep its state data (pids, numbers), not closures. The code it runs lives in
+(tests/helpers/hooks.py). A hooks object travels to the executors inside the phases' configs,
+so it must pickle: keep its state data (pids, numbers), not closures. The code it runs lives in
 the test, never behind a flag in the pipeline.
 """
 

@@ -2,6 +2,6 @@
 reports, publishes and deletes the shuffle data at the end.
 
 ``pipeline`` is :func:`run_ingestion`, ``context`` the typed settings of one job, ``job``
-its steps, ``recovery`` what a lost daemon costs, ``monitor`` the heartbeat and progress
-threads, ``report`` the task report and ``session`` the Spark session.
+its steps, ``recompute`` what a lost daemon costs, ``monitor`` the heartbeat and progress
+threads, ``report`` the task report and ``sparksession`` the Spark session.
 """

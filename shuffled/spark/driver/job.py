@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 
 from shuffled.client import ShuffleClient, ShuffleUnavailable
 from shuffled.errors import ShuffleError
-from shuffled.spark.driver import recovery
+from shuffled.spark.driver import recompute
 from shuffled.spark.driver.context import JobContext
 from shuffled.spark.driver.report import counted
 from shuffled.spark.phase1 import native
@@ -50,7 +50,7 @@ class Job:
     def __init__(self, ctx: JobContext) -> None:
         self.ctx = ctx
         self.spark, self.spec, self.report, self.say = ctx.spark, ctx.spec, ctx.report, ctx.say
-        self.recovery = recovery.Recovery()
+        self.recovery = recompute.Recovery()
         # How to re-run one phase-1 subtask alone (set by phase 1): (read natively, the
         # native input and splits) or (through the JVM, the hand-off DataFrame).
         self._native_input: tuple[native.NativeInput, list[list[native.Split]]] | None = None
@@ -138,7 +138,7 @@ class Job:
 
         return rdd.mapPartitions(run).collect()
 
-    def _recompute(self, only: dict[int, frozenset[recovery.Key]]) -> list[records.Partial]:
+    def _recompute(self, only: dict[int, frozenset[recompute.Key]]) -> list[records.Partial]:
         """Re-run the phase-1 subtasks ``only`` names, each on its own input split, for
         only their lost keys, on the surviving daemons; returns their partials."""
         subtasks = sorted(only)
@@ -150,7 +150,7 @@ class Job:
             pieces = max(1, self.spark.sparkContext.defaultParallelism // len(subtasks))
             ids, work = [], []
             for t in subtasks:
-                for part in recovery.cut(tasks[t], pieces):
+                for part in recompute.cut(tasks[t], pieces):
                     ids.append(t)
                     work.append(part)
             cfg = self.ctx.phase1_config(self.may_be_multi, partition_ids=tuple(ids),
@@ -169,7 +169,7 @@ class Job:
         return [r for r in map(records.load, lines) if isinstance(r, records.Partial)]
 
     def recover(self, partials: list[records.Partial], when: str,
-                wanted: set[recovery.PartitionId] | None = None) -> list[records.Partial]:
+                wanted: set[recompute.PartitionId] | None = None) -> list[records.Partial]:
         """Ask which daemons are gone (waiting out a restart); if any held committed
         partials with no surviving replica, recompute them: the committed list after."""
         monitor = self.ctx.monitor
@@ -178,7 +178,7 @@ class Job:
         gone = monitor.verdict(self.ctx.survivors)
         self.ctx.lost.update(gone)
         self.recovery.lost.update(gone)
-        only = recovery.lost_keys(partials, self.ctx.lost, wanted)
+        only = recompute.lost_keys(partials, self.ctx.lost, wanted)
         if not only:
             return partials
         if not self.ctx.survivors:
@@ -190,7 +190,7 @@ class Job:
                  f"{counted(len(only), 'phase-1 subtask')} for {counted(keys, 'partition')} on "
                  f"{counted(len(self.ctx.survivors), 'daemon')}")
         recomputed = self._recompute(only)
-        after = recovery.replace(partials, only, recomputed)
+        after = recompute.replace(partials, only, recomputed)
         self.recovery.round(when, started, lost=sorted(gone) or sorted(self.ctx.lost),
                             subtasksRecomputed=len(only), keysRecomputed=keys,
                             partialsDropped=len(partials) + len(recomputed) - len(after),
@@ -265,7 +265,7 @@ class Job:
         reads then serve only those and say when a partition is complete. A seal after a
         recompute adds the recomputed subtasks. Returns the daemons that could not be
         sealed (the caller asks whether they are gone)."""
-        committed = recovery.on_daemons(partials)
+        committed = recompute.on_daemons(partials)
         auth = self.ctx.auth
         failed = []
         for server, subs in sorted(committed.items()):
@@ -280,7 +280,7 @@ class Job:
         return failed
 
     def sealed(self, partials: list[records.Partial], when: str,
-               wanted: set[recovery.PartitionId] | None = None) -> list[records.Partial]:
+               wanted: set[recompute.PartitionId] | None = None) -> list[records.Partial]:
         """:meth:`recover`, then :meth:`seal`, again while a daemon fails its seal."""
         for _ in range(len(self.ctx.servers) + 1):
             partials = self.recover(partials, when, wanted)
@@ -307,7 +307,7 @@ class Job:
                  f"{counted(min(tasks, len(assignments)), 'task')}"
                  + (" (sized from phase 1's rows and bytes)" if sized else ""))
         os.makedirs(self.ctx.staging, exist_ok=True)
-        done: dict[recovery.PartitionId, records.Segment] = {}
+        done: dict[recompute.PartitionId, records.Segment] = {}
         todo = assignments
         for round_ in range(len(self.ctx.servers) + 1):
             results, lost = self._merge(todo, tasks)

@@ -32,7 +32,7 @@ from shuffled.spark.phase2.publish import (make_durable_dir, publish, segment_di
 from shuffled.spark.hooks import NONE, Hooks
 from shuffled.spark.driver.context import READERS, Auth, JobContext
 from shuffled.spark.driver.report import TaskReport
-from shuffled.spark.driver.session import get_session, job_conf
+from shuffled.spark.driver.sparksession import get_session, job_conf
 from shuffled.spark.phase2.shards import renumbered, shard_spec_builder
 from shuffled.spark.phase1.source import csv_columns, resolve_files
 from shuffled.spark.spec.parse import parse_spec

@@ -1,4 +1,4 @@
-"""``transformSpec`` on Arrow: the same values :mod:`.transform` and :mod:`.filters` compute in
+"""``transformSpec`` on Arrow: the same values :mod:`.sqlexpr` and :mod:`.filters` compute in
 Spark SQL, on whole arrays (never row by row in Python).
 
 :class:`ArrowTranslator` evaluates expression ASTs (:mod:`shuffled.spark.spec.expr`) with

@@ -57,7 +57,7 @@ def literal(value: int | float | str | None, n: int) -> AVal:
     return AVal(pa.array([value], _TYPES[kind]).take(pa.array(np.zeros(n, dtype=np.int64))), kind)
 
 
-# --- coercions (transform.py's as_double, as_long, as_string, as_bool, as_value) ---------
+# --- coercions (sqlexpr.py's as_double, as_long, as_string, as_bool, as_value) ---------
 
 def as_double(v: AVal) -> pa.Array:
     if v.type == STRING:
@@ -130,7 +130,7 @@ def cast_value(v: AVal, kind: str) -> pa.Array:
 
 
 def common(vals: list[AVal]) -> tuple[str, list[pa.Array]]:
-    """One type for the branches of if/case/nvl (transform.common)."""
+    """One type for the branches of if/case/nvl (sqlexpr.common)."""
     kind = branch_type({v.type for v in vals})
     conv = {BOOL: as_bool, LONG: as_long, DOUBLE: as_double, STRING: as_string}[kind]
     return kind, [conv(v).cast(_TYPES[kind], safe=False) for v in vals]
@@ -216,7 +216,7 @@ def _num(v: AVal, kind: str) -> pa.Array:
 
 
 def binary(op: str, a: AVal, b: AVal) -> AVal:
-    """``a op b`` (transform.Translator.binary)."""
+    """``a op b`` (sqlexpr.Translator.binary)."""
     if op in ("&&", "||"):
         fn = pc.and_kleene if op == "&&" else pc.or_kleene
         return AVal(fn(as_bool(a), as_bool(b)), BOOL)

@@ -20,7 +20,7 @@ from shuffled.spark.spec.model import IngestSpec, PartitionPlan
 from shuffled.spark.spec.transform import TIME as DRUID_TIME
 from shuffled.spark.phase1.filters import filter_column
 from shuffled.spark.phase1.multivalue import can_hold_arrays, string_dimension
-from shuffled.spark.phase1.transform import LONG, Translator, Val, as_value, input_val
+from shuffled.spark.phase1.sqlexpr import LONG, Translator, Val, as_value, input_val
 from shuffled.spark.rows.rollup import BAD, BUCKET, CHUNK, TIME
 
 _TS = "__ts"

@@ -45,7 +45,7 @@ from shuffled.spark.records import Partial, Record, TaskStats, dump
 from shuffled.spark.spec.granularity import bucket_end
 from shuffled.spark.phase1.native import NativeInput, Split, read_split
 from shuffled.spark.phase1.partials import EOS, Encoder, encode_flush
-from shuffled.spark.phase1.placement import Placer
+from shuffled.spark.phase1.ring import Placer
 from shuffled.spark.rows.multivalue import has_multi
 from shuffled.spark.rows.memory import peak_rss, release_free_memory, reset_peak_rss, rss
 from shuffled.spark.rows.rollup import BAD, BUCKET, CHUNK, Layout, combine, rollup_input

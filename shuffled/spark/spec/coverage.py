@@ -1,9 +1,10 @@
 """Which Druid ``index_parallel`` spec fields (and values) the parser supports, ignores or refuses.
 
-One :class:`Field` per row of docs/spec-coverage.md; tests/test_spec_coverage.py checks the
-page's table equals :data:`COVERAGE` and *probes the parser with every row* (the row's value
-set at its path in a valid spec: ``supported``/``ignored`` must parse, ``refused`` must raise
-SpecError at that path), so neither the page nor this table can drift from the parser.
+One :class:`Field` per row of docs/spec-coverage.md; tests/spark/spec/test_spec_coverage.py
+checks the page's table equals :data:`COVERAGE` and *probes the parser with every row* (the
+row's value set at its path in a valid spec: ``supported``/``ignored`` must parse,
+``refused`` must raise SpecError at that path), so neither the page nor this table can drift
+from the parser.
 
 ``python -m shuffled.spark.spec.coverage`` prints the table for the page. To add rows (new
 aggregators, fields), append :class:`Field` entries; ``extra`` sets other paths a probe needs

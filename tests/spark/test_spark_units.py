@@ -1,0 +1,266 @@
+"""Unit tests of the Spark layer's pure parts: spec validation, granularity, rollup, publish."""
+
+from __future__ import annotations
+
+from shuffled.spark.records import Partial, Segment
+
+import random
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from shuffled.errors import BadRequest
+from shuffled.spark import SpecError, parse_spec
+from shuffled.spark.phase1.determine import boundaries
+from shuffled.spark.spec.granularity import GRANULARITIES, bucket_end, buckets, truncate
+from shuffled.spark.phase2 import durable
+from shuffled.spark.phase2.merge import (
+    Assignment, assign, balance, batches, merge_partition, merge_partitions, merge_tasks,
+)
+from shuffled.spark.phase2.publish import publish, read_manifest
+from shuffled.spark.rows.rollup import Layout, combine, from_ipc, rollup_input, split_by, to_ipc
+from tests.helpers.spec_changes import TUTORIAL, with_change
+
+
+def ms(text: str) -> int:
+    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def test_tutorial_spec_parses() -> None:
+    s = parse_spec(TUTORIAL)
+    assert s.data_source == "rollup-tutorial"
+    assert s.dimension_names == ("srcIP", "dstIP")
+    assert [m.type for m in s.metrics] == ["count", "longSum", "longSum"]
+    assert (s.segment_granularity, s.query_granularity, s.rollup) == ("week", "minute", True)
+    assert s.partitions.type == "dynamic" and s.partitions.target_rows == 5_000_000
+    assert s.input_source.filter == "rollup-data.json"
+
+
+@pytest.mark.parametrize("path,value,where", [
+    ("type", "index", "$.type"),
+    ("spec.dataSchema.metricsSpec", [{"type": "hyperUnique", "name": "x", "fieldName": "y"}],
+     "$.spec.dataSchema.metricsSpec[0].type"),
+    ("spec.dataSchema.metricsSpec", [{"type": "longSum", "name": "x"}],
+     "$.spec.dataSchema.metricsSpec[0].fieldName"),
+    ("spec.dataSchema.granularitySpec.queryGranularity", "decade",
+     "$.spec.dataSchema.granularitySpec.queryGranularity"),
+    ("spec.dataSchema.granularitySpec.intervals", ["2018-01-02/2018-01-01"],
+     "$.spec.dataSchema.granularitySpec.intervals[0]"),
+    ("spec.dataSchema.timestampSpec.format", "yyyy-MM-dd", "$.spec.dataSchema.timestampSpec.format"),
+    ("spec.dataSchema.transformSpec", {"filter": {"type": "spatial"}},
+     "$.spec.dataSchema.transformSpec.filter.type"),
+    ("spec.dataSchema.dimensionsSpec.dimensions", [], "$.spec.dataSchema.dimensionsSpec.dimensions"),
+    ("spec.ioConfig.inputSource", {"type": "hdfs", "paths": "hdfs://x"}, "$.spec.ioConfig.inputSource.type"),
+    ("spec.ioConfig.inputFormat", {"type": "avro"}, "$.spec.ioConfig.inputFormat.type"),
+    ("spec.ioConfig.surprise", 1, "$.spec.ioConfig.surprise"),
+    ("spec.tuningConfig.partitionsSpec", {"type": "hashed", "numShards": 0},
+     "$.spec.tuningConfig.partitionsSpec.numShards"),
+    ("spec.tuningConfig.partitionsSpec", {"type": "hashed", "numShards": 2},
+     "$.spec.tuningConfig.forceGuaranteedRollup"),
+    ("spec.tuningConfig.partitionsSpec", {"type": "range", "targetRowsPerSegment": 5},
+     "$.spec.tuningConfig.partitionsSpec.partitionDimensions"),
+    ("spec.tuningConfig.maxParseExceptions", -1, "$.spec.tuningConfig.maxParseExceptions"),
+    ("spec.tuningConfig.maxBytesInMemory", -2, "$.spec.tuningConfig.maxBytesInMemory"),
+    ("spec.tuningConfig.unknownKnob", True, "$.spec.tuningConfig.unknownKnob"),
+])
+def test_invalid_or_unsupported_fields_are_named(path: str, value: Any, where: str) -> None:
+    with pytest.raises(SpecError) as info:
+        parse_spec(with_change(path, value))
+    assert info.value.path == where
+    assert str(info.value).startswith(where)
+    assert isinstance(info.value, BadRequest)
+
+
+def test_partition_dimension_must_be_a_dimension() -> None:
+    spec = with_change("spec.tuningConfig.partitionsSpec",
+                       {"type": "hashed", "numShards": 2, "partitionDimensions": ["nope"]})
+    spec["spec"]["tuningConfig"]["forceGuaranteedRollup"] = True
+    with pytest.raises(SpecError, match=r"partitionDimensions\[0\]"):
+        parse_spec(spec)
+
+
+def test_hashed_range_and_druid_tuning_knobs_are_accepted() -> None:
+    spec = with_change("spec.tuningConfig", {
+        "type": "index_parallel", "forceGuaranteedRollup": True, "maxNumConcurrentSubTasks": 4,
+        "totalNumMergeTasks": 2, "maxRowsInMemory": 50000, "maxBytesInMemory": 10,
+        "partitionsSpec": {"type": "single_dim", "partitionDimension": "srcIP",
+                           "targetRowsPerSegment": 100}})
+    s = parse_spec(spec)
+    assert s.partitions.type == "single_dim" and s.partitions.dimensions == ("srcIP",)
+    assert (s.max_concurrent_subtasks, s.total_merge_tasks, s.max_rows_in_memory) == (4, 2, 50000)
+    assert s.max_bytes_in_memory == 1 << 16  # raised to the smallest useful budget
+
+
+@pytest.mark.parametrize("value,budget", [(None, 256 << 20), (0, 256 << 20), (-1, 0),
+                                          (512 << 20, 512 << 20)])
+def test_max_bytes_in_memory_is_druids(value: int | None, budget: int) -> None:
+    """Druid's meaning: absent or 0 is the default, -1 lifts the bound (0 here)."""
+    tuning = {"type": "index_parallel"}
+    if value is not None:
+        tuning["maxBytesInMemory"] = value
+    assert parse_spec(with_change("spec.tuningConfig", tuning)).max_bytes_in_memory == budget
+
+
+@pytest.mark.parametrize("gran", [g for g in GRANULARITIES if g != "none"])
+def test_granularity_buckets_tile_time(gran: str) -> None:
+    t = ms("2019-11-17T13:47:21.123Z")
+    start = truncate(t, gran)
+    end = bucket_end(start, gran)
+    assert start <= t < end
+    assert truncate(start, gran) == start and truncate(end, gran) == end
+    assert truncate(end - 1, gran) == start
+
+
+def test_granularity_calendar_and_week_rules() -> None:
+    t = ms("2018-01-03T10:00:00Z")  # a Wednesday
+    assert truncate(t, "week") == ms("2018-01-01T00:00:00Z")  # Monday
+    assert truncate(t, "quarter") == ms("2018-01-01T00:00:00Z")
+    assert bucket_end(ms("2018-11-01T00:00:00Z"), "quarter") == ms("2019-02-01T00:00:00Z")
+    assert truncate(ms("2018-05-20T07:00:00Z"), "six_hour") == ms("2018-05-20T06:00:00Z")
+    assert buckets(ms("2018-01-01T00:00:00Z"), ms("2018-01-03T00:00:00Z"), "week") == [
+        ms("2018-01-01T00:00:00Z")]
+
+
+def _layout() -> Layout:
+    return Layout((("d", "string"),), (("n", "count", "sum", "long", None),
+                                       ("s", "sum", "sum", "long", "__m1"),
+                                       ("lo", "min", "min", "double", "__m2")))
+
+
+def test_rollup_then_merge_equals_one_rollup() -> None:
+    layout = _layout()
+    raw = pa.table({"__chunk": [0] * 6, "__bucket": [0, 0, 1, 1, 1, 0], "__time": [1, 1, 1, 2, 1, 1],
+                    "d": ["a", "a", None, None, None, "a"], "__m1": [1, 2, 3, None, 5, 6],
+                    "__m2": [1.0, 0.5, 3.0, 4.0, 2.0, 0.1]})
+    parts = [rollup_input(raw.slice(0, 3), layout, ["__chunk", "__bucket"]),
+             rollup_input(raw.slice(3), layout, ["__chunk", "__bucket"])]
+    whole = combine(pa.concat_tables(parts), layout, ["__chunk", "__bucket"])
+    rows = {(r["__time"], r["d"]): (r["n"], r["s"], r["lo"]) for r in whole.to_pylist()}
+    assert rows == {(1, "a"): (3, 9, 0.1), (1, None): (2, 8, 2.0), (2, None): (1, None, 4.0)}
+    split = dict(split_by(whole, ["__chunk", "__bucket"]))
+    assert sorted(split) == [(0, 0), (0, 1)]
+    tables = [from_ipc(to_ipc(t)) for t in split.values()]
+    merged = merge_partition(tables, layout)
+    assert merged.num_rows == 3
+    assert merged.column("__time").to_pylist() == [1, 1, 2]
+    assert merged.column("d").to_pylist() == [None, "a", None]  # nulls first
+
+
+def test_merging_a_batch_equals_merging_each_partition() -> None:
+    layout = _layout()
+    rng = random.Random(5)
+    parts = []
+    for n in range(40):  # partitions of 0..60 rows in 1..3 partials, some keys repeated
+        partials = []
+        for _ in range(1 + n % 3):
+            rows = rng.randrange(0, 20)
+            raw = pa.table({"__time": [rng.randrange(3) for _ in range(rows)],
+                            "d": [rng.choice(["a", "b", None]) for _ in range(rows)],
+                            "__m1": [rng.choice([1, 2, None]) for _ in range(rows)],
+                            "__m2": [rng.random() for _ in range(rows)]})
+            partials.append(rollup_input(raw, layout, []))
+        parts.append(partials)
+    merged = merge_partitions(parts, layout)
+    assert len(merged) == len(parts)
+    for got, tables in zip(merged, parts, strict=True):
+        assert got.equals(merge_partition(tables, layout))
+    plain = Layout(layout.dims, layout.metrics, rollup=False)
+    assert [t.num_rows for t in merge_partitions(parts, plain)] == [
+        sum(t.num_rows for t in tables) for tables in parts]
+    a = [Assignment(i, i + 1, 0, ((("s",), ("x",), rows),)) for i, rows in
+         enumerate([10, 10, 400, 10, 10, 10])]
+    assert [len(b) for b in batches(a, partitions=3, rows=400)] == [2, 1, 3]
+    assert [len(b) for b in batches(a, partitions=2, rows=10**6)] == [2, 2, 2]
+
+
+def test_merge_tasks_are_sized_from_phase_one_figures() -> None:
+    def parts(n: int, rows: int) -> list[Assignment]:
+        return [Assignment(i, i + 1, 0, ((("s",), ("x",), rows),)) for i in range(n)]
+
+    assert merge_tasks(parts(7304, 137), 100 << 20, cores=2) == 2  # small: one per core
+    assert merge_tasks(parts(48, 200_000), 500 << 20, cores=2) == 5  # 9.6M rows
+    assert merge_tasks(parts(48, 200_000), 3 << 30, cores=2) == 8  # bytes ask for 12: 4/core
+    assert merge_tasks(parts(3, 10**7), 0, cores=16) == 3  # never more than partitions
+    assert merge_tasks(parts(1000, 10), 0, cores=0) == 1
+
+
+def test_files_are_made_durable_with_or_without_syncfs(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    paths = []
+    for i in range(3):
+        path = tmp_path / f"{i}.parquet"
+        path.write_bytes(b"x" * 10)
+        paths.append(str(path))
+    assert durable.syncfs(str(tmp_path))  # this kernel has it
+    durable.sync_files(paths, [str(tmp_path)])
+    synced: list[int] = []
+    real_fsync = durable.os.fsync
+    monkeypatch.setattr(durable, "_libc", None)
+    monkeypatch.setattr(durable.os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+    durable.sync_files(paths, [str(tmp_path)])
+    assert len(synced) == len(paths) + 1  # every file and the directory
+    with pytest.raises(FileNotFoundError):
+        durable.sync_files([str(tmp_path / "gone")], [str(tmp_path)])
+
+
+def test_range_boundaries_split_evenly_and_skip_repeats() -> None:
+    sample = [(f"k{i:03d}",) for i in range(100)]
+    b = boundaries(sample, 4)
+    assert b == [("k025",), ("k050",), ("k075",)]
+    assert boundaries([("x",)] * 50 + [(None,)] * 50, 4) == [("x",)]
+    assert boundaries(sample, 1) == []
+
+
+def test_assign_and_balance_cover_every_partial_once() -> None:
+    partials = [Partial(task=i, server=f"http://s{i % 2}", replicas=(f"http://s{i % 2}",),
+                        sub=f"p{i}-a{i}-f0", start=0, end=10, partition=i % 3, rows=10 + i,
+                        bytes=1) for i in range(9)]
+    assignments = assign(partials)
+    assert len(assignments) == 3
+    assert sum(a.rows for a in assignments) == sum(p.rows for p in partials)
+    groups = balance(assignments, 2)
+    assert sorted(a.partition for g in groups for a in g) == [0, 1, 2]
+    assert isinstance(groups[0][0], Assignment)
+
+
+def test_publish_replaces_covered_intervals_atomically(tmp_path: Path) -> None:
+    ds = tmp_path / "ds"
+
+    def stage(name: str, start: int, end: int, part: int, version: str) -> Segment:
+        path = ds / "segments" / version / name  # merge tasks write in place
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x")
+        return Segment(start=start, end=end, partition=part, rows=1, rows_in=1, bytes=1,
+                       path=str(path), attempt=1)
+
+    shard = lambda s, off: {"type": "numbered", "partitionNum": s.partition + off}  # noqa: E731
+    publish(str(ds), "ds", "v1", [stage("a", 0, 10, 0, "v1"), stage("b", 10, 20, 0, "v1")],
+            shard, False)
+    loser = ds / "segments" / "v2" / "c.a1.parquet"  # an attempt that did not commit
+    stage("c.a1.parquet", 0, 10, 0, "v2")
+    publish(str(ds), "ds", "v2", [stage("c", 0, 10, 0, "v2")], shard, False)
+    assert not loser.exists()
+    assert not (ds / "segments" / "v1" / "a").exists()  # replaced by v2: deleted
+    segs = read_manifest(str(ds))["segments"]
+    assert [(s["interval"][:24], s["version"]) for s in segs] == [
+        ("1970-01-01T00:00:00.000Z", "v2"), ("1970-01-01T00:00:00.010Z", "v1")]
+    publish(str(ds), "ds", "v3", [stage("d", 0, 10, 0, "v3")], shard, True)
+    segs = read_manifest(str(ds))["segments"]
+    first = [(s["version"], s["partitionNum"]) for s in segs if s["interval"].startswith("1970-01-01T00:00:00.000Z")]
+    assert first == [("v2", 0), ("v2", 1)]
+    assert not list(ds.glob("*.tmp*"))
+    for s in segs:
+        assert (ds / s["path"]).exists()
+
+
+def test_without_rollup_rows_are_kept_and_count_is_one() -> None:
+    layout = Layout((("d", "string"),), (("n", "count", "sum", "long", None),
+                                         ("s", "sum", "sum", "long", "__m1")), rollup=False)
+    raw = pa.table({"__chunk": [0, 0], "__bucket": [0, 0], "__time": [1, 1], "d": ["a", "a"],
+                    "__m1": [2, 3]})
+    out = rollup_input(raw, layout, ["__chunk", "__bucket"])
+    assert out.column("n").to_pylist() == [1, 1] and out.column("s").to_pylist() == [2, 3]
+    assert merge_partition([out.drop_columns(["__chunk", "__bucket"])], layout).num_rows == 2
