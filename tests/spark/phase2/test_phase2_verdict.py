@@ -27,11 +27,11 @@ from shuffled.client import RetryPolicy, ShuffleClient, ShuffleUnavailable
 from shuffled.spark.hooks import Hooks
 from shuffled.spark.phase2.verdict import Verdict
 from shuffled.storage.verdicts import Verdicts
-from tests.procs import DaemonProcess, wait_for
-from tests.spark_conftest_helpers import (  # noqa: F401  (spark: a fixture)
-    base_spec, expected_rollup, free_port, generate, read_output, spark, write_parts,
+from tests.helpers.ingestion import (  # noqa: F401  (spark: a fixture)
+    assert_matches, base_spec, expected_rollup, free_port, generate, read_output, spark,
+    write_parts,
 )
-from tests.test_spark_pipeline import assert_matches
+from tests.helpers.procs import DaemonProcess, wait_for
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the hooks go to executors
 

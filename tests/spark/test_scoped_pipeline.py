@@ -10,15 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from spark_conftest_helpers import read_output, spark  # noqa: F401  (fixtures)
 
 from shuffled.client import ShuffleClient
 from shuffled.protocol import parse_instant
 from shuffled.server.embedded import EmbeddedDaemon
 from shuffled.spark import run_ingestion
 from shuffled.tokens import Scope, mint
+from tests.helpers.ingestion import read_output, spark  # noqa: F401  (fixtures)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_ingestion_with_scoped_tokens_and_spec_quotas(spark: Any, tmp_path: Path,
