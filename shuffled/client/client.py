@@ -8,12 +8,11 @@ Used by Spark executors (upload/download) and the driver (task admin, cleanup). 
 from __future__ import annotations
 
 import http.client
-import json
 from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, BinaryIO
 
-from shuffled.client import pages, partitions, tasks
+from shuffled.client import pages, partitions, supervisor, tasks
 from shuffled.client.answers import json_dict
 from shuffled.client.bulk import Batch
 from shuffled.client.bulk import upload as bulk_upload
@@ -28,7 +27,7 @@ from shuffled.client.download import (
     partition_query,
 )
 from shuffled.client.http import Request, Transport
-from shuffled.client.retry import NO_RETRY, RetryPolicy, ShuffleUnavailable
+from shuffled.client.retry import RetryPolicy, ShuffleUnavailable
 from shuffled.client.status import StatusRoutes
 from shuffled.errors import DigestMismatch, ShuffleError
 from shuffled.protocol import (
@@ -293,66 +292,34 @@ class ShuffleClient:
 
     # -- tasks --------------------------------------------------------------------------
 
+    # -- the supervisor's calls (shuffled.client.supervisor) ------------------------------
+
     def seal(self, supervisor_task_id: str, sub_task_ids: Sequence[str]) -> dict[str, Any]:
-        """``PUT /tasks/{id}/seal``: exactly these subtasks of the task are committed.
-        Idempotent for the same ids; Conflict for different ones or a failed task."""
-        body = json.dumps({"subTaskIds": [validate_id(s, "subTaskId")
-                                          for s in sub_task_ids]}).encode()
-        return self._http.request(Request(
-            "PUT", f"{task_path(supervisor_task_id)}/seal", body=body,
-            headers={"Content-Type": "application/json"}, handle=json_dict,
-            what=f"seal {supervisor_task_id}"))
+        """:func:`.supervisor.seal`."""
+        return supervisor.seal(self._http, supervisor_task_id, sub_task_ids)
 
     def heartbeat(self, supervisor_task_id: str, *,
                   quota: dict[str, int] | None = None) -> dict[str, Any]:
-        """``POST /tasks/{id}/heartbeat``, one try: refreshes the task's expiry; the answer
-        names the daemon's ``instance`` (new after a restart), whether it is ``draining``
-        and what it holds of the task (``bytes``, ``partials``, ``servedBytes``, the
-        ``quota`` in force). ``quota`` (``{"bytes": N, "partials": M}``, 0: no limit) asks
-        for per-task quotas tighter than the daemon's. Raises :class:`ShuffleUnavailable` at
-        once when the daemon does not answer."""
-        body = json.dumps({"quota": quota}).encode() if quota else None
-        return self._http.request(Request("POST", f"{task_path(supervisor_task_id)}/heartbeat",
-                                          body=body, handle=json_dict, policy=NO_RETRY,
-                                          headers={"Content-Type": "application/json"}
-                                          if body else None,
-                                          what=f"heartbeat {supervisor_task_id}"))
+        """:func:`.supervisor.heartbeat`."""
+        return supervisor.heartbeat(self._http, supervisor_task_id, quota=quota)
 
     def fail(self, supervisor_task_id: str) -> None:
-        """``POST /tasks/{id}/fail``: paged reads of the task answer "failed" from now on."""
-        self._http.request(Request("POST", f"{task_path(supervisor_task_id)}/fail",
-                                   handle=lambda resp: resp.read(),
-                                   what=f"fail {supervisor_task_id}"))
+        """:func:`.supervisor.fail`."""
+        supervisor.fail(self._http, supervisor_task_id)
 
     def task_state(self, supervisor_task_id: str, *, known: str | None = None,
                    max_wait: float = 0.0) -> dict[str, Any]:
-        """``GET /tasks/{id}/state``: ``state`` (none, running, sealed, failed) and a
-        ``tag`` that changes with every commit, seal or failure. With ``known`` (a tag) and
-        ``max_wait``, the daemon answers once the tag differs or the wait is over."""
-        query = []
-        if known is not None:
-            query.append(("known", known))
-        if max_wait > 0:
-            query.append(("maxWait", f"{max_wait:g}"))
-        return self._http.request(Request("GET", f"{task_path(supervisor_task_id)}/state",
-                                          query=query, handle=json_dict,
-                                          what=f"state of {supervisor_task_id}"))
+        """:func:`.supervisor.task_state`."""
+        return supervisor.task_state(self._http, supervisor_task_id, known=known,
+                                     max_wait=max_wait)
 
     def declare_lost(self, supervisor_task_id: str, servers: Sequence[str]) -> dict[str, Any]:
-        """``PUT /tasks/{id}/lost``, one try: the driver declared ``servers`` (base URLs)
-        lost; idempotent. The answer lists every daemon declared lost for the task so far."""
-        return self._http.request(Request(
-            "PUT", f"{task_path(supervisor_task_id)}/lost",
-            body=json.dumps({"lost": list(servers)}).encode(),
-            headers={"Content-Type": "application/json"}, handle=json_dict, policy=NO_RETRY,
-            what=f"declare lost for {supervisor_task_id}"))
+        """:func:`.supervisor.declare_lost`."""
+        return supervisor.declare_lost(self._http, supervisor_task_id, servers)
 
     def lost_daemons(self, supervisor_task_id: str) -> list[str]:
-        """``GET /tasks/{id}/lost``, one try: the daemons the task's driver declared lost."""
-        answer = self._http.request(Request("GET", f"{task_path(supervisor_task_id)}/lost",
-                                            handle=json_dict, policy=NO_RETRY,
-                                            what=f"lost daemons of {supervisor_task_id}"))
-        return [str(s) for s in answer.get("lost", [])]
+        """:func:`.supervisor.lost_daemons`."""
+        return supervisor.lost_daemons(self._http, supervisor_task_id)
 
     # -- tasks (listing) ------------------------------------------------------------------
 
