@@ -59,10 +59,14 @@ UI_PATHS = frozenset({"/", "/ui"})
 _OPERATOR = Grant(ANY_TASK, Scope.OPERATOR, math.inf)
 
 
-def required(request: web.Request) -> tuple[str | None, Scope]:
-    """The task (None for a route of no task) and the right ``request`` needs."""
+def required(request: web.Request) -> tuple[str | None, Scope] | None:
+    """The task (None for a route of no task) and the right ``request`` needs; None for a
+    path that is no route (any valid token gets its 404 or 405: a client probing the
+    prefixed health path with its task token falls back to the root one)."""
     resource = request.match_info.route.resource
-    canonical = resource.canonical if resource is not None else ""
+    if resource is None or request.match_info.http_exception is not None:
+        return None
+    canonical = resource.canonical
     if not canonical.startswith(TASK_PATH) or "sup" not in request.match_info:
         return None, Scope.OPERATOR
     method = "GET" if request.method == "HEAD" else request.method
@@ -109,10 +113,7 @@ class Access:
 
 def access_middleware(access: Access, metrics_require_auth: bool) -> Middleware:
     """Refuse a request its token does not open (see the module docstring)."""
-    # The prefixed health path is not a route (a 404), but clients probe it first (a proxy
-    # may pass only the API prefix): it answers its 404 to anyone, so they fall back.
-    open_paths = {HEALTH_PATH, API_PREFIX + HEALTH_PATH} | (
-        set() if metrics_require_auth else {METRICS_PATH})
+    open_paths = {HEALTH_PATH} | (set() if metrics_require_auth else {METRICS_PATH})
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -127,7 +128,10 @@ def access_middleware(access: Access, metrics_require_auth: bool) -> Middleware:
             response = error_response(exc)
             response.headers["WWW-Authenticate"] = 'Bearer realm="shuffled", error="invalid_token"'
             return response
-        sup, right = required(request)
+        needed = required(request)
+        if needed is None:
+            return await handler(request)
+        sup, right = needed
         if not grant.opens(sup, right):
             request[REJECT_REASON] = "forbidden"
             where = f"task {sup}" if sup is not None else f"{request.path} (operator only)"

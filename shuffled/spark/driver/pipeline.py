@@ -89,9 +89,12 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
     servers = [u.strip().rstrip("/") for u in shuffle_servers if u.strip()]
     if not servers:
         raise ValueError("at least one shuffle server URL is needed")
-    _check_reachable(servers, token, ca_file)
     say = progress or (lambda _msg: None)
     task_id = _task_id(s)
+    auth = (Auth.scoped(signing_secret, task_id, s.shuffle_token_seconds, ca_file)
+            if signing_secret else Auth(token, ca_file))
+    token = auth.token  # the driver's own from here on (admin of this task when scoped)
+    _check_reachable(servers, token, ca_file)
     version = format_instant(int(time.time() * 1000))
     if remote.scheme(output_dir) == "s3":
         # Segments are staged on local disk and uploaded when published (phase2.publish).
@@ -104,9 +107,6 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
     spark, created = get_session(master)
     staging = os.path.join(local_dir, f".staging-{task_id}")
     segments = segment_dir(local_dir, version)
-    auth = (Auth.scoped(signing_secret, task_id, s.shuffle_token_seconds, ca_file)
-            if signing_secret else Auth(token, ca_file))
-    token = auth.token  # the driver's own from here on (admin of this task when scoped)
     ctx = JobContext(spark, s, files, tuple(servers), task_id, report, staging, segments,
                      auth, reader, say, hooks)
     monitor = Monitor(task_id, servers, token=token, ca_file=ca_file,
