@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from shuffled.client import ShuffleClient
+from shuffled.errors import SealedConflict
 from shuffled.protocol import Interval, PartialKey, PartitionKey
 from shuffled.storage import layout, migrate
 from shuffled.storage.migrate import migrate_location
@@ -90,8 +91,12 @@ def test_a_format_2_location_is_refused_then_migrated_in_place(tmp_path: Path,
         assert client.task_state("task1")["state"] == "sealed"  # the seal is kept
         listing = client.task("task1")
         assert listing is not None and listing["files"] == 6
-        # An ordinary location now: a replace and a delete work.
-        k = next(iter(expected))
+        # An ordinary location now: a replace (of the unsealed task: a sealed subtask's
+        # partials never change) and a delete work.
+        sealed = next(k for k in expected if k.supervisor_task_id == "task1")
+        with pytest.raises(SealedConflict):
+            client.put_partial(sealed, client.get_partial(sealed))
+        k = next(k for k in expected if k.supervisor_task_id == "task2")
         client.put_partial(k, client.get_partial(_key(str(k))))
         client.delete_task("task2")
         assert not (loc / "task2").exists() and catalog_rows(loc, "task2") == []
