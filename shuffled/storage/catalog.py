@@ -309,3 +309,10 @@ class Catalog:
             f'SELECT {_COLS} FROM partials WHERE sup = ? AND (start, "end", pid, sub) > '
             f'(?, ?, ?, ?) ORDER BY start, "end", pid, sub LIMIT ?',
             (sup, *after, limit)).fetchall()
+
+    @_disk_errors
+    def task_rows(self, sup: str) -> list[Row]:
+        """Every row of ``sup`` (writer thread: the deep-storage offload's manifest)."""
+        return self.writer.execute(
+            f"SELECT {_COLS} FROM partials WHERE sup = ? ORDER BY pack, \"offset\"",
+            (sup,)).fetchall()
