@@ -269,7 +269,7 @@ FIELDS: tuple[Field, ...] = (
           "tier is derived from; required with deep_storage", "--deep-storage-key-file",
           "PATH"),
     Field("deep_storage_concurrency", _positive_int,
-          "packs copied to (or read back from) the tier at once",
+          "packs copied to the tier at once (reads from the tier get two threads more)",
           "--deep-storage-concurrency", "N"),
     Field("deep_storage_bandwidth", parse_size,
           "bytes per second the offload may send to the tier (0: no limit)",

@@ -171,8 +171,10 @@ class Store:
         """:meth:`.seals.Seals.seal`; readers waiting on the task hear of it."""
         new = await self._seals.seal(supervisor_task_id, sub_task_ids)
         self._notify(supervisor_task_id)
-        if new and self.deep is not None:
-            self.deep.offload(supervisor_task_id)  # in the background
+        if self.deep is not None:
+            # In the background; a repeated seal retries an offload that failed (a job
+            # finds a complete copy of the same seal at once and ends).
+            self.deep.offload(supervisor_task_id)
         return new
 
     def fail(self, supervisor_task_id: str, *, deleted: bool = False) -> None:

@@ -11,9 +11,11 @@ wins. Versioned: a file of another version is refused at start.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
+import uuid
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -79,7 +81,7 @@ def write(root: Path, entry: Entry, fsync: bool) -> None:
     directory = journal_dir(root)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{entry.sup}.json"
-    tmp = path.with_name(f".{entry.sup}.json.tmp")
+    tmp = path.with_name(f".{entry.sup}.json.{uuid.uuid4().hex}.tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(entry.to_json(), fh)
         if fsync:
@@ -121,6 +123,7 @@ class Journal:
         self.threads = threads
         self.fsync = fsync
         self.entries: dict[str, Entry] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
 
     async def load(self) -> None:
         for loc in self.locations:
@@ -133,14 +136,18 @@ class Journal:
         """Persist ``entry`` on every healthy location; OSError if on none."""
         self.entries[entry.sup] = entry
         written, failure = 0, None
-        for loc in self.locations:
-            if not loc.healthy:
-                continue
-            try:
-                await self.threads.run(write, loc.path, entry, self.fsync)
-                written += 1
-            except OSError as exc:
-                failure = failure or exc
+        lock = self._locks.setdefault(entry.sup, asyncio.Lock())
+        async with lock:  # copies of one task finishing together save one after the other
+            for loc in self.locations:
+                if not loc.healthy:
+                    continue
+                try:
+                    await self.threads.run(write, loc.path, entry, self.fsync)
+                    written += 1
+                except OSError as exc:
+                    failure = failure or exc
+        if not lock.locked():
+            self._locks.pop(entry.sup, None)
         if not written:
             raise failure or OSError("no healthy location for the deep-storage journal")
 

@@ -94,6 +94,14 @@ def copy_pack(tier: Tier, key: bytes, sup: str, name: str, path: Path, throttle:
     return Copied(name, size, crc)
 
 
+def put_manifest(tier: Tier, key: bytes, sup: str, instance: str, subs: list[str],
+                 packs: dict[str, Copied], rows: list[tuple[int, Row]]) -> None:
+    """Build, encrypt and write the task's manifest (blocking: thousands of rows)."""
+    name = manifest.manifest_object(sup, instance)
+    body = manifest.build(sup=sup, instance=instance, subs=subs, packs=packs, rows=rows)
+    tier.put(name, [crypt.encrypt(key, sup, name, body)])
+
+
 class Offloader:
     """One job per task being offloaded (event loop)."""
 
@@ -219,12 +227,9 @@ class Offloader:
             if isinstance(outcome, BaseException):
                 raise outcome
         entry.packs = {k: c for k, c in entry.packs.items() if k in wanted}
-        body = manifest.build(sup=sup, instance=instance, subs=sorted(subs),
-                              packs=entry.packs, rows=rows)
-        name = manifest.manifest_object(sup, instance)
-        sealed = crypt.encrypt(key, sup, name, body)
         await asyncio.get_running_loop().run_in_executor(
-            self.executor, self.tier.put, name, [sealed])
+            self.executor, put_manifest, self.tier, key, sup, instance, sorted(subs),
+            dict(entry.packs), rows)
         if stop.is_set():
             raise Stopped()
         entry.complete = True
