@@ -358,3 +358,65 @@ async def test_deep_storage_is_off_by_default_and_needs_a_key(
         make_settings(deep_storage="s3://bucket/prefix", deep_storage_key_file=str(short))
     with pytest.raises(ConfigError, match="deep_storage"):
         make_settings(deep_storage="file:///tmp/x")
+
+
+def _put(url: str, body: bytes | None = None, json_body: Any = None) -> int:
+    import json
+    import urllib.request
+
+    data = body if json_body is None else json.dumps(json_body).encode()
+    kind = "application/json" if body is None else "application/vnd.apache.arrow.stream"
+    request = urllib.request.Request(url, data=data, method="PUT",
+                                     headers={"Content-Type": kind})
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        return int(resp.status)
+
+
+def test_a_daemon_killed_mid_offload_resumes_after_restart(tier: dict[str, Any],
+                                                          tmp_path: Path) -> None:
+    """SIGKILL (no chance to stop cleanly) after the first pack reached the tier; the
+    daemon restarted on the same locations finishes the copy under the same name."""
+    from tests.helpers.procs import DaemonProcess, http_get, metric_value, wait_for
+
+    locations = [tmp_path / "k0", tmp_path / "k1"]
+    deep = ["--deep-storage", f"s3://{tier['base']}",
+            "--deep-storage-key-file", str(tmp_path / "deep.key")]
+    slow = DaemonProcess(locations, *deep, "--pack-max-bytes", "64KiB",
+                         "--deep-storage-concurrency", "1", "--deep-storage-bandwidth", "200KB",
+                         log_path=tmp_path / "first.log")
+    url = slow.start()
+    try:
+        task = f"{url}{PREFIX}/tasks/killed-1"
+        query = "&".join(f"{k}={v}" for k, v in DAY.items())
+        for s in range(2):
+            for p in range(4):
+                assert _put(f"{task}/sub{s}/partition?{query}&partitionId={p}",
+                            _arrow(_table(s * 10 + p, blob=100_000))) == 201
+        assert _put(f"{task}/seal", json_body={"subTaskIds": ["sub0", "sub1"]}) == 200
+
+        def copied() -> float:
+            text = http_get(f"{url}/metrics")[2].decode()
+            return metric_value(text, "shuffled_deep_offloaded_packs_total") or 0.0
+        wait_for(lambda: copied() >= 1, "the first pack's copy", timeout=WAIT)
+    finally:
+        slow.kill()
+    packs = sum(len(pack_files(loc, "killed-1")) for loc in locations)
+    first = _objects(tier["fs"], f"{tier['base']}/killed-1")
+    (instance,) = {n.split("/")[0] for n in first}
+    assert f"{instance}/{manifest.MANIFEST_NAME}" not in first
+    assert 1 <= len(first) < packs
+
+    with DaemonProcess(locations, *deep, log_path=tmp_path / "second.log") as again:
+        def done() -> bool:
+            text = http_get(f"{again.url}/metrics")[2].decode()
+            return metric_value(text, "shuffled_deep_offload_pending_tasks") == 0
+        wait_for(done, "the resumed offload", timeout=WAIT)
+        text = http_get(f"{again.url}/metrics")[2].decode()
+        assert metric_value(text, "shuffled_deep_errors_total") == 0, again.log_tail()
+    objects = _objects(tier["fs"], f"{tier['base']}/killed-1")
+    assert {n.split("/")[0] for n in objects} == {instance}
+    assert f"{instance}/{manifest.MANIFEST_NAME}" in objects, sorted(objects)
+    key = crypt.task_key(tier["secret"], "killed-1")
+    local = sorted(p.read_bytes() for loc in locations for p in pack_files(loc, "killed-1"))
+    assert sorted(crypt.decrypt(key, "killed-1", f"killed-1/{n}", d)
+                  for n, d in objects.items() if n.endswith(".pack")) == local
