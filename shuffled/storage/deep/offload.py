@@ -1,7 +1,8 @@
 """The background copier: a sealed task's packs, then its manifest, to the tier.
 
 A task sealed here (or found sealed and not fully offloaded at start) gets one job, an
-asyncio task: it reads the task's catalog rows (each location's writer thread, one query),
+asyncio task: it reads the task's catalog rows (one query per location, on the tier's
+threads with a connection of their own),
 copies each pack not yet in the journal (or grown since) on the tier's own threads, at most
 ``deep_storage_concurrency`` at once over all tasks and at most ``deep_storage_bandwidth``
 bytes a second, records each copy in the journal, and writes the manifest last. Nothing of
@@ -193,7 +194,8 @@ class Offloader:
     async def _rows(self, sup: str) -> list[tuple[int, Row]]:
         rows: list[tuple[int, Row]] = []
         for loc, catalog in zip(self.locations, self.catalogs, strict=True):
-            found = await self.threads.on_writer(loc.index, catalog.task_rows, sup)
+            found = await asyncio.get_running_loop().run_in_executor(
+                self.executor, catalog.task_rows, sup)
             rows.extend((loc.index, r) for r in found)
         return rows
 

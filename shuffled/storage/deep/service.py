@@ -96,7 +96,8 @@ class DeepStorage:
         await self.offloader.close()
         if self._background:
             await asyncio.wait(list(self._background), timeout=30)
-        self.executor.shutdown(wait=True, cancel_futures=True)
+        # Off the loop: a thread may still be in a request to the tier.
+        await asyncio.to_thread(self.executor.shutdown, True, cancel_futures=True)
 
     async def idle(self) -> None:
         """Until no offload is running (tests and the drain)."""
