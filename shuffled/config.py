@@ -135,6 +135,16 @@ def _opt_str(value: Any, name: str) -> str | None:
     return text or None
 
 
+def _deep_storage_uri(value: Any, name: str) -> str | None:
+    text = _opt_str(value, name)
+    if text is None:
+        return None
+    bucket = text[len("s3://"):].split("/", 1)[0] if text.startswith("s3://") else ""
+    if not bucket:
+        raise ConfigError(f"{name}: {text!r} is not s3://BUCKET[/PREFIX]", setting=name)
+    return text.rstrip("/")
+
+
 def _port(value: Any, name: str) -> int:
     try:
         port = int(value)
@@ -249,6 +259,21 @@ FIELDS: tuple[Field, ...] = (
           "log one line per request on the shuffled.access logger (fields in docs/ops.md)",
           "--access-log", "BOOL"),
     Field("log_level", lambda v, n: str(v).upper(), "logging level", "--log-level", "LEVEL"),
+    Field("deep_storage", _deep_storage_uri,
+          "object-store tier s3://BUCKET/PREFIX: sealed tasks are copied there in the "
+          "background, encrypted, and reads fall back to it (docs/deep-storage.md); "
+          "credentials and endpoint from the standard AWS environment",
+          "--deep-storage", "URI"),
+    Field("deep_storage_key_file", _opt_str,
+          "file holding the secret (at least 32 bytes) each task's AES-256-GCM key for the "
+          "tier is derived from; required with deep_storage", "--deep-storage-key-file",
+          "PATH"),
+    Field("deep_storage_concurrency", _positive_int,
+          "packs copied to the tier at once (reads from the tier get two threads more)",
+          "--deep-storage-concurrency", "N"),
+    Field("deep_storage_bandwidth", parse_size,
+          "bytes per second the offload may send to the tier (0: no limit)",
+          "--deep-storage-bandwidth", "SIZE"),
 )
 FIELD_BY_NAME = {f.name: f for f in FIELDS}
 
@@ -286,6 +311,11 @@ class Settings:
     failed_read_delay: float = 0.25
     access_log: bool = True
     log_level: str = "INFO"
+    deep_storage: str | None = None
+    deep_storage_key_file: str | None = None
+    deep_storage_key: bytes = field(default=b"", repr=False)
+    deep_storage_concurrency: int = 2
+    deep_storage_bandwidth: int = 0
 
     def validated(self) -> Settings:
         """Check cross-field rules; read the token file. Raises ConfigError naming the setting."""
@@ -328,7 +358,30 @@ class Settings:
             if any(len(s) < 16 for s in secrets):
                 raise ConfigError("signing_secret_file: a secret is shorter than 16 characters",
                                   setting="signing_secret_file")
-        return replace(self, auth_token=token, signing_secrets=secrets)
+        return replace(self, auth_token=token, signing_secrets=secrets,
+                       deep_storage_key=self._deep_key())
+
+    def _deep_key(self) -> bytes:
+        """The tier's master secret, read from deep_storage_key_file (required with
+        deep_storage: data in the tier is always encrypted)."""
+        if not self.deep_storage:
+            return self.deep_storage_key
+        if not self.deep_storage_key_file:
+            if len(self.deep_storage_key) >= 32:
+                return self.deep_storage_key
+            raise ConfigError("deep_storage_key_file: required with deep_storage (data in "
+                              "the tier is always encrypted)", setting="deep_storage_key_file")
+        try:
+            key = Path(self.deep_storage_key_file).read_bytes().strip()
+        except OSError as exc:
+            raise ConfigError(f"deep_storage_key_file: cannot read "
+                              f"{self.deep_storage_key_file}: {exc.strerror}",
+                              setting="deep_storage_key_file") from None
+        if len(key) < 32:
+            raise ConfigError("deep_storage_key_file: the secret is shorter than 32 bytes "
+                              "(make one with: head -c 32 /dev/urandom | base64)",
+                              setting="deep_storage_key_file")
+        return key
 
 
 def _apply(values: dict[str, Any], source: Mapping[str, Any], origin: str) -> None:

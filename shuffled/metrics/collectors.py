@@ -8,6 +8,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from shuffled.storage import Store
+from shuffled.storage.deep import DeepStats
 
 
 class StoreCollector(Collector):
@@ -88,6 +89,22 @@ class StoreCollector(Collector):
         yield GaugeMetricFamily("shuffled_expiry_overdue_seconds",
                                 "How long past its expiry the most overdue task held is "
                                 "(0 when none is).", value=max(overdue, default=0.0))
+        # Deep storage (shuffled.storage.deep): zero without it.
+        deep = self._store.deep
+        stats = deep.stats if deep is not None else DeepStats()
+        yield CounterMetricFamily("shuffled_deep_offloaded_bytes", "Pack bytes copied to "
+                                  "the deep-storage tier (before encryption).",
+                                  value=stats.offloaded_bytes)
+        yield CounterMetricFamily("shuffled_deep_offloaded_packs", "Packs copied to the "
+                                  "deep-storage tier.", value=stats.offloaded_packs)
+        yield GaugeMetricFamily("shuffled_deep_offload_pending_tasks", "Sealed tasks being "
+                                "copied to the deep-storage tier or waiting to be.",
+                                value=deep.pending if deep is not None else 0)
+        yield CounterMetricFamily("shuffled_deep_read_bytes", "Pack bytes read back from the "
+                                  "deep-storage tier (packs no longer local).",
+                                  value=stats.read_bytes)
+        yield CounterMetricFamily("shuffled_deep_errors", "Deep-storage operations that "
+                                  "failed (offload, read-back, deletion).", value=stats.errors)
         if self._in_flight is not None:
             gauge = GaugeMetricFamily("shuffled_in_flight_requests",
                                       "Uploads and downloads in progress.", labels=["kind"])

@@ -80,7 +80,15 @@ async def _plan(state: DaemonState, key: PartitionKey, subs: list[str] | None, t
     and whether the partition is complete with it; past the seal, the next token carries
     SEALED_FLAG."""
     metas, held_back, sealed = state.store.view(key, subs, token)
-    page = await state.store.run(plan_page, metas, token, max_bytes)
+    await state.store.localize(metas)
+    try:
+        page = await state.store.run(plan_page, metas, token, max_bytes)
+    except FileNotFoundError:
+        # A pack no longer local: read back from deep storage if it was offloaded (else
+        # deleted meanwhile, as before).
+        if not await state.store.localize(metas, missing=True):
+            raise
+        page = await state.store.run(plan_page, metas, token, max_bytes)
     if sealed and page.next_token:  # 0 stays 0: the start is the start
         page.next_token |= SEALED_FLAG
     return page, metas, sealed and page.at_end and not held_back

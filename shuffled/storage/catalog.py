@@ -309,3 +309,16 @@ class Catalog:
             f'SELECT {_COLS} FROM partials WHERE sup = ? AND (start, "end", pid, sub) > '
             f'(?, ?, ?, ?) ORDER BY start, "end", pid, sub LIMIT ?',
             (sup, *after, limit)).fetchall()
+
+    @_disk_errors
+    def task_rows(self, sup: str) -> list[Row]:
+        """Every row of ``sup``, through a connection of its own (any thread: the
+        deep-storage offload reads them on its threads, not the writer's)."""
+        conn = self.connect_reader()
+        try:
+            rows: list[Row] = conn.execute(
+                f"SELECT {_COLS} FROM partials WHERE sup = ? ORDER BY pack, \"offset\"",
+                (sup,)).fetchall()
+            return rows
+        finally:
+            conn.close()

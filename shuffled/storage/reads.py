@@ -4,6 +4,11 @@ Queries run on the event loop against each location's catalog reader (point look
 index range scans: microseconds to a few milliseconds). A key can briefly have an older
 copy in another location (replaced there, forgotten in the background): the newest
 generation always wins.
+
+With deep storage, a pack that is no longer local (its file missing, or its location out
+of service) but was offloaded is read back from the tier into a local cache file
+(:mod:`.deep.readback`) and the partials' metas point at it: every read path then serves
+it as it serves any pack, so answers, digests, tokens and ranges stay the same.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from shuffled.errors import BadRequest, Conflict, NotFound
 from shuffled.protocol import PartialKey, PartitionKey
 from shuffled.storage.book import TaskBook
 from shuffled.storage.catalog import Catalog, Row
+from shuffled.storage.deep import DeepStorage
 from shuffled.storage.location import Location
 from shuffled.storage.oserrors import translate
 from shuffled.storage.records import PartialMeta
@@ -61,14 +67,44 @@ class Reader:
     threads."""
 
     def __init__(self, locations: Sequence[Location], catalogs: Sequence[Catalog],
-                 book: TaskBook, threads: IoThreads) -> None:
+                 book: TaskBook, threads: IoThreads, deep: DeepStorage | None = None) -> None:
         self.locations = list(locations)
         self.catalogs = list(catalogs)
         self.book = book
         self.threads = threads
+        self.deep = deep
 
     def _meta(self, index: int, row: Row) -> PartialMeta:
-        return PartialMeta.from_row(row, index, self.locations[index].path)
+        meta = PartialMeta.from_row(row, index, self.locations[index].path)
+        if self.deep is not None:
+            cached = self.deep.cached_path(meta.key.supervisor_task_id, index, meta.pack)
+            if cached is not None:
+                meta.path = cached
+        return meta
+
+    async def localize(self, metas: Sequence[PartialMeta], *, missing: bool = False) -> bool:
+        """Point the metas of offloaded packs that are not local at copies read back from
+        the tier: those of a location out of service, and with ``missing`` those whose
+        file is gone (one look on the I/O threads). Whether any was."""
+        if self.deep is None:
+            return False
+        groups: dict[tuple[int, int], list[PartialMeta]] = {}
+        for meta in metas:
+            if self.deep.copied(meta) is not None and self.deep.cached_path(
+                    meta.key.supervisor_task_id, meta.location, meta.pack) is None:
+                groups.setdefault((meta.location, meta.pack), []).append(meta)
+        if not groups:
+            return False
+        away = [k for k in groups if not self.locations[k[0]].healthy]
+        if missing:
+            rest = [(k, groups[k][0].path) for k in groups if k not in away]
+
+            def gone() -> list[tuple[int, int]]:
+                return [k for k, path in rest if not path.exists()]
+            away += await self.threads.run(gone)
+        for k in away:
+            await self.deep.local_copy(groups[k])
+        return bool(away)
 
     def lookup(self, key: PartialKey) -> PartialMeta:
         found: PartialMeta | None = None
@@ -164,8 +200,11 @@ class Reader:
         for _ in range(5):
             meta = self.lookup(key)
             try:
+                await self.localize([meta])
                 return meta, await self.threads.run(open, meta.path, "rb", 0)
             except FileNotFoundError:
+                if await self.localize([meta], missing=True):
+                    return meta, await self.threads.run(open, meta.path, "rb", 0)
                 await asyncio.sleep(0)  # deleted meanwhile: look again
                 continue
             except OSError as exc:
@@ -174,6 +213,15 @@ class Reader:
 
     async def open_many(self, metas: Sequence[PartialMeta]) -> list[IO[bytes]]:
         """Open the packs of ``metas`` (each once) up front; one file object per meta."""
+        await self.localize(metas)
+        try:
+            return await self._open_many(metas)
+        except Conflict:
+            if not await self.localize(metas, missing=True):
+                raise
+        return await self._open_many(metas)
+
+    async def _open_many(self, metas: Sequence[PartialMeta]) -> list[IO[bytes]]:
         paths = list(dict.fromkeys(m.path for m in metas))
 
         def _open_all() -> dict[Path, IO[bytes]]:

@@ -5,7 +5,8 @@ land first; then its rows go from every catalog and its packs from every locatio
 first: a pack without rows is an orphan recovery removes). A location that cannot remove
 everything (a read-only disk) is remembered and retried (each sweep, or a retried DELETE),
 and the DELETE fails rather than claim success: left alone, the data would be served again
-after a restart.
+after a restart. With deep storage, the task's objects in the tier go too (a tier that
+fails is retried each sweep, see :meth:`.deep.DeepStorage.forget`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from shuffled.storage.book import TaskBook
 from shuffled.storage.catalog import Catalog
+from shuffled.storage.deep import DeepStorage
 from shuffled.storage.inflight import Uploads
 from shuffled.storage.location import Location
 from shuffled.storage.oserrors import marks_unhealthy, translate
@@ -43,7 +45,8 @@ class Removal:
 
     def __init__(self, *, locations: Sequence[Location], catalogs: Sequence[Catalog],
                  threads: IoThreads, book: TaskBook, uploads: Uploads, packs: PackSource,
-                 seals: Seals, notify: Callable[[str], None]) -> None:
+                 seals: Seals, notify: Callable[[str], None],
+                 deep: DeepStorage | None = None) -> None:
         self.locations = list(locations)
         self.catalogs = list(catalogs)
         self.threads = threads
@@ -52,6 +55,7 @@ class Removal:
         self.packs = packs
         self.seals = seals
         self.notify = notify
+        self.deep = deep
         # Supervisor tasks a DELETE could not fully remove -> indexes of those locations.
         self.leftovers: dict[str, set[int]] = {}
 
@@ -90,6 +94,8 @@ class Removal:
                 raise translate(error, str(where.path), f"deleting supervisor task {sup}")
             self.leftovers.pop(sup, None)
             await self.seals.remove(sup)
+            if self.deep is not None:
+                await self.deep.forget(sup)
         self.notify(sup)
         return entry
 
@@ -104,6 +110,8 @@ class Removal:
         """Retry removing what failed DELETEs left on locations now healthy; returns the
         supervisor tasks fully removed. A task written again since is live data: skipped."""
         done = []
+        if self.deep is not None:
+            await self.deep.retry_deletions()
         for sup in list(self.leftovers):
             async with self.uploads.lock(sup):
                 where = self.leftovers.get(sup, set())

@@ -16,7 +16,9 @@ those that need it through their constructors.
 - :class:`~.seals.Seals` and :class:`~.removal.Removal`: seals, and deleting tasks;
 - :class:`~.verdicts.Verdicts`: the daemons a task's driver declared lost;
 - :class:`~.reads.Reader`: lookups, partitions, pages and opening packs;
-- :mod:`.startup`: locking, checking and reconciling the locations at start.
+- :mod:`.startup`: locking, checking and reconciling the locations at start;
+- :class:`~.deep.DeepStorage` (with ``deep_storage`` only): sealed tasks copied to an
+  object-store tier in the background, reads of packs no longer local served from it.
 
 A DELETE of a task refuses its uploads still in flight, lets commits already under way
 land, then removes the task's rows and packs under the task's lock.
@@ -38,6 +40,7 @@ from shuffled.storage.book import TaskBook
 from shuffled.storage.catalog import Catalog
 from shuffled.storage.commit import GroupCommit
 from shuffled.storage.committer import Committer
+from shuffled.storage.deep import DeepStorage
 from shuffled.storage.horizon import Horizon
 from shuffled.storage.inflight import Uploads
 from shuffled.storage.location import Location
@@ -90,10 +93,16 @@ class Store:
         self._seals = Seals(locations=self.locations, threads=self.threads,
                             uploads=self.uploads, book=self.book, fsync=settings.fsync,
                             mark_ttl=settings.expiry_timeout)
+        self.deep = (DeepStorage(settings=settings, locations=self.locations,
+                                 catalogs=self.catalogs, threads=self.threads,
+                                 seals=self._seals.sealed)
+                     if settings.deep_storage else None)
         self.removal = Removal(locations=self.locations, catalogs=self.catalogs,
                                threads=self.threads, book=self.book, uploads=self.uploads,
-                               packs=self.packs, seals=self._seals, notify=self._notify)
-        self.reader = Reader(self.locations, self.catalogs, self.book, self.threads)
+                               packs=self.packs, seals=self._seals, notify=self._notify,
+                               deep=self.deep)
+        self.reader = Reader(self.locations, self.catalogs, self.book, self.threads,
+                             deep=self.deep)
         self.admission = Admission(seals=self._seals, book=self.book,
                                    quota=Quota(settings.task_quota_bytes,
                                                settings.task_quota_partials))
@@ -119,8 +128,12 @@ class Store:
                                     self.generations, self.packs, self._seals)
         self.recovered_partials = opened.recovered
         self.dropped_on_recovery = opened.dropped
+        if self.deep is not None:
+            await self.deep.start()
 
     async def close(self) -> None:
+        if self.deep is not None:
+            await self.deep.close()
         for commit in self.commits:
             await commit.idle()
         await self.packs.close()
@@ -158,6 +171,10 @@ class Store:
         """:meth:`.seals.Seals.seal`; readers waiting on the task hear of it."""
         new = await self._seals.seal(supervisor_task_id, sub_task_ids)
         self._notify(supervisor_task_id)
+        if self.deep is not None:
+            # In the background; a repeated seal retries an offload that failed (a job
+            # finds a complete copy of the same seal at once and ends).
+            self.deep.offload(supervisor_task_id)
         return new
 
     def fail(self, supervisor_task_id: str, *, deleted: bool = False) -> None:
@@ -316,6 +333,11 @@ class Store:
         or the new bytes complete, or NotFound, never a mix (packs are append-only).
         """
         return await self.reader.open_partial(key)
+
+    async def localize(self, metas: Sequence[PartialMeta], *, missing: bool = False) -> bool:
+        """:meth:`.reads.Reader.localize`: packs no longer local read back from deep
+        storage."""
+        return await self.reader.localize(metas, missing=missing)
 
     async def open_many(self, metas: Sequence[PartialMeta]) -> list[IO[bytes]]:
         """Open the packs of ``metas`` (each once) up front; one file object per meta."""

@@ -1,0 +1,83 @@
+"""Reading a pack back from the tier when it is no longer local.
+
+The simplest way that keeps every read path as it is (sendfile, pages, Range, the slow
+path's memory map): fetch the whole pack object, decrypt it chunk by chunk into a cache
+file under a healthy location's ``.shuffled/deep-cache/<supervisorTaskId>/``, check it
+against the CRC32C recorded when it was copied and each partial read against the CRC32C
+its upload stored, then rename it into place and serve it like any pack. A cached pack is
+used again until the task is deleted (removing its cache too). A cached file name carries
+the copy's CRC32C, so a pack copied again after growing is fetched again.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+from shuffled.crc import crc32c
+from shuffled.protocol import crc_hex
+from shuffled.storage.deep import crypt
+from shuffled.storage.deep.journal import Copied
+from shuffled.storage.deep.tier import Tier
+from shuffled.storage.layout import meta_dir
+from shuffled.storage.records import PartialMeta
+
+CACHE_DIR = "deep-cache"
+VERIFY_CHUNK = 1 << 20
+
+
+class Mismatch(ValueError):
+    """What came back is not what was copied."""
+
+
+def cache_dir(root: Path, sup: str) -> Path:
+    return meta_dir(root) / CACHE_DIR / sup
+
+
+def cache_path(root: Path, sup: str, key: str, copied: Copied) -> Path:
+    return cache_dir(root, sup) / f"{key}.{crc_hex(copied.crc)}.pack"
+
+
+def _crc_range(fd: int, offset: int, length: int, crc: int = 0) -> int:
+    done = 0
+    while done < length:
+        chunk = os.pread(fd, min(VERIFY_CHUNK, length - done), offset + done)
+        if not chunk:
+            raise Mismatch(f"short pack: {length - done} bytes missing at {offset + done}")
+        crc = crc32c(chunk, crc)
+        done += len(chunk)
+    return crc
+
+
+def fetch(tier: Tier, key: bytes, sup: str, copied: Copied, dest: Path,
+          metas: Sequence[PartialMeta]) -> int:
+    """Fetch, decrypt and check the pack ``copied`` into ``dest`` (blocking); the bytes."""
+    if dest.exists():
+        return 0
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        crc, size = 0, 0
+        with open(tmp, "wb") as out:
+            for piece in crypt.decrypt_stream(key, sup, copied.object, tier.get(copied.object)):
+                out.write(piece)
+                crc = crc32c(piece, crc)
+                size += len(piece)
+        if size != copied.size or crc != copied.crc:
+            raise Mismatch(f"{copied.object}: {size} bytes with CRC32C {crc_hex(crc)} came "
+                           f"back, {copied.size} with {crc_hex(copied.crc)} were copied")
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            for meta in metas:  # the CRC32C each partial's upload stored
+                if (_crc_range(fd, meta.schema_at, meta.schema_len) != meta.schema_crc
+                        or _crc_range(fd, meta.offset, meta.body_len) != meta.body_crc):
+                    raise Mismatch(f"{copied.object}: partial {meta.key} differs from its "
+                                   "upload's CRC32C")
+        finally:
+            os.close(fd)
+        os.replace(tmp, dest)
+        return size
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -1,0 +1,218 @@
+"""Deep storage for the store: what it asks of the tier, in one object.
+
+:class:`DeepStorage` composes the tier (:mod:`.tier`), the per-task keys (:mod:`.crypt`),
+the journal (:mod:`.journal`), the background copier (:mod:`.offload`) and the read-back
+(:mod:`.readback`). The store calls it at five points: :meth:`start` after opening (resume
+what a restart interrupted), :meth:`offload` after a seal, :meth:`local_copy` when a pack
+to be read is not local, :meth:`forget` when a task is deleted or expires, and
+:meth:`close`. Its blocking work runs on its own threads, so a slow or failing tier
+never takes the threads uploads and reads run on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from shuffled.config import Settings
+from shuffled.errors import CorruptData, LocationFailed, Overloaded
+from shuffled.storage.catalog import Catalog
+from shuffled.storage.deep import crypt, manifest, readback
+from shuffled.storage.deep.instance import instance_id
+from shuffled.storage.deep.journal import Copied, Entry, Journal
+from shuffled.storage.deep.offload import DeepStats, Offloader
+from shuffled.storage.deep.tier import Tier
+from shuffled.storage.location import Location
+from shuffled.storage.records import PartialMeta
+from shuffled.storage.threads import IoThreads
+
+log = logging.getLogger("shuffled.storage")
+
+
+class DeepStorage:
+    """The tier behind the locations (event loop; blocking work on its own threads)."""
+
+    def __init__(self, *, settings: Settings, locations: Sequence[Location],
+                 catalogs: Sequence[Catalog], threads: IoThreads,
+                 seals: Mapping[str, frozenset[str]],
+                 environ: Mapping[str, str] | None = None) -> None:
+        assert settings.deep_storage, "deep storage is not configured"
+        self.tier = Tier(settings.deep_storage, os.environ if environ is None else environ)
+        self.secret = settings.deep_storage_key
+        self.locations = list(locations)
+        self.threads = threads
+        self.seals = seals
+        # Offload copies take at most `concurrency` of these; the rest serve read-backs.
+        self.executor = ThreadPoolExecutor(settings.deep_storage_concurrency + 2,
+                                           thread_name_prefix="shuffled-deep")
+        self.stats = DeepStats()
+        self.journal = Journal(locations, threads, settings.fsync)
+        self.instance = ""
+        self.offloader = Offloader(
+            tier=self.tier, secret=self.secret, instance=lambda: self.instance,
+            locations=locations, catalogs=catalogs, threads=threads, executor=self.executor,
+            journal=self.journal, seals=seals.get, stats=self.stats,
+            concurrency=settings.deep_storage_concurrency,
+            bandwidth=settings.deep_storage_bandwidth)
+        # Packs read back: (sup, location, pack) -> the cached file (see :mod:`.readback`).
+        self.cached: dict[tuple[str, int, int], Path] = {}
+        self._fetches: dict[tuple[str, int, int], asyncio.Future[Path]] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+
+    @property
+    def pending(self) -> int:
+        return self.offloader.pending
+
+    async def _tier(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Name this daemon (stable across restarts), read the journal, resume offloads a
+        restart interrupted, and retry deletions of the tier's copies still owed."""
+        self.instance = await self.threads.run(instance_id, [loc.path for loc in self.locations])
+        await self.journal.load()
+        owed = [sup for sup, e in self.journal.entries.items()
+                if e.deleting or sup not in self.seals]
+        if owed:
+            task = asyncio.get_running_loop().create_task(self._delete_all(owed))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+        for sup, subs in list(self.seals.items()):
+            entry = self.journal.entries.get(sup)
+            if entry is None or not entry.complete or entry.subs != subs:
+                self.offloader.request(sup)
+        log.info("deep storage %s as instance %s: %d tasks to offload", self.tier.uri,
+                 self.instance, self.offloader.pending)
+
+    async def close(self) -> None:
+        await self.offloader.close()
+        if self._background:
+            await asyncio.wait(list(self._background), timeout=30)
+        # Off the loop: a thread may still be in a request to the tier.
+        await asyncio.to_thread(self.executor.shutdown, True, cancel_futures=True)
+
+    async def idle(self) -> None:
+        """Until no offload is running (tests and the drain)."""
+        await self.offloader.idle()
+
+    # -- offload and deletion -----------------------------------------------------------
+
+    def offload(self, sup: str) -> None:
+        """``sup`` was sealed: copy it (again) in the background."""
+        self.offloader.request(sup)
+
+    def offloaded(self, sup: str) -> bool:
+        entry = self.journal.entries.get(sup)
+        return entry is not None and entry.complete and not entry.deleting
+
+    async def forget(self, sup: str) -> None:
+        """``sup`` is deleted here: stop its offload, remove its objects from the tier and
+        its read-back cache. A tier that fails is retried by :meth:`retry_deletions`."""
+        await self.offloader.stop(sup)
+        for key in [k for k in self.cached if k[0] == sup]:
+            del self.cached[key]
+        for loc in self.locations:
+            try:
+                await self.threads.run(shutil.rmtree, readback.cache_dir(loc.path, sup), True)
+            except OSError:
+                pass
+        entry = self.journal.entries.get(sup)
+        if entry is None:
+            return  # never offloaded (the journal is written before any object)
+        entry.deleting = True
+        try:
+            await self.journal.save(entry)
+        except OSError as exc:
+            log.warning("could not record the deletion of %s's tier copy: %s", sup, exc)
+        await self._delete(sup)
+
+    async def _delete(self, sup: str) -> bool:
+        entry = self.journal.entries.get(sup)
+        if entry is None or (sup in self.seals and not entry.deleting):
+            return True  # gone already, or sealed again since (a live task's copy)
+        try:
+            await self._tier(self.tier.delete_prefix, manifest.task_prefix(sup, self.instance))
+        except Exception as exc:
+            self.stats.errors += 1
+            log.error("could not remove %s's objects from %s (retried each sweep): %s",
+                      sup, self.tier.uri, exc)
+            return False
+        await self.journal.drop(sup)
+        return True
+
+    async def _delete_all(self, sups: Sequence[str]) -> list[str]:
+        return [sup for sup in sups if await self._delete(sup)]
+
+    async def retry_deletions(self) -> list[str]:
+        """Remove the tier copies earlier deletions could not; the tasks done."""
+        return await self._delete_all([s for s, e in self.journal.entries.items()
+                                       if e.deleting])
+
+    # -- reads --------------------------------------------------------------------------
+
+    def copied(self, meta: PartialMeta) -> Copied | None:
+        """The tier's copy of ``meta``'s pack, if one is complete there."""
+        entry = self.journal.entries.get(meta.key.supervisor_task_id)
+        if entry is None or entry.deleting:
+            return None
+        return entry.packs.get(manifest.pack_key(meta.location, meta.pack))
+
+    def cached_path(self, sup: str, location: int, pack: int) -> Path | None:
+        return self.cached.get((sup, location, pack))
+
+    async def local_copy(self, metas: Sequence[PartialMeta]) -> Path:
+        """A local file holding the pack of ``metas`` (one pack), fetched from the tier
+        once; the metas then point at it. CorruptData if what came back does not check,
+        LocationFailed if no healthy location can hold the copy."""
+        first = metas[0]
+        sup = first.key.supervisor_task_id
+        slot = (sup, first.location, first.pack)
+        path = self.cached.get(slot)
+        if path is None:
+            running = self._fetches.get(slot)
+            if running is None:
+                running = asyncio.ensure_future(self._fetch(first, list(metas)))
+                self._fetches[slot] = running
+                running.add_done_callback(lambda _: self._fetches.pop(slot, None))
+            path = await asyncio.shield(running)
+        for meta in metas:
+            meta.path = path
+        return path
+
+    async def _fetch(self, first: PartialMeta, metas: list[PartialMeta]) -> Path:
+        sup = first.key.supervisor_task_id
+        copied = self.copied(first)
+        if copied is None:
+            raise CorruptData(f"the pack of {first.key} is neither here nor in deep storage",
+                              key=str(first.key))
+        home = self.locations[first.location]
+        roots = [home] + [loc for loc in self.locations if loc is not home]
+        root = next((loc for loc in roots if loc.healthy), None)
+        if root is None:
+            raise LocationFailed("no healthy location to hold a pack read back from deep "
+                                 "storage", location="all")
+        key = manifest.pack_key(first.location, first.pack)
+        dest = readback.cache_path(root.path, sup, key, copied)
+        secret = crypt.task_key(self.secret, sup)
+        try:
+            got = await self._tier(readback.fetch, self.tier, secret, sup, copied, dest, metas)
+        except (readback.Mismatch, crypt.Undecryptable) as exc:
+            self.stats.errors += 1
+            raise CorruptData(f"the deep-storage copy of {first.key}'s pack does not check: "
+                              f"{exc}", key=str(first.key)) from exc
+        except Exception as exc:
+            self.stats.errors += 1
+            raise Overloaded(f"deep storage {self.tier.uri} could not be read: {exc}",
+                             retry_after=5, tier=self.tier.uri) from exc
+        self.stats.read_bytes += got
+        self.cached[(sup, first.location, first.pack)] = dest
+        log.info("read %s's pack %s back from %s (%d bytes)", sup, key, self.tier.uri, got)
+        return dest
