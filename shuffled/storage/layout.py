@@ -24,7 +24,9 @@ whole stream in its pack) by rewriting the catalog only, format 1 (one ``.arrow`
 
 from __future__ import annotations
 
+import json
 import os
+import uuid
 from pathlib import Path
 
 FORMAT_VERSION = 3
@@ -103,3 +105,20 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_json_atomic(directory: Path, name: str, body: object, fsync: bool) -> None:
+    """Write ``body`` as JSON to ``directory/name``, all or nothing: a temporary file of a
+    unique name (leading dot: readers skip and remove leftovers) renamed over it, synced
+    with its directory when ``fsync``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    tmp = path.with_name(f".{name}.{uuid.uuid4().hex}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(body, fh)
+        if fsync:
+            fh.flush()
+            os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    if fsync:
+        fsync_dir(directory)

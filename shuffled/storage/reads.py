@@ -19,17 +19,19 @@ import heapq
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO
+from typing import TYPE_CHECKING, IO
 
 from shuffled.errors import BadRequest, Conflict, NotFound
 from shuffled.protocol import PartialKey, PartitionKey
 from shuffled.storage.book import TaskBook
 from shuffled.storage.catalog import Catalog, Row
-from shuffled.storage.deep import DeepStorage
 from shuffled.storage.location import Location
 from shuffled.storage.oserrors import translate
 from shuffled.storage.records import PartialMeta
 from shuffled.storage.threads import IoThreads
+
+if TYPE_CHECKING:
+    from shuffled.storage.deep import DeepStorage
 
 Cursor = tuple[int, int, int, str]
 

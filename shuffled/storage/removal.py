@@ -14,11 +14,10 @@ from __future__ import annotations
 import logging
 import shutil
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shuffled.storage.book import TaskBook
 from shuffled.storage.catalog import Catalog
-from shuffled.storage.deep import DeepStorage
 from shuffled.storage.inflight import Uploads
 from shuffled.storage.location import Location
 from shuffled.storage.oserrors import marks_unhealthy, translate
@@ -26,6 +25,9 @@ from shuffled.storage.packsource import PackSource
 from shuffled.storage.records import TaskEntry
 from shuffled.storage.seals import Seals
 from shuffled.storage.threads import IoThreads
+
+if TYPE_CHECKING:
+    from shuffled.storage.deep import DeepStorage
 
 log = logging.getLogger("shuffled.storage")
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from shuffled.errors import Conflict
 from shuffled.storage.book import TaskBook
 from shuffled.storage.inflight import Uploads
-from shuffled.storage.layout import fsync_dir, meta_dir
+from shuffled.storage.layout import meta_dir, write_json_atomic
 from shuffled.storage.location import Location
 from shuffled.storage.oserrors import translate
 from shuffled.storage.threads import IoThreads
@@ -41,19 +41,8 @@ def seals_dir(root: Path) -> Path:
 
 def write_seal(root: Path, sup: str, subs: frozenset[str], fsync: bool) -> None:
     """Persist the seal of ``sup`` at location ``root`` (atomic replace)."""
-    directory = seals_dir(root)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{sup}.json"
-    tmp = path.with_name(f".{sup}.json.tmp")
     body = {"version": SEAL_VERSION, "supervisorTaskId": sup, "subTaskIds": sorted(subs)}
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(body, fh)
-        if fsync:
-            fh.flush()
-            os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    if fsync:
-        fsync_dir(directory)
+    write_json_atomic(seals_dir(root), f"{sup}.json", body, fsync)
 
 
 def remove_seal(root: Path, sup: str) -> None:

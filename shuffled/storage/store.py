@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import IO, Any, TypeVar
+from typing import TYPE_CHECKING, IO, Any, TypeVar
 
 from shuffled.config import Settings
 from shuffled.errors import InvalidBody, NotFound, ReadAgain
@@ -40,7 +40,6 @@ from shuffled.storage.book import TaskBook
 from shuffled.storage.catalog import Catalog
 from shuffled.storage.commit import GroupCommit
 from shuffled.storage.committer import Committer
-from shuffled.storage.deep import DeepStorage
 from shuffled.storage.horizon import Horizon
 from shuffled.storage.inflight import Uploads
 from shuffled.storage.location import Location
@@ -55,6 +54,9 @@ from shuffled.storage.outcomes import PutResult, Rejected
 from shuffled.storage.sessionpacks import INLINE_MAX, Writing
 from shuffled.storage.upload import BulkSession
 from shuffled.storage.verdicts import Verdicts
+
+if TYPE_CHECKING:
+    from shuffled.storage.deep import DeepStorage
 
 log = logging.getLogger("shuffled.storage")
 T = TypeVar("T")
@@ -93,10 +95,12 @@ class Store:
         self._seals = Seals(locations=self.locations, threads=self.threads,
                             uploads=self.uploads, book=self.book, fsync=settings.fsync,
                             mark_ttl=settings.expiry_timeout)
-        self.deep = (DeepStorage(settings=settings, locations=self.locations,
-                                 catalogs=self.catalogs, threads=self.threads,
-                                 seals=self._seals.sealed)
-                     if settings.deep_storage else None)
+        self.deep: DeepStorage | None = None
+        if settings.deep_storage:
+            from shuffled.storage.deep.service import DeepStorage as Deep  # heavy: see .deep
+            self.deep = Deep(settings=settings, locations=self.locations,
+                             catalogs=self.catalogs, threads=self.threads,
+                             seals=self._seals.sealed)
         self.removal = Removal(locations=self.locations, catalogs=self.catalogs,
                                threads=self.threads, book=self.book, uploads=self.uploads,
                                packs=self.packs, seals=self._seals, notify=self._notify,

@@ -8,7 +8,20 @@ holds; the modules below it each own one idea: :mod:`.tier` (the object store),
 :mod:`.readback` (a pack fetched back), :mod:`.instance` (this daemon's stable name).
 """
 
-from shuffled.storage.deep.offload import DeepStats
-from shuffled.storage.deep.service import DeepStorage
+from typing import TYPE_CHECKING, Any
+
+from shuffled.storage.deep.stats import DeepStats
+
+if TYPE_CHECKING:
+    from shuffled.storage.deep.service import DeepStorage
 
 __all__ = ["DeepStats", "DeepStorage"]
+
+
+def __getattr__(name: str) -> Any:
+    # DeepStorage pulls in pyarrow.fs (S3) and cryptography, ~11 MiB of a daemon's RSS:
+    # loaded only by a daemon configured with deep storage.
+    if name == "DeepStorage":
+        from shuffled.storage.deep.service import DeepStorage
+        return DeepStorage
+    raise AttributeError(name)

@@ -15,14 +15,13 @@ import asyncio
 import json
 import os
 import time
-import uuid
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shuffled.storage.layout import fsync_dir, meta_dir
+from shuffled.storage.layout import meta_dir, write_json_atomic
 from shuffled.storage.location import Location
 from shuffled.storage.threads import IoThreads
 
@@ -78,18 +77,7 @@ def journal_dir(root: Path) -> Path:
 def write(root: Path, entry: Entry, fsync: bool) -> None:
     """Persist ``entry`` at location ``root`` (atomic replace)."""
     entry.updated = max(time.time(), entry.updated + 1e-6)
-    directory = journal_dir(root)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{entry.sup}.json"
-    tmp = path.with_name(f".{entry.sup}.json.{uuid.uuid4().hex}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(entry.to_json(), fh)
-        if fsync:
-            fh.flush()
-            os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    if fsync:
-        fsync_dir(directory)
+    write_json_atomic(journal_dir(root), f"{entry.sup}.json", entry.to_json(), fsync)
 
 
 def remove(root: Path, sup: str) -> None:

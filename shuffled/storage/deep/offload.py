@@ -21,7 +21,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 from shuffled.crc import crc32c
@@ -29,6 +28,7 @@ from shuffled.storage import layout
 from shuffled.storage.catalog import Catalog, Row
 from shuffled.storage.deep import crypt, manifest
 from shuffled.storage.deep.journal import Copied, Entry, Journal
+from shuffled.storage.deep.stats import DeepStats
 from shuffled.storage.deep.tier import Tier
 from shuffled.storage.location import Location
 from shuffled.storage.threads import IoThreads
@@ -40,17 +40,6 @@ STOP_WAIT = 30.0  # seconds a stopping job may take to notice (one chunk, one re
 
 class Stopped(Exception):
     """The task's offload was stopped (its DELETE, or the daemon closing)."""
-
-
-@dataclass
-class DeepStats:
-    """Counters for the metrics (read at scrape time)."""
-
-    offloaded_bytes: int = 0  # plaintext pack bytes copied to the tier
-    offloaded_packs: int = 0
-    offloaded_tasks: int = 0
-    read_bytes: int = 0  # pack bytes read back from the tier
-    errors: int = 0
 
 
 class Throttle:

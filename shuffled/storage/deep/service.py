@@ -26,7 +26,8 @@ from shuffled.storage.catalog import Catalog
 from shuffled.storage.deep import crypt, manifest, readback
 from shuffled.storage.deep.instance import instance_id
 from shuffled.storage.deep.journal import Copied, Entry, Journal
-from shuffled.storage.deep.offload import DeepStats, Offloader
+from shuffled.storage.deep.offload import Offloader
+from shuffled.storage.deep.stats import DeepStats
 from shuffled.storage.deep.tier import Tier
 from shuffled.storage.location import Location
 from shuffled.storage.records import PartialMeta

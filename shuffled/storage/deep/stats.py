@@ -1,0 +1,17 @@
+"""The tier's counters, read by the metrics at scrape time (light: no object-store or
+cipher import, so a daemon without deep storage never loads them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class DeepStats:
+    """Counters for the metrics (read at scrape time)."""
+
+    offloaded_bytes: int = 0  # plaintext pack bytes copied to the tier
+    offloaded_packs: int = 0
+    offloaded_tasks: int = 0
+    read_bytes: int = 0  # pack bytes read back from the tier
+    errors: int = 0
