@@ -15,6 +15,8 @@ import io
 import os
 import secrets
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -420,3 +422,12 @@ def test_a_daemon_killed_mid_offload_resumes_after_restart(tier: dict[str, Any],
     local = sorted(p.read_bytes() for loc in locations for p in pack_files(loc, "killed-1"))
     assert sorted(crypt.decrypt(key, "killed-1", f"killed-1/{n}", d)
                   for n, d in objects.items() if n.endswith(".pack")) == local
+
+
+def test_a_daemon_without_deep_storage_never_loads_the_tier() -> None:
+    """pyarrow.fs (S3) and cryptography cost ~11 MiB of RSS: only deep storage loads them."""
+    code = ("import sys, shuffled.server.app, shuffled.cli\n"
+            "print(sorted(m for m in ('pyarrow.fs', 'cryptography') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done
