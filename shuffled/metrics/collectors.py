@@ -8,7 +8,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from shuffled.storage import Store
-from shuffled.storage.deep import DeepStats
+from shuffled.storage import DeepStats
 
 
 class StoreCollector(Collector):

@@ -26,7 +26,7 @@ from aiohttp import web
 from shuffled.errors import InvalidBody
 from shuffled.protocol import validate_id
 from shuffled.server.state import state_of
-from shuffled.storage.verdicts import MAX_LOST
+from shuffled.storage import MAX_LOST
 
 # A daemon's address as the driver names it: its base URL.
 _ADDRESS = re.compile(r"https?://[!-~]{1,500}")

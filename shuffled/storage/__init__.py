@@ -8,6 +8,7 @@ plan of paged reads (:mod:`.pageplan`). The modules below it each own one idea.
 
 from shuffled.storage.admission import Quota
 from shuffled.storage.arrowfile import EOS, SchemaMessage
+from shuffled.storage.deep.stats import DeepStats
 from shuffled.storage.location import Location
 from shuffled.storage.pageplan import MAX_TOKEN, SEALED_FLAG, Page, plan_page
 from shuffled.storage.records import PartialMeta, TaskEntry
@@ -16,7 +17,8 @@ from shuffled.storage.streams import (FastPlan, Reencoder, byte_range, fast_plan
                                       unified_schema)
 from shuffled.storage.outcomes import Outcome, PutResult, Rejected
 from shuffled.storage.upload import SMALL, BulkSession
+from shuffled.storage.verdicts import MAX_LOST
 
-__all__ = ["EOS", "MAX_TOKEN", "SMALL", "BulkSession", "FastPlan", "Location", "Outcome", "Page",
+__all__ = ["EOS", "MAX_LOST", "MAX_TOKEN", "DeepStats", "SMALL", "BulkSession", "FastPlan", "Location", "Outcome", "Page",
            "PartialMeta", "PutResult", "Quota", "Rejected", "Reencoder", "SEALED_FLAG", "SchemaMessage", "Store", "TaskEntry", "byte_range",
            "fast_plan", "plan_page", "stream_pieces", "unified_schema"]
