@@ -204,3 +204,20 @@ def test_a_daemon_older_than_the_heartbeat_counts_as_alive() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_phase_quicker_than_a_tick_still_shows_its_progress_once() -> None:
+    """A phase whose Spark jobs start and finish between two ticks of the progress thread
+    is shown when it ends (JobContext.settle), once, before its summary line."""
+    from shuffled.spark.driver.monitor import Monitor
+
+    shown: list[str] = []
+    now = ["determine partitions: 2/2 tasks done"]
+    monitor = Monitor("sup", [], token=None, ca_file=None, progress=shown.append,
+                      status=lambda: now[0])
+    monitor.settle()
+    monitor.settle()  # already shown: not again
+    assert shown == ["determine partitions: 2/2 tasks done"]
+    now[0] = "phase 1 (partial segments): 4/4 tasks done"
+    monitor.settle()
+    assert shown[-1] == now[0] and len(shown) == 2

@@ -102,6 +102,24 @@ class JobContext:
         self.layout = layout_of(self.spec)
 
     @property
+    def job_group(self) -> str:
+        """The Spark job group of this ingestion's current phase: the progress line counts
+        the tasks of its jobs, those already finished too (:func:`.monitor.stage_status`)."""
+        return f"shuffled-{self.task_id}-{self.phase}"
+
+    def enter(self, phase: str) -> None:
+        """Start ``phase``: the progress line's label, and the job group its Spark jobs
+        run in (set on this, the driver's, thread)."""
+        self.phase = phase
+        self.spark.sparkContext.setJobGroup(self.job_group, phase)
+
+    def settle(self) -> None:
+        """The phase's work is done: make sure its progress was shown at least once (a phase
+        quicker than the monitor's tick would otherwise show no bar before its summary)."""
+        if self.monitor is not None:
+            self.monitor.settle()
+
+    @property
     def survivors(self) -> tuple[str, ...]:
         """The daemons not found gone, in the job's order."""
         return tuple(s for s in self.servers if s not in self.lost)

@@ -63,12 +63,13 @@ class Job:
         rows = load_input(self.spark, s, self.ctx.files)
         self.may_be_multi = multi_value_dimensions(rows, s)
         prepared = prepare(rows, s)
-        self.ctx.phase = "determine partitions"
+        self.ctx.enter("determine partitions")
         started = time.monotonic()
         plan, card = determine(prepared, s)
         chunks = len(card) if card else None
         self.report.phase("determinePartitions", started, timeChunks=chunks,
                           estimatedRows=sum(card.values()) if card else None)
+        self.ctx.settle()
         self.say(f"determine partitions: {plan.kind}, "
                  + (f"{counted(len(card), 'time chunk')}, "
                     f"{counted(sum(plan.shards(c) for c in card), 'partition')}"
@@ -82,7 +83,7 @@ class Job:
 
     def phase1(self, prepared: DataFrame, plan: PartitionPlan) -> list[records.Partial]:
         s = self.spec
-        self.ctx.phase = "phase 1 (partial segments)"
+        self.ctx.enter("phase 1 (partial segments)")
         if self.ctx.rows is not None:
             self.ctx.rows.start()
         self.say("phase 1: rolling up and shuffling partial segments")
@@ -184,7 +185,7 @@ class Job:
         if not self.ctx.survivors:
             raise RuntimeError("every shuffle daemon is gone")  # explained by _explain_loss
         started = time.monotonic()
-        self.ctx.phase = "recompute (lost daemon)"
+        self.ctx.enter("recompute (lost daemon)")
         keys = sum(len(k) for k in only.values())
         self.say(f"recovering: {', '.join(self.ctx.lost)} lost; recomputing "
                  f"{counted(len(only), 'phase-1 subtask')} for {counted(keys, 'partition')} on "
@@ -248,6 +249,7 @@ class Job:
                           compression=self.spec.partial_compression,
                           reader=reader, readerReason=reason,
                           multiValueDimensions=sorted(self.multi_value))
+        self.ctx.settle()
         self.say(f"phase 1 done: {counted(len(self.report.subtasks), 'subtask')}, "
                  f"{counted(r['processed'], 'row')}, {r['unparseable']} unparseable, "
                  f"{r['thrownAway']} thrown away, {counted(len(partials), 'partial')}, "
@@ -289,7 +291,7 @@ class Job:
         raise IngestionFailed("the shuffle daemons could not be sealed")
 
     def phase2(self, partials: list[records.Partial]) -> list[records.Segment]:
-        self.ctx.phase = "phase 2 (merge)"
+        self.ctx.enter("phase 2 (merge)")
         if self.ctx.rows is not None:
             self.ctx.rows.start()
         started = time.monotonic()
@@ -325,7 +327,7 @@ class Job:
             self.say(f"phase 2: {counted(len(wanted), 'partition')} could not be read from "
                      f"{', '.join(sorted({s for r in lost for s in r.lost}))}")
             partials = self.sealed(partials, "during phase 2", wanted)
-            self.ctx.phase = "phase 2 (merge)"
+            self.ctx.enter("phase 2 (merge)")
             todo = [a for a in phase2.assign(partials)
                     if (a.start, a.end, a.partition) in wanted]
             self.recovery.round("phase 2 re-merge", again_started, partitionsRemerged=len(todo),
@@ -354,6 +356,7 @@ class Job:
                               (r.peak_rss - r.rss_at_start for r in results), default=0),
                           partitionsSpilled=len(spilled),
                           spillBytes=sum(r.spill_bytes or 0 for r in spilled))
+        self.ctx.settle()
         self.say(f"phase 2 done: {counted(len(results), 'segment')}, "
                  f"{counted(self.report.rows_out, 'row')}")
         return results

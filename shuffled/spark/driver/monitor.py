@@ -98,6 +98,8 @@ class Monitor:
         self._threads.append(threading.Thread(target=self._report, daemon=True,
                                               name="shuffled-progress"))
         self._last = ""
+        self._shown: set[str] = set()  # phases whose progress was shown
+        self._show_lock = threading.Lock()
 
     def _client(self, server: str) -> ShuffleClient:
         return ShuffleClient(server, token=self.token, ca_file=self.ca_file,
@@ -264,9 +266,30 @@ class Monitor:
                 continue
             phase = (text or "").split(":", 1)[0]
             due = time.monotonic() - shown_at >= self.progress_seconds or phase != shown_phase
-            if text and text != self._last and due:
-                self._last, shown_at, shown_phase = text, time.monotonic(), phase
-                self.progress(text)
+            if text and due and self._show(text, phase):
+                shown_at, shown_phase = time.monotonic(), phase
+
+    def _show(self, text: str, phase: str) -> bool:
+        with self._show_lock:
+            if text == self._last or self.progress is None:
+                return False
+            self._last = text
+            self._shown.add(phase)
+            self.progress(text)
+            return True
+
+    def settle(self) -> None:
+        """The current phase is over: show its progress now if it never was (its jobs may
+        have started and finished between two ticks). Called on the driver's thread."""
+        if self.status is None or self.progress is None:
+            return
+        try:
+            text = self.status()
+        except Exception:
+            return
+        phase = (text or "").split(":", 1)[0]
+        if text and phase not in self._shown:
+            self._show(text, phase)
 
     def stop(self) -> None:
         self._stop.set()
@@ -295,15 +318,25 @@ def _mb(n: int) -> str:
 
 def stage_status(spark: object, label: Callable[[], str],
                  held: Callable[[], tuple[int, int]] | None = None,
-                 rows: Callable[[], int] | None = None) -> Callable[[], str | None]:
-    """A function summarising the active Spark stages as ``<phase>: done/total tasks done,
-    N rows, ...``: ``rows`` so far (see :class:`RowCount`), and what the daemons hold
-    (phase 1: bytes shuffled so far) or served (phase 2: bytes read of those held)."""
+                 rows: Callable[[], int] | None = None, *,
+                 group: Callable[[], str] | None = None) -> Callable[[], str | None]:
+    """A function summarising the phase's Spark stages as ``<phase>: done/total tasks done,
+    N rows, ...``: those of the jobs of ``group`` (the phase's job group, finished stages
+    included) or else the active ones; ``rows`` so far (see :class:`RowCount`), and what
+    the daemons hold (phase 1: bytes shuffled so far) or served (phase 2: bytes read of
+    those held)."""
 
     def status() -> str | None:
         tracker = spark.sparkContext.statusTracker()  # type: ignore[attr-defined]
         done = total = 0
-        for sid in tracker.getActiveStageIds():
+        stages: set[int] = set()
+        if group is not None:
+            for jid in tracker.getJobIdsForGroup(group()):
+                job = tracker.getJobInfo(jid)
+                if job is not None:
+                    stages.update(job.stageIds)
+        stages.update(tracker.getActiveStageIds())
+        for sid in stages:
             info = tracker.getStageInfo(sid)
             if info is not None:
                 done += info.numCompletedTasks

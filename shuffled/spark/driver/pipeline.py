@@ -115,7 +115,8 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
                       quota={"bytes": s.shuffle_quota_bytes, "partials": s.shuffle_quota_partials}
                       if s.shuffle_quota_bytes or s.shuffle_quota_partials else None)
     ctx.rows = RowCount(spark)
-    monitor.status = stage_status(spark, lambda: ctx.phase, monitor.held, ctx.rows)
+    monitor.status = stage_status(spark, lambda: ctx.phase, monitor.held, ctx.rows,
+                                  group=lambda: ctx.job_group)
     ctx.monitor = monitor
     try:
         with job_conf(spark):

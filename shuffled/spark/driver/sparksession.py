@@ -43,7 +43,8 @@ def get_session(master: str | None) -> tuple[SparkSession, bool]:
 
 @contextmanager
 def job_conf(spark: SparkSession) -> Iterator[None]:
-    """Apply :data:`JOB_CONF` to the session for the duration of a job."""
+    """Apply :data:`JOB_CONF` to the session for the duration of a job (and leave no job
+    group of ours on the caller's thread after it)."""
     saved: dict[str, str | None] = {}
     for key, value in JOB_CONF.items():
         saved[key] = spark.conf.get(key, None)
@@ -51,6 +52,9 @@ def job_conf(spark: SparkSession) -> Iterator[None]:
     try:
         yield
     finally:
+        sc = spark.sparkContext
+        for prop in ("spark.jobGroup.id", "spark.job.description"):
+            sc.setLocalProperty(prop, None)  # type: ignore[arg-type]  # None unsets it
         for key, old in saved.items():
             if old is None:
                 spark.conf.unset(key)
