@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-from typing import IO, Any
+from typing import Any
 
 from aiohttp import web
 
-from shuffled.crc import crc32c
 from shuffled.errors import BadRequest, InvalidBody
 from shuffled.protocol import (
     ARROW_STREAM, COMPLETE_HEADER, CONTENT_DIGEST, NEXT_TOKEN_HEADER, PAGE_TOKEN_HEADER,
@@ -37,8 +35,8 @@ from shuffled.server.errors import RESPONSE_STARTED
 from shuffled.server.middleware import SENT_BYTES
 from shuffled.server.state import DaemonState, state_of
 from shuffled.server.waiters import WATCH, TaskWatch
-from shuffled.server.sendfile import CHUNK, send_ranges
-from shuffled.storage import MAX_TOKEN, SEALED_FLAG, Page, PartialMeta, plan_page
+from shuffled.server.sendfile import send_ranges
+from shuffled.storage import MAX_TOKEN, SEALED_FLAG, Page, PartialMeta, page_crc, plan_page
 
 DEFAULT_PAGE_BYTES = 8 << 20
 MAX_PAGE_BYTES = 256 << 20
@@ -94,28 +92,6 @@ async def _plan(state: DaemonState, key: PartitionKey, subs: list[str] | None, t
     return page, metas, sealed and page.at_end and not held_back
 
 
-def _digest(files: dict[int, IO[bytes]], page: Page) -> int:
-    """The page's CRC32C, read through in chunks on an I/O thread: the digest goes in the
-    headers, before the body, which then goes out by sendfile from the page cache; memory
-    stays one chunk whatever maxBytes is."""
-    crc = 0
-    buf = bytearray(min(CHUNK, max(page.length, 1)))
-    view = memoryview(buf)
-    for piece in page.pieces:
-        if isinstance(piece, bytes):
-            crc = crc32c(piece, crc)
-            continue
-        index, offset, length = piece
-        while length:
-            got = os.preadv(files[index].fileno(), [view[:min(length, len(buf))]], offset)
-            if got <= 0:
-                raise OSError(f"short read of a pack: {length} bytes missing")
-            crc = crc32c(view[:got], crc)
-            offset += got
-            length -= got
-    return crc
-
-
 async def get_pages(request: web.Request) -> web.StreamResponse:
     state = state_of(request)
     watch = request.app[WATCH]
@@ -152,7 +128,7 @@ async def get_pages(request: web.Request) -> web.StreamResponse:
         opened = await state.store.open_many([metas[i] for i in used])
         files = dict(zip(used, opened))
         try:
-            headers[CONTENT_DIGEST] = format_crc32c(await state.store.run(_digest, files, page))
+            headers[CONTENT_DIGEST] = format_crc32c(await state.store.run(page_crc, files, page))
             response = web.StreamResponse(headers=headers)
             response.content_length = page.length
             await response.prepare(request)

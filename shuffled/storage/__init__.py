@@ -10,7 +10,7 @@ from shuffled.storage.admission import Quota
 from shuffled.storage.arrowfile import EOS, SchemaMessage
 from shuffled.storage.deep.stats import DeepStats
 from shuffled.storage.location import Location
-from shuffled.storage.pageplan import MAX_TOKEN, SEALED_FLAG, Page, plan_page
+from shuffled.storage.pageplan import MAX_TOKEN, SEALED_FLAG, Page, page_crc, plan_page
 from shuffled.storage.records import PartialMeta, TaskEntry
 from shuffled.storage.store import Store
 from shuffled.storage.streams import (FastPlan, Reencoder, byte_range, fast_plan, stream_pieces,
@@ -21,4 +21,4 @@ from shuffled.storage.verdicts import MAX_LOST
 
 __all__ = ["EOS", "MAX_LOST", "MAX_TOKEN", "DeepStats", "SMALL", "BulkSession", "FastPlan", "Location", "Outcome", "Page",
            "PartialMeta", "PutResult", "Quota", "Rejected", "Reencoder", "SEALED_FLAG", "SchemaMessage", "Store", "TaskEntry", "byte_range",
-           "fast_plan", "plan_page", "stream_pieces", "unified_schema"]
+           "fast_plan", "page_crc", "plan_page", "stream_pieces", "unified_schema"]

@@ -35,6 +35,13 @@ from shuffled.storage.seals import Seals
 MAX_ASKED = 100_000  # tasks whose asked-for quotas are remembered (oldest forgotten)
 
 
+def _over_bytes(sup: str, held: int, limit: int) -> QuotaExceeded:
+    return QuotaExceeded(
+        f"task {sup} would hold {held} bytes on this daemon, over its quota of {limit} "
+        "(task_quota_bytes / tuningConfig shuffleQuotaBytes); nothing was stored",
+        quota="bytes", limit=limit, supervisorTaskId=sup)
+
+
 @dataclass(frozen=True)
 class Quota:
     """Most bytes and partials a task may hold here; 0 is no limit."""
@@ -112,11 +119,7 @@ class Admission:
             held_bytes = (entry.bytes if entry else 0) + pending.bytes + (size or 0)
             held_partials = (entry.files if entry else 0) + pending.partials + 1
             if quota.bytes and held_bytes > quota.bytes:
-                raise QuotaExceeded(
-                    f"task {sup} would hold {held_bytes} bytes on this daemon, over its quota "
-                    f"of {quota.bytes} (task_quota_bytes / tuningConfig shuffleQuotaBytes); "
-                    "nothing was stored", quota="bytes", limit=quota.bytes,
-                    supervisorTaskId=sup)
+                raise _over_bytes(sup, held_bytes, quota.bytes)
             if quota.partials and held_partials > quota.partials:
                 raise QuotaExceeded(
                     f"task {sup} would hold {held_partials} partial segments on this daemon, "
@@ -135,11 +138,7 @@ class Admission:
             entry = self.book.get(sup)
             held = (entry.bytes if entry else 0) + pending.bytes
             if held > quota.bytes:
-                raise QuotaExceeded(
-                    f"task {sup} would hold {held} bytes on this daemon, over its quota of "
-                    f"{quota.bytes} (task_quota_bytes / tuningConfig shuffleQuotaBytes); "
-                    "nothing was stored", quota="bytes", limit=quota.bytes,
-                    supervisorTaskId=sup)
+                raise _over_bytes(sup, held, quota.bytes)
 
     def may_commit(self, key: PartialKey) -> SealedConflict | None:
         """The refusal for a written partial about to commit, if a seal or fail landed

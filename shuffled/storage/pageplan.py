@@ -18,12 +18,14 @@ of a pack, sent with sendfile where it can be; nothing is decoded.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import IO
 from dataclasses import dataclass, field
 
 from shuffled.storage.arrowfile import EOS
 from shuffled.storage.records import PartialMeta
-from shuffled.storage.streams import messages
+from shuffled.crc import crc32c
+from shuffled.storage.streams import crc_of, messages
 
 BATCH_BITS = 20  # record batches addressable per partial: 1M
 MAX_TOKEN = (1 << 128) - 1  # generations are wide (time-based), so tokens are too
@@ -115,3 +117,20 @@ def plan_page(metas: Sequence[PartialMeta], token: int, max_bytes: int) -> Page:
         page.next_token = token_of(max(newest, generation), 0)
         page.at_end = True
     return page
+
+
+def page_crc(files: Mapping[int, IO[bytes]], page: Page) -> int:
+    """The page's CRC32C (its ``Content-Digest``), read through in chunks on an I/O thread
+    (``files``: the open pack of each partial index the pieces name). The digest goes in the
+    headers, before the body, which then goes out by sendfile from the page cache; memory
+    stays one chunk whatever the page's size."""
+    crc = 0
+    for piece in page.pieces:
+        if isinstance(piece, bytes):
+            crc = crc32c(piece, crc)
+            continue
+        index, offset, length = piece
+        crc, got = crc_of(files[index].fileno(), offset, length, crc)
+        if got != length:
+            raise OSError(f"short read of a pack: {length - got} bytes missing")
+    return crc

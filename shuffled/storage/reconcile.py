@@ -18,6 +18,7 @@ from shuffled.crc import crc32c
 from shuffled.errors import ConfigError
 from shuffled.storage import layout
 from shuffled.storage.catalog import Catalog
+from shuffled.storage.streams import crc_of
 
 log = logging.getLogger("shuffled.storage")
 
@@ -76,19 +77,11 @@ class Recovered:
     orphans: int = 0  # packs holding nothing committed, removed
 
 
-def _crc_of(fd: int, offset: int, size: int) -> int:
-    crc, done = 0, 0
-    while done < size:
-        chunk = os.pread(fd, min(1 << 20, size - done), offset + done)
-        if not chunk:
-            break
-        crc = crc32c(chunk, crc)
-        done += len(chunk)
-    return crc if done == size else -1
-
-
 def _tail_ok(fd: int, offset: int, size: int, crc: int) -> bool:
-    return size > VERIFY_TAIL_MAX or _crc_of(fd, offset, size) == crc
+    if size > VERIFY_TAIL_MAX:
+        return True
+    got, done = crc_of(fd, offset, size)
+    return done == size and got == crc
 
 
 def _settle(catalog: Catalog, sup: str, number: int, path: Path, found: Recovered) -> int:

@@ -98,7 +98,9 @@ def fast_plan(metas: Sequence[PartialMeta]) -> FastPlan | None:
                     sum(m.rows for m in metas))
 
 
-def _crc_of(fd: int, offset: int, length: int, crc: int = 0) -> tuple[int, int]:
+def crc_of(fd: int, offset: int, length: int, crc: int = 0) -> tuple[int, int]:
+    """CRC32C of ``length`` bytes of ``fd`` at ``offset`` (continuing ``crc``), read in
+    chunks; also how many bytes there were."""
     done = 0
     while done < length:
         chunk = os.pread(fd, min(VERIFY_CHUNK, length - done), offset + done)
@@ -114,8 +116,8 @@ def verify(files: Sequence[IO[bytes]], metas: Sequence[PartialMeta]) -> None:
     it if one differs. The slow path needs this: a re-encoded stream carries no digest the
     reader could check, so damage on disk would otherwise reach a segment unnoticed."""
     for fh, meta in zip(files, metas, strict=True):
-        crc, got = _crc_of(fh.fileno(), meta.schema_at, meta.schema_len)
-        crc, more = _crc_of(fh.fileno(), meta.offset, meta.body_len, crc)
+        crc, got = crc_of(fh.fileno(), meta.schema_at, meta.schema_len)
+        crc, more = crc_of(fh.fileno(), meta.offset, meta.body_len, crc)
         crc = crc32c(EOS, crc)
         if got + more != meta.size - len(EOS) or crc != meta.crc:
             raise CorruptData(
