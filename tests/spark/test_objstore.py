@@ -9,8 +9,6 @@ import functools
 import http.server
 import json
 import os
-import secrets
-import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +22,7 @@ import pytest
 
 from shuffled.spark import SpecError, parse_spec, run_ingestion
 from tests.helpers.ingestion import generate, spark, start_daemon  # noqa: F401
+from tests.helpers.s3 import moto_s3
 
 moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed "
                                   "(it is in the test extras)")
@@ -31,38 +30,14 @@ ROOT = Path(__file__).resolve().parents[2]
 KEYS = ["__time", "country", "device"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def store() -> Any:
     """A moto S3 server on loopback and the AWS environment pointing at it."""
-    port = _free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    env = {"AWS_ACCESS_KEY_ID": "test-" + secrets.token_hex(8),
-           "AWS_SECRET_ACCESS_KEY": secrets.token_hex(20), "AWS_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{port}"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    fs = pafs.S3FileSystem(access_key=env["AWS_ACCESS_KEY_ID"],
-                           secret_key=env["AWS_SECRET_ACCESS_KEY"], region="us-east-1",
-                           endpoint_override=f"127.0.0.1:{port}", scheme="http",
-                           allow_bucket_creation=True)
-    fs.create_dir("shuffled-in")
-    fs.create_dir("shuffled-out")
-    try:
+    with moto_s3() as (fs, env):
+        fs.create_dir("shuffled-in")
+        fs.create_dir("shuffled-out")
         yield fs, env
-    finally:
-        server.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @pytest.fixture(scope="module")

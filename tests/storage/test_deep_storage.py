@@ -14,7 +14,6 @@ import asyncio
 import io
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ from shuffled.storage import Store
 from shuffled.storage.deep import crypt, manifest
 from shuffled.storage.deep.readback import CACHE_DIR
 from tests.conftest import DAY, PREFIX, metric, pack_files
+from tests.helpers.s3 import moto_s3
 
 moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed "
                                   "(it is in the test extras)")
@@ -42,37 +42,11 @@ moto_server = pytest.importorskip("moto.server", reason="moto[server] is not ins
 WAIT = 60.0  # the longest any wait below may take
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def s3() -> Iterator[Any]:
     """A moto S3 server on loopback and the AWS environment pointing at it."""
-    port = _free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    env = {"AWS_ACCESS_KEY_ID": "test-" + secrets.token_hex(8),
-           "AWS_SECRET_ACCESS_KEY": secrets.token_hex(20), "AWS_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{port}"}
-    saved = {k: os.environ.get(k) for k in [*env, "AWS_ENDPOINT_URL"]}
-    os.environ.pop("AWS_ENDPOINT_URL", None)
-    os.environ.update(env)
-    fs = pafs.S3FileSystem(access_key=env["AWS_ACCESS_KEY_ID"],
-                           secret_key=env["AWS_SECRET_ACCESS_KEY"], region="us-east-1",
-                           endpoint_override=f"127.0.0.1:{port}", scheme="http",
-                           allow_bucket_creation=True)
-    try:
+    with moto_s3() as (fs, _):
         yield fs
-    finally:
-        server.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @pytest.fixture
