@@ -32,6 +32,7 @@ from shuffled.protocol import API_PREFIX
 from shuffled.server.errors import REJECT_REASON, Handler, error_response
 from shuffled.server.login import login_page
 from shuffled.server.middleware import HEALTH_PATH, METRICS_PATH
+from shuffled.server.peers import PEER_PREFIX
 from shuffled.tokens import ANY_TASK, Grant, Scope, is_scoped, verify
 
 TASK_PATH = f"{API_PREFIX}/tasks/{{sup}}"
@@ -67,6 +68,8 @@ def required(request: web.Request) -> tuple[str | None, Scope] | None:
     if resource is None or request.match_info.http_exception is not None:
         return None
     canonical = resource.canonical
+    if canonical.startswith(PEER_PREFIX):  # a lost peer's share: the right of the route
+        canonical = canonical[len(PEER_PREFIX):]
     if not canonical.startswith(TASK_PATH) or "sup" not in request.match_info:
         return None, Scope.OPERATOR
     method = "GET" if request.method == "HEAD" else request.method

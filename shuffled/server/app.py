@@ -20,7 +20,7 @@ from shuffled.server.access import Access, access_middleware
 from shuffled.server.middleware import Drain, add_request_id, metrics_middleware
 from shuffled.server.state import STATE, DaemonState
 from shuffled.server.waiters import TaskWatch
-from shuffled.server import verdict
+from shuffled.server import peers, verdict
 from shuffled.storage import Store
 
 CleanupCtx = Callable[[web.Application], AsyncIterator[None]]
@@ -69,6 +69,13 @@ def make_app(settings: Settings, *, registry: CollectorRegistry | None = None,
     metrics.long_poll_waiters.set_function(lambda: watch.waiting)
     pages.install(app, task, watch)
     verdict.install(app, task)  # the driver's lost-daemon verdicts (PUT/GET .../lost)
+    # A lost peer's share from deep storage: the read routes under /peers/{instance}.
+    peers.install(app, task, {
+        ("POST", "/partitions"): partitions.read_partitions,
+        ("GET", "/partition"): handlers.get_partition,
+        ("GET", "/{sub}/partition"): handlers.get_partial,
+        ("GET", "/partition/pages"): pages.get_pages,
+    })
     app.router.add_get("/status/health", handlers.health)
     app.router.add_get("/status", handlers.status)
     app.router.add_get("/metrics", handlers.metrics)

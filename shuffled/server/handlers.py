@@ -21,6 +21,7 @@ from shuffled.protocol import (
 )
 from shuffled.server.errors import RESPONSE_STARTED
 from shuffled.server.middleware import SENT_BYTES
+from shuffled.server.peers import reads_of
 from shuffled.server.ranges import if_range_allows, parse_range
 from shuffled.server.sendfile import send_ranges
 from shuffled.server.state import state_of
@@ -96,7 +97,7 @@ async def get_partial(request: web.Request) -> web.StreamResponse:
     state = state_of(request)
     key = _partial_key(request)
     with state.downloads.slot():
-        meta, fobj = await state.store.open_partial(key)
+        meta, fobj = await reads_of(request).open_partial(key)
         try:
             state.store.touch(key.supervisor_task_id)
             headers = {
@@ -140,8 +141,9 @@ async def get_partition(request: web.Request) -> web.StreamResponse:
     if subs is not None:
         subs = [validate_id(s, "subTaskId") for s in subs]
     with state.downloads.slot():
-        metas = state.store.partition(key, subs)
-        files = await state.store.open_many(metas)
+        reads = reads_of(request)
+        metas = reads.partition(key, subs)
+        files = await reads.open_many(metas)
         try:
             state.store.touch(key.supervisor_task_id)
             plan = fast_plan(metas)

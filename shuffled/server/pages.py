@@ -33,6 +33,7 @@ from shuffled.metrics import LongPoll, Served
 from shuffled.server.handlers import _partition_key
 from shuffled.server.errors import RESPONSE_STARTED
 from shuffled.server.middleware import SENT_BYTES
+from shuffled.server.peers import Reads, reads_of
 from shuffled.server.state import DaemonState, state_of
 from shuffled.server.waiters import WATCH, TaskWatch
 from shuffled.server.sendfile import send_ranges
@@ -72,19 +73,19 @@ def _wait(request: web.Request, state: DaemonState) -> float:
 
 
 
-async def _plan(state: DaemonState, key: PartitionKey, subs: list[str] | None, token: int,
+async def _plan(state: DaemonState, reads: Reads, key: PartitionKey, subs: list[str] | None, token: int,
                 max_bytes: int) -> tuple[Page, list[PartialMeta], bool]:
     """The page at ``token`` (ReadAgain if the seal left out what it passed), its partials
     and whether the partition is complete with it; past the seal, the next token carries
     SEALED_FLAG."""
-    metas, held_back, sealed = state.store.view(key, subs, token)
-    await state.store.localize(metas)
+    metas, held_back, sealed = reads.view(key, subs, token)
+    await reads.localize(metas)
     try:
         page = await state.store.run(plan_page, metas, token, max_bytes)
     except FileNotFoundError:
         # A pack no longer local: read back from deep storage if it was offloaded (else
         # deleted meanwhile, as before).
-        if not await state.store.localize(metas, missing=True):
+        if not await reads.localize(metas, missing=True):
             raise
         page = await state.store.run(plan_page, metas, token, max_bytes)
     if sealed and page.next_token:  # 0 stays 0: the start is the start
@@ -109,23 +110,24 @@ async def get_pages(request: web.Request) -> web.StreamResponse:
         await asyncio.sleep(state.settings.failed_read_delay)
         return _failed(headers, token)
     changed = watch.event(sup)  # before looking: a commit in between still wakes us
-    page, metas, complete = await _plan(state, key, subs, token, max_bytes)
+    reads = reads_of(request)
+    page, metas, complete = await _plan(state, reads, key, subs, token, max_bytes)
     if not page.batches and not complete and wait > 0:
         early = await watch.wait(changed, wait)
         state.metrics.long_polls.labels(LongPoll.EARLY if early else LongPoll.TIMEOUT).inc()
         if state.store.failed(sup):
             return _failed(headers, token)
-        page, metas, complete = await _plan(state, key, subs, token, max_bytes)
+        page, metas, complete = await _plan(state, reads, key, subs, token, max_bytes)
     headers.update({
         NEXT_TOKEN_HEADER: str(page.next_token), COMPLETE_HEADER: str(complete).lower(),
         PENDING_BYTES_HEADER: str(page.pending_bytes),
-        TASK_STATE_HEADER: state.store.state(sup),
+        TASK_STATE_HEADER: reads.state(sup),
     })
     if not page.batches:
         return web.Response(status=200, headers=headers)
     with state.downloads.slot():
         used = sorted({p[0] for p in page.pieces if isinstance(p, tuple)})
-        opened = await state.store.open_many([metas[i] for i in used])
+        opened = await reads.open_many([metas[i] for i in used])
         files = dict(zip(used, opened))
         try:
             headers[CONTENT_DIGEST] = format_crc32c(await state.store.run(page_crc, files, page))
@@ -176,8 +178,12 @@ async def put_seal(request: web.Request) -> web.Response:
                           f"{MAX_SEAL_IDS} ids") from None
     subs = [validate_id(s, "subTaskId") for s in subs]
     new = await state.store.seal(sup, subs)  # refused (409) for a failed task
-    return web.json_response({"supervisorTaskId": sup, "sealed": True, "new": new,
-                              "subTaskIds": len(set(subs))})
+    answer: dict[str, Any] = {"supervisorTaskId": sup, "sealed": True, "new": new,
+                              "subTaskIds": len(set(subs))}
+    deep = state.store.offload_state(sup)
+    if deep is not None:  # the instance names this daemon's share in the tier
+        answer["deepStorage"] = deep
+    return web.json_response(answer)
 
 
 async def post_fail(request: web.Request) -> web.Response:
@@ -190,11 +196,18 @@ def _state_body(state: DaemonState, sup: str) -> dict[str, Any]:
     entry = state.store.task(sup)
     current = state.store.state(sup)
     received = entry.received_partials if entry else 0
-    return {"supervisorTaskId": sup, "state": current,
-            # changes exactly when a partial commits, the task is sealed or fails
-            "tag": f"{current}.{received}.{entry.files if entry else 0}",
-            "partials": entry.files if entry else 0,
-            "sealedSubTasks": len(state.store.seals.get(sup, ()))}
+    deep = state.store.offload_state(sup)
+    body: dict[str, Any] = {
+        "supervisorTaskId": sup, "state": current,
+        # changes exactly when a partial commits, the task is sealed or fails, or (with
+        # deep storage) its offload ends
+        "tag": f"{current}.{received}.{entry.files if entry else 0}"
+               + (f".{deep['offload']}" if deep else ""),
+        "partials": entry.files if entry else 0,
+        "sealedSubTasks": len(state.store.seals.get(sup, ()))}
+    if deep is not None:
+        body["deepStorage"] = deep
+    return body
 
 
 async def get_state(request: web.Request) -> web.Response:

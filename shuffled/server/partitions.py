@@ -25,6 +25,7 @@ from shuffled.metrics import Served
 from shuffled.protocol import Interval, PartitionKey, parse_partition_id, validate_id
 from shuffled.server.errors import RESPONSE_STARTED
 from shuffled.server.middleware import SENT_BYTES
+from shuffled.server.peers import reads_of
 from shuffled.server.sendfile import Piece, send_ranges
 from shuffled.server.state import state_of
 from shuffled.storage import EOS, FastPlan, PartialMeta, fast_plan
@@ -85,7 +86,8 @@ async def read_partitions(request: web.Request) -> web.StreamResponse:
         # frames are planned too, so the answer's length is known: large pieces go out by
         # sendfile, which bypasses chunked coding (RFC 9112 section 7.1) and so needs a
         # Content-Length.
-        found = state.store.partitions(sup, wanted)
+        reads = reads_of(request)
+        found = reads.partitions(sup, wanted)
         planned = [(metas, *_frame(key, metas))
                    for (key, _), metas in zip(wanted, found, strict=True)]
         end = encode_end(len(wanted))
@@ -99,7 +101,7 @@ async def read_partitions(request: web.Request) -> web.StreamResponse:
             group = planned[at: at + OPEN_GROUP]
             # One executor call opens every pack the group reads (mostly the same few).
             wanted_files = [m for metas, _, p in group if p for m in metas]
-            files = await state.store.open_many(wanted_files) if wanted_files else []
+            files = await reads.open_many(wanted_files) if wanted_files else []
             try:
                 pieces: list[Piece] = []
                 first = 0

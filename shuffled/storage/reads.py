@@ -19,13 +19,11 @@ import heapq
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, IO
+from typing import TYPE_CHECKING, IO, Protocol
 
 from shuffled.errors import BadRequest, Conflict, NotFound
 from shuffled.protocol import PartialKey, PartitionKey
-from shuffled.storage.book import TaskBook
-from shuffled.storage.catalog import Catalog, Row
-from shuffled.storage.location import Location
+from shuffled.storage.catalog import Row
 from shuffled.storage.oserrors import translate
 from shuffled.storage.records import PartialMeta
 from shuffled.storage.threads import IoThreads
@@ -34,6 +32,32 @@ if TYPE_CHECKING:
     from shuffled.storage.deep import DeepStorage
 
 Cursor = tuple[int, int, int, str]
+
+
+class Place(Protocol):
+    """What reads need of a location: where its packs are, whether it serves."""
+
+    @property
+    def path(self) -> Path: ...
+    @property
+    def healthy(self) -> bool: ...
+
+
+class Holds(Protocol):
+    """Which tasks are held (the store's :class:`~shuffled.storage.book.TaskBook`)."""
+
+    def __contains__(self, sup: str, /) -> bool: ...
+
+
+class Queries(Protocol):
+    """The read queries of a location's :class:`~shuffled.storage.catalog.Catalog` (a
+    lost peer's manifest answers them too: :mod:`.deep.peers`)."""
+
+    def lookup(self, sup: str, start: int, end: int, pid: int, sub: str) -> Row | None: ...
+    def partition(self, sup: str, start: int, end: int, pid: int,
+                  subs: Sequence[str] | None) -> list[Row]: ...
+    def partitions(self, sup: str, slots: Sequence[tuple[int, int, int]]) -> list[Row]: ...
+    def page(self, sup: str, after: Cursor | None, limit: int) -> list[Row]: ...
 
 
 def encode_cursor(after: Cursor) -> str:
@@ -68,8 +92,9 @@ class Reader:
     """Queries over every location's catalog reader (event loop), opening on the I/O
     threads."""
 
-    def __init__(self, locations: Sequence[Location], catalogs: Sequence[Catalog],
-                 book: TaskBook, threads: IoThreads, deep: DeepStorage | None = None) -> None:
+    def __init__(self, locations: Sequence[Place], catalogs: Sequence[Queries],
+                 book: Holds, threads: IoThreads,
+                 deep: DeepStorage | None = None) -> None:
         self.locations = list(locations)
         self.catalogs = list(catalogs)
         self.book = book

@@ -56,6 +56,7 @@ from shuffled.storage.upload import BulkSession
 from shuffled.storage.verdicts import Verdicts
 
 if TYPE_CHECKING:
+    from shuffled.storage.deep.peers import PeerTask
     from shuffled.storage.deep import DeepStorage
 
 log = logging.getLogger("shuffled.storage")
@@ -100,7 +101,7 @@ class Store:
             from shuffled.storage.deep.service import DeepStorage as Deep  # heavy: see .deep
             self.deep = Deep(settings=settings, locations=self.locations,
                              catalogs=self.catalogs, threads=self.threads,
-                             seals=self._seals.sealed)
+                             seals=self._seals.sealed, notify=self._notify)
         self.removal = Removal(locations=self.locations, catalogs=self.catalogs,
                                threads=self.threads, book=self.book, uploads=self.uploads,
                                packs=self.packs, seals=self._seals, notify=self._notify,
@@ -342,6 +343,18 @@ class Store:
         """:meth:`.reads.Reader.localize`: packs no longer local read back from deep
         storage."""
         return await self.reader.localize(metas, missing=missing)
+
+    def offload_state(self, supervisor_task_id: str) -> dict[str, str] | None:
+        """:meth:`.deep.DeepStorage.offload_state`; None without deep storage."""
+        return None if self.deep is None else self.deep.offload_state(supervisor_task_id)
+
+    async def peer(self, supervisor_task_id: str, instance: str) -> PeerTask:
+        """The share of a task the daemon ``instance`` offloaded, served from deep storage
+        (:mod:`.deep.peers`); NotFound without deep storage or a complete copy there."""
+        if self.deep is None:
+            raise NotFound(f"this daemon has no deep storage to read {instance}'s share of "
+                           f"{supervisor_task_id} from", supervisorTaskId=supervisor_task_id)
+        return await self.deep.peer(supervisor_task_id, instance)
 
     async def open_many(self, metas: Sequence[PartialMeta]) -> list[IO[bytes]]:
         """Open the packs of ``metas`` (each once) up front; one file object per meta."""

@@ -120,26 +120,30 @@ def _q(pid: int) -> dict[str, str]:
 
 
 async def _fill(client: TestClient, sup: str, subs: int = 2, pids: int = 3,
-                blob: int = 0) -> dict[tuple[str, int], bytes]:
+                blob: int = 0, headers: dict[str, str] | None = None,
+                ) -> dict[tuple[str, int], bytes]:
     """Upload subs x pids partials of ``sup`` and seal it; what was uploaded."""
     sent = {}
     for s in range(subs):
         for p in range(pids):
             body = _arrow(_table(s * 10 + p, blob=blob))
             resp = await client.put(f"{PREFIX}/tasks/{sup}/sub{s}/partition", params=_q(p),
-                                    data=body)
+                                    data=body, headers=headers)
             assert resp.status == 201, await resp.text()
             sent[(f"sub{s}", p)] = body
     resp = await client.put(f"{PREFIX}/tasks/{sup}/seal",
-                            json={"subTaskIds": [f"sub{s}" for s in range(subs)]})
+                            json={"subTaskIds": [f"sub{s}" for s in range(subs)]},
+                            headers=headers)
     assert resp.status == 200, await resp.text()
     return sent
 
 
 async def _answers(client: TestClient, sup: str, sent: dict[tuple[str, int], bytes],
-                   ) -> list[Any]:
+                   prefix: str = PREFIX) -> list[Any]:
     """Everything a reader can get of ``sup``: each partial whole and a Range of it with
-    their digests, each partition's aggregate, its pages, and the bulk read."""
+    their digests, each partition's aggregate, its pages, and the bulk read (under
+    ``prefix``: a peer's share is read under ``/peers/<instance>`` + PREFIX)."""
+    PREFIX = prefix  # noqa: N806 (the module's name, shadowed on purpose)
     out: list[Any] = []
     for (sub, pid), body in sorted(sent.items()):
         resp = await client.get(f"{PREFIX}/tasks/{sup}/{sub}/partition", params=_q(pid))

@@ -99,8 +99,11 @@ class Offloader:
                  locations: Sequence[Location], catalogs: Sequence[Catalog],
                  threads: IoThreads, executor: ThreadPoolExecutor, journal: Journal,
                  seals: Callable[[str], frozenset[str] | None], stats: DeepStats,
-                 concurrency: int, bandwidth: int) -> None:
+                 concurrency: int, bandwidth: int,
+                 on_done: Callable[[str], None] = lambda sup: None) -> None:
         self.tier = tier
+        self.on_done = on_done  # a task's job ended (copied, failed or stopped)
+        self.failures: dict[str, str] = {}  # sup -> why its last offload failed
         self.secret = secret
         self.instance = instance
         self.locations = list(locations)
@@ -128,6 +131,7 @@ class Offloader:
         """Offload ``sup`` (sealed): now, or again once its running job ends."""
         if self.closing:
             return
+        self.failures.pop(sup, None)
         if sup in self.jobs:
             self._again.add(sup)
             return
@@ -169,6 +173,7 @@ class Offloader:
                     return
                 except Exception as exc:  # the tier or a disk failed: next seal or start
                     self.stats.errors += 1
+                    self.failures[sup] = f"{type(exc).__name__}: {exc}"
                     log.error("offload of %s to %s failed: %s", sup, self.tier.uri, exc)
                     return
                 if sup not in self._again or self.closing:
@@ -179,6 +184,7 @@ class Offloader:
             self._again.discard(sup)
             if not self.jobs:
                 self._idle.set()
+            self.on_done(sup)
 
     async def _rows(self, sup: str) -> list[tuple[int, Row]]:
         rows: list[tuple[int, Row]] = []

@@ -15,15 +15,15 @@ import asyncio
 import logging
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from shuffled.config import Settings
-from shuffled.errors import CorruptData, LocationFailed, Overloaded
+from shuffled.errors import CorruptData, LocationFailed, NotFound, Overloaded
 from shuffled.storage.catalog import Catalog
-from shuffled.storage.deep import crypt, manifest, readback
+from shuffled.storage.deep import crypt, manifest, peers, readback
 from shuffled.storage.deep.instance import instance_id
 from shuffled.storage.deep.journal import Copied, Entry, Journal
 from shuffled.storage.deep.offload import Offloader
@@ -42,6 +42,7 @@ class DeepStorage:
     def __init__(self, *, settings: Settings, locations: Sequence[Location],
                  catalogs: Sequence[Catalog], threads: IoThreads,
                  seals: Mapping[str, frozenset[str]],
+                 notify: Callable[[str], None] = lambda sup: None,
                  environ: Mapping[str, str] | None = None) -> None:
         assert settings.deep_storage, "deep storage is not configured"
         self.tier = Tier(settings.deep_storage, os.environ if environ is None else environ)
@@ -60,11 +61,14 @@ class DeepStorage:
             locations=locations, catalogs=catalogs, threads=threads, executor=self.executor,
             journal=self.journal, seals=seals.get, stats=self.stats,
             concurrency=settings.deep_storage_concurrency,
-            bandwidth=settings.deep_storage_bandwidth)
+            bandwidth=settings.deep_storage_bandwidth, on_done=notify)
         # Packs read back: (sup, location, pack) -> the cached file (see :mod:`.readback`).
         self.cached: dict[tuple[str, int, int], Path] = {}
         self._fetches: dict[tuple[str, int, int], asyncio.Future[Path]] = {}
         self._background: set[asyncio.Task[Any]] = set()
+        # Lost peers' shares served here: (sup, instance) -> its manifest as a catalog.
+        self.peers: dict[tuple[str, str], peers.PeerTask] = {}
+        self._peer_loads: dict[tuple[str, str], asyncio.Future[peers.PeerTask]] = {}
 
     @property
     def pending(self) -> int:
@@ -110,6 +114,24 @@ class DeepStorage:
         """``sup`` was sealed: copy it (again) in the background."""
         self.offloader.request(sup)
 
+    def offload_state(self, sup: str) -> dict[str, str]:
+        """What a supervisor asks before counting on the tier: this daemon's instance and
+        whether ``sup``'s copy of its current seal is ``complete``, ``pending``,
+        ``failed`` (with why; retried at the next seal or start) or ``none``."""
+        body = {"instance": self.instance}
+        entry = self.journal.entries.get(sup)
+        subs = self.seals.get(sup)
+        if sup in self.offloader.jobs:
+            body["offload"] = "pending"
+        elif sup in self.offloader.failures:
+            body.update(offload="failed", error=self.offloader.failures[sup])
+        elif (entry is not None and entry.complete and not entry.deleting
+              and entry.subs == subs):
+            body["offload"] = "complete"
+        else:
+            body["offload"] = "none" if subs is None else "pending"
+        return body
+
     def offloaded(self, sup: str) -> bool:
         entry = self.journal.entries.get(sup)
         return entry is not None and entry.complete and not entry.deleting
@@ -120,6 +142,8 @@ class DeepStorage:
         await self.offloader.stop(sup)
         for key in [k for k in self.cached if k[0] == sup]:
             del self.cached[key]
+        for slot in [k for k in self.peers if k[0] == sup]:
+            del self.peers[slot]
         for loc in self.locations:
             try:
                 await self.threads.run(shutil.rmtree, readback.cache_dir(loc.path, sup), True)
@@ -202,18 +226,77 @@ class DeepStorage:
                                  "storage", location="all")
         key = manifest.pack_key(first.location, first.pack)
         dest = readback.cache_path(root.path, sup, key, copied)
+        await self._read_back(sup, copied, dest, metas)
+        self.cached[(sup, first.location, first.pack)] = dest
+        return dest
+
+    async def _read_back(self, sup: str, copied: Copied, dest: Path,
+                         metas: list[PartialMeta]) -> None:
+        """Fetch the pack ``copied`` into ``dest``, checked (see :mod:`.readback`)."""
         secret = crypt.task_key(self.secret, sup)
         try:
             got = await self._tier(readback.fetch, self.tier, secret, sup, copied, dest, metas)
         except (readback.Mismatch, crypt.Undecryptable) as exc:
             self.stats.errors += 1
-            raise CorruptData(f"the deep-storage copy of {first.key}'s pack does not check: "
-                              f"{exc}", key=str(first.key)) from exc
+            raise CorruptData(f"the deep-storage copy {copied.object} does not check: {exc}",
+                              key=str(metas[0].key)) from exc
         except Exception as exc:
             self.stats.errors += 1
             raise Overloaded(f"deep storage {self.tier.uri} could not be read: {exc}",
                              retry_after=5, tier=self.tier.uri) from exc
         self.stats.read_bytes += got
-        self.cached[(sup, first.location, first.pack)] = dest
-        log.info("read %s's pack %s back from %s (%d bytes)", sup, key, self.tier.uri, got)
-        return dest
+        log.info("read %s back from %s (%d bytes)", copied.object, self.tier.uri, got)
+
+    # -- a lost peer's share ------------------------------------------------------------
+
+    async def peer(self, sup: str, instance: str) -> peers.PeerTask:
+        """The share of ``sup`` the daemon ``instance`` offloaded, served here from its
+        manifest (read once, concurrent callers share the load). NotFound if its copy is
+        not complete in the tier; Overloaded if the tier cannot be read; CorruptData if the
+        manifest does not decrypt or parse."""
+        slot = (sup, instance)
+        got = self.peers.get(slot)
+        if got is not None:
+            return got
+        running = self._peer_loads.get(slot)
+        if running is None:
+            running = asyncio.ensure_future(self._load_peer(sup, instance))
+            self._peer_loads[slot] = running
+            running.add_done_callback(lambda _: self._peer_loads.pop(slot, None))
+        return await asyncio.shield(running)
+
+    async def _load_peer(self, sup: str, instance: str) -> peers.PeerTask:
+        name = manifest.manifest_object(sup, instance)
+        try:
+            data = await self._tier(self.tier.read, name)
+        except FileNotFoundError:
+            raise NotFound(f"daemon {instance} has no complete copy of {sup} in deep storage "
+                           f"{self.tier.uri}: its offload had not finished, or the task was "
+                           "deleted", supervisorTaskId=sup, instance=instance) from None
+        except Exception as exc:
+            self.stats.errors += 1
+            raise Overloaded(f"deep storage {self.tier.uri} could not be read: {exc}",
+                             retry_after=5, tier=self.tier.uri) from exc
+        try:
+            body = manifest.parse(crypt.decrypt(crypt.task_key(self.secret, sup), sup, name,
+                                                data))
+            task = peers.PeerTask(
+                sup=sup, instance=instance, subs=frozenset(body["subTaskIds"]),
+                packs=peers.parse_packs(body), rows=peers.parse_rows(body),
+                cache=readback.cache_dir(self._cache_root().path, sup), threads=self.threads,
+                fetch=lambda copied, dest, metas: self._read_back(sup, copied, dest, metas))
+        except (crypt.Undecryptable, ValueError, KeyError, TypeError) as exc:
+            self.stats.errors += 1
+            raise CorruptData(f"the manifest of {sup} from {instance} in {self.tier.uri} "
+                              f"does not check: {exc}", supervisorTaskId=sup) from exc
+        self.peers[(sup, instance)] = task
+        log.info("serving %s's share of %s from %s: %d partials", instance, sup,
+                 self.tier.uri, task.rows)
+        return task
+
+    def _cache_root(self) -> Location:
+        root = next((loc for loc in self.locations if loc.healthy), None)
+        if root is None:
+            raise LocationFailed("no healthy location to hold packs read back from deep "
+                                 "storage", location="all")
+        return root
