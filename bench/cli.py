@@ -31,6 +31,7 @@ COMPARISONS = {
     "druid_json": "bench.druid:run_json",
     "scale": "bench.scale",
     "merge": "bench.merge_memory",
+    "deep": "bench.deep",
 }
 
 

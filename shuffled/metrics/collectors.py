@@ -100,6 +100,12 @@ class StoreCollector(Collector):
         yield GaugeMetricFamily("shuffled_deep_offload_pending_tasks", "Sealed tasks being "
                                 "copied to the deep-storage tier or waiting to be.",
                                 value=deep.pending if deep is not None else 0)
+        yield CounterMetricFamily("shuffled_deep_evicted_bytes", "Local pack bytes removed "
+                                  "to keep free space over the reserve (their copies in the "
+                                  "tier serve them).", value=stats.evicted_bytes)
+        yield CounterMetricFamily("shuffled_deep_spilled_packs", "Packs of unsealed tasks "
+                                  "copied to the tier early, to be evicted from a full "
+                                  "location.", value=stats.spilled_packs)
         yield CounterMetricFamily("shuffled_deep_read_bytes", "Pack bytes read back from the "
                                   "deep-storage tier (packs no longer local).",
                                   value=stats.read_bytes)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import heapq
 import socket
 import time
+from typing import Any
 from html import escape
 
 from aiohttp import web
@@ -126,6 +127,17 @@ def _sweep_row(record: SweepRecord, now: float) -> str:
             f"<td>{outcome}</td></tr>")
 
 
+def _deep_line(deep: Any) -> str:
+    """Deep storage's figures (nothing without it)."""
+    if deep is None:
+        return ""
+    st = deep.stats
+    return (f"<p class=meta id=deep>deep storage {escape(deep.tier.uri)}: "
+            f"{_bytes(st.offloaded_bytes)} offloaded, {_bytes(st.evicted_bytes)} evicted "
+            f"({st.spilled_packs} packs spilled), {_bytes(st.read_bytes)} read back, "
+            f"{deep.pending} tasks pending, {st.errors} errors</p>")
+
+
 def render(state: DaemonState, usages: list[tuple[int, int]], task_states: dict[str, TaskDataState],
            now: float, where: str = "") -> str:
     """The page's HTML (``usages``: (file system bytes, free bytes) per location;
@@ -142,7 +154,7 @@ def render(state: DaemonState, usages: list[tuple[int, int]], task_states: dict[
             f"{_bytes(sum(t.bytes for t in tasks))} held &middot; uploads {state.uploads.active}, "
             f"downloads {state.downloads.active} in flight"
             + (' &middot; <span class="bad">draining</span>' if state.drain.draining else "")
-            + "</p>")
+            + "</p>" + _deep_line(store.deep))
     locs = "".join(_location_row(loc, u) for loc, u in zip(store.locations, usages))
     rows = "".join(_task_row(t, task_states.get(t.supervisor_task_id, TaskDataState.RUNNING),
                              now, settings.expiry_timeout,

@@ -54,6 +54,11 @@ class Uploads:
         if writes is not None and not writes.sessions and not writes.committing:
             del self._writes[sup]
 
+    def busy(self, sup: str) -> bool:
+        """Whether an upload session of ``sup`` is open or a commit of it under way (then
+        its packs may be appended to: deep storage's eviction leaves the task alone)."""
+        return sup in self._writes
+
     def open(self, sup: str, session: Session) -> None:
         self._of(sup).sessions.add(session)
 

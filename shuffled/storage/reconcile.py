@@ -115,8 +115,10 @@ def _settle(catalog: Catalog, sup: str, number: int, path: Path, found: Recovere
             os.close(fd)
 
 
-def reconcile(root: Path, catalog: Catalog) -> Recovered:
-    """Cut torn tails, drop what has no bytes, remove what has no rows (writer thread)."""
+def reconcile(root: Path, catalog: Catalog,
+              kept: frozenset[tuple[str, int]] = frozenset()) -> Recovered:
+    """Cut torn tails, drop what has no bytes, remove what has no rows (writer thread).
+    ``kept`` are (sup, pack) evicted to deep storage: missing on purpose, rows kept."""
     found = Recovered()
     on_disk: set[tuple[str, int]] = set()
     for entry in os.scandir(root):
@@ -137,7 +139,9 @@ def reconcile(root: Path, catalog: Catalog) -> Recovered:
             os.rmdir(entry.path)  # only succeeds for a task left with no packs
         except OSError:
             pass
-    for sup, number in catalog.packs() - on_disk:
+    for _, number in kept:
+        found.max_pack = max(found.max_pack, number)  # never numbered again
+    for sup, number in catalog.packs() - on_disk - kept:
         dropped = catalog.drop_pack(sup, number)
         found.dropped += dropped
         log.warning("pack %s/%s of %s is missing: %d partial segment(s) dropped",

@@ -10,12 +10,12 @@ robin, checks its file system and writes in one I/O-thread call (:func:`.packs.o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from shuffled.config import Settings
-from shuffled.errors import Conflict, ShuffleError
+from shuffled.errors import Conflict, InsufficientStorage, ShuffleError
 from shuffled.storage import packs
 from shuffled.storage.admission import Admission
 from shuffled.storage.committer import Committer
@@ -40,6 +40,9 @@ class Writing:
     packs: PackSource
     committer: Committer
     admission: Admission
+    # With deep storage: asked once before a 507 to free room by evicting what the tier
+    # holds (:mod:`.deep.evict`); whether a location may take the size now.
+    make_room: Callable[[int], Awaitable[bool]] | None = None
 
 
 def deleted(sup: str) -> Conflict:
@@ -107,14 +110,23 @@ class SessionPacks:
         session's pack there, then run ``job(pack, *args)`` on an I/O thread in the same
         call (checking the file system, creating the pack if needed, and writing: one hop).
         A location found full, read-only or failing is skipped (and taken out of service
-        when the disk is at fault); InsufficientStorage when none is left."""
+        when the disk is at fault); InsufficientStorage when none is left, after asking
+        deep storage (if any) once to make room."""
         source = self.parts.packs
         fsync = self.parts.settings.fsync
         tried: set[int] = set()
+        make_room, made_room = self.parts.make_room, False
         while True:
             if self.cancelled:
                 raise deleted(self.sup)
-            loc = source.placement.choose(size, frozenset(tried))
+            try:
+                loc = source.placement.choose(size, frozenset(tried))
+            except InsufficientStorage:
+                if make_room is None or made_room or not await make_room(size):
+                    raise
+                made_room = True  # once: then every location is tried again
+                tried.clear()
+                continue
             pack = self._held.pop(loc.index, None)
             if pack is not None and (pack.dead or pack.size + size > source.max_bytes):
                 # Not released now: partials of it may still be waiting for their group

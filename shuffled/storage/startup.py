@@ -4,7 +4,7 @@ load what is held (task figures, partitions, generations, pack numbers, seals)."
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,11 +46,15 @@ async def open_locations(locations: Sequence[Location], catalogs: Sequence[Catal
 
 
 async def load(locations: Sequence[Location], catalogs: Sequence[Catalog], threads: IoThreads,
-               book: TaskBook, horizon: Horizon, packs: PackSource, seals: Seals) -> Opened:
+               book: TaskBook, horizon: Horizon, packs: PackSource, seals: Seals,
+               kept: Mapping[int, frozenset[tuple[str, int]]] | None = None) -> Opened:
     """Reconcile every location and load its figures into the book (after
-    :func:`open_locations`)."""
+    :func:`open_locations`). ``kept``: per location, the packs evicted to deep storage,
+    whose rows stay although their files are gone."""
     out = Opened()
-    found_at = [await threads.on_writer(loc.index, reconcile.reconcile, loc.path, catalog)
+    kept = kept or {}
+    found_at = [await threads.on_writer(loc.index, reconcile.reconcile, loc.path, catalog,
+                                        kept.get(loc.index, frozenset()))
                 for loc, catalog in zip(locations, catalogs, strict=True)]
     dropped, touched = await _forget_shadowed(locations, catalogs, threads)
     out.dropped += dropped
@@ -58,7 +62,8 @@ async def load(locations: Sequence[Location], catalogs: Sequence[Catalog], threa
         # A forgotten copy may have been its pack's only or last partial: settle that
         # location's packs again, or the pack stays on disk with nothing referring to it.
         loc = locations[index]
-        again = await threads.on_writer(index, reconcile.reconcile, loc.path, catalogs[index])
+        again = await threads.on_writer(index, reconcile.reconcile, loc.path, catalogs[index],
+                                        kept.get(index, frozenset()))
         again.dropped += found_at[index].dropped
         again.max_pack = max(again.max_pack, found_at[index].max_pack)
         found_at[index] = again

@@ -58,6 +58,7 @@ from shuffled.storage.verdicts import Verdicts
 if TYPE_CHECKING:
     from shuffled.storage.deep.peers import PeerTask
     from shuffled.storage.deep import DeepStorage
+    from shuffled.storage.deep.evict import Evictor
 
 log = logging.getLogger("shuffled.storage")
 T = TypeVar("T")
@@ -113,9 +114,16 @@ class Store:
                                                settings.task_quota_partials))
         # The driver's lost-daemon verdicts per task (memory only, bounded like failed marks).
         self.verdicts = Verdicts(ttl=settings.expiry_timeout)
+        self.evictor: Evictor | None = None
+        if self.deep is not None:
+            from shuffled.storage.deep.evict import Evictor as Evicting
+            self.evictor = Evicting(deep=self.deep, locations=self.locations,
+                                    catalogs=self.catalogs, threads=self.threads,
+                                    uploads=self.uploads, packs=self.packs, book=self.book)
         self._writing = Writing(settings=settings, locations=self.locations,
                                 threads=self.threads, uploads=self.uploads, packs=self.packs,
-                                committer=self.committer, admission=self.admission)
+                                committer=self.committer, admission=self.admission,
+                                make_room=self.evictor.make_room if self.evictor else None)
         self.recovered_partials = 0
         self.dropped_on_recovery = 0
 
@@ -129,12 +137,17 @@ class Store:
         """Lock every location, check its format, reconcile packs and catalog, load figures."""
         await startup.open_locations(self.locations, self.catalogs, self.threads,
                                      self.settings.fsync)
+        kept = None
+        if self.deep is not None:  # packs evicted to the tier: their rows are kept
+            from shuffled.storage.deep.evict import kept as evicted
+            await self.deep.journal.load()
+            kept = evicted(self.deep.journal.entries)
         opened = await startup.load(self.locations, self.catalogs, self.threads, self.book,
-                                    self.generations, self.packs, self._seals)
+                                    self.generations, self.packs, self._seals, kept)
         self.recovered_partials = opened.recovered
         self.dropped_on_recovery = opened.dropped
         if self.deep is not None:
-            await self.deep.start()
+            await self.deep.start(held=self.book.entries)
 
     async def close(self) -> None:
         if self.deep is not None:

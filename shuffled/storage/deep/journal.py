@@ -3,7 +3,9 @@
 One small JSON file per task in every healthy location's metadata directory
 (``<location>/.shuffled/deep/<supervisorTaskId>.json``), written atomically like a seal:
 the seal it was made for, each pack copied (its size, CRC32C and object name) and whether
-the manifest, written last, completed the task. ``deleting`` marks a task whose prefix in
+the manifest, written last, completed the task. ``evicted`` names the packs whose local
+file was removed to free space (:mod:`.evict`): recovery keeps their catalog rows and reads
+serve them from the tier. ``deleting`` marks a task whose prefix in
 the tier a DELETE or an expiry has yet to remove (retried by the sweeper and at start).
 Copies agree but for a location that missed a write: the one of the newest ``updated``
 wins. Versioned: a file of another version is refused at start.
@@ -50,11 +52,14 @@ class Entry:
     complete: bool = False  # the manifest of ``subs`` and ``packs`` is in the tier
     deleting: bool = False
     updated: float = 0.0
+    evicted: set[str] = field(default_factory=set)  # packs whose local file was removed
+    offloaded_at: float = 0.0  # when the copy last completed (eviction takes oldest first)
 
     def to_json(self) -> dict[str, Any]:
         return {"version": JOURNAL_VERSION, "supervisorTaskId": self.sup,
                 "subTaskIds": sorted(self.subs), "complete": self.complete,
                 "deleting": self.deleting, "updated": self.updated,
+                "evicted": sorted(self.evicted), "offloadedAt": self.offloaded_at,
                 "packs": {k: {"object": c.object, "size": c.size, "crc32c": c.crc}
                           for k, c in sorted(self.packs.items())}}
 
@@ -66,6 +71,10 @@ class Entry:
         return cls(sup=str(body["supervisorTaskId"]), subs=frozenset(body["subTaskIds"]),
                    complete=bool(body["complete"]), deleting=bool(body["deleting"]),
                    updated=float(body["updated"]),
+                   # Absent from journals written before eviction (same version: nothing
+                   # else changed, and an older daemon ignores them).
+                   evicted=set(body.get("evicted", [])),
+                   offloaded_at=float(body.get("offloadedAt", 0.0)),
                    packs={k: Copied(str(v["object"]), int(v["size"]), int(v["crc32c"]))
                           for k, v in body["packs"].items()})
 
@@ -112,8 +121,14 @@ class Journal:
         self.fsync = fsync
         self.entries: dict[str, Entry] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self.loaded = False
 
     async def load(self) -> None:
+        """Read the entries (once: the store reads them before recovery, which must keep
+        the rows of evicted packs, and the tier's start finds them read)."""
+        if self.loaded:
+            return
+        self.loaded = True
         for loc in self.locations:
             for sup, entry in (await self.threads.run(read_all, loc.path)).items():
                 held = self.entries.get(sup)

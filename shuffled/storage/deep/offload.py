@@ -214,7 +214,11 @@ class Offloader:
             wanted[manifest.pack_key(index, pack)] = (
                 layout.pack_path(loc.path, sup, pack),
                 manifest.pack_object(sup, instance, index, pack))
-        sizes = {k: await self.threads.run(os.path.getsize, path)
+        # An evicted pack's file is gone and never grows again (its task's later uploads
+        # go to new packs): its copy stands.
+        entry.evicted &= set(wanted)
+        sizes = {k: entry.packs[k].size if k in entry.evicted
+                 else await self.threads.run(os.path.getsize, path)
                  for k, (path, _) in wanted.items()}
         todo = [k for k in wanted if k not in entry.packs or entry.packs[k].size != sizes[k]]
         stop = self._stops[sup]
@@ -230,6 +234,7 @@ class Offloader:
         if stop.is_set():
             raise Stopped()
         entry.complete = True
+        entry.offloaded_at = time.time()
         await self.journal.save(entry)
         self.stats.offloaded_tasks += 1
         log.info("offloaded %s to %s: %d packs", sup, self.tier.uri, len(entry.packs))

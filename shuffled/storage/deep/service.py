@@ -15,7 +15,7 @@ import asyncio
 import logging
 import os
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -79,13 +79,14 @@ class DeepStorage:
 
     # -- lifecycle ----------------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self, held: Container[str] = frozenset()) -> None:
         """Name this daemon (stable across restarts), read the journal, resume offloads a
-        restart interrupted, and retry deletions of the tier's copies still owed."""
+        restart interrupted, and retry deletions of the tier's copies still owed (those of
+        tasks deleted; a task still ``held`` here, not sealed, keeps the packs it spilled)."""
         self.instance = await self.threads.run(instance_id, [loc.path for loc in self.locations])
         await self.journal.load()
         owed = [sup for sup, e in self.journal.entries.items()
-                if e.deleting or sup not in self.seals]
+                if e.deleting or (sup not in self.seals and not (e.evicted and sup in held))]
         if owed:
             task = asyncio.get_running_loop().create_task(self._delete_all(owed))
             self._background.add(task)

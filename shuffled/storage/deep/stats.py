@@ -14,4 +14,7 @@ class DeepStats:
     offloaded_packs: int = 0
     offloaded_tasks: int = 0
     read_bytes: int = 0  # pack bytes read back from the tier
+    evicted_bytes: int = 0  # local pack (and read-back cache) bytes removed to free space
+    evicted_packs: int = 0
+    spilled_packs: int = 0  # packs of unsealed tasks copied early to be evicted
     errors: int = 0

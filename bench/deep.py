@@ -1,0 +1,177 @@
+"""Comparison 10: deep storage's offload throughput against a plain pyarrow.fs copy.
+
+One sealed task of ``large`` bytes (4 MiB partials in 64 MiB packs) held by an in-process
+store configured with deep storage on a moto S3 server on loopback (the test suite's
+server). Ours: the store's offloader copying the task (read, CRC32C, AES-256-GCM per
+1 MiB chunk, upload; default ``deep_storage_concurrency`` 2); baseline: ``pyarrow.fs
+.copy_files`` of the same pack files, plaintext, to the same server (its own threads).
+Samples alternate, medians; each sample's objects are removed after it. Target: >= 0.8x.
+Both sides and the server share this process and machine: the figure is the offloader's
+cost relative to a copy, not S3's throughput.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import secrets
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from bench.context import Ctx, MiB
+from bench.stats import Result, alternate, compare, median
+
+PARTIAL = 4 * MiB
+DAY = ("2018-01-01T00:00:00.000Z", "2018-01-02T00:00:00.000Z")
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _body(seed: int) -> bytes:
+    rows = 16
+    table = pa.table({"__time": pa.array([1514764800000 + r for r in range(rows)], pa.int64()),
+                      "blob": pa.array([os.urandom(PARTIAL // rows) for _ in range(rows)],
+                                       pa.binary()),
+                      "seed": pa.array([seed] * rows, pa.int64())})
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
+async def _one(body: bytes) -> Any:
+    yield body
+
+
+class _Bench:
+    """An in-process store with deep storage, on its own event loop."""
+
+    def __init__(self, base: Path, uri: str, key_file: Path) -> None:
+        from shuffled.config import load_settings
+        from shuffled.storage import Store
+
+        self.settings = load_settings(environ={}, overrides={
+            "locations": [str(base / "loc")], "free_space_reserve": 0, "fsync": False,
+            "pack_max_bytes": 64 * MiB, "deep_storage": uri,
+            "deep_storage_key_file": str(key_file)})
+        self.loop = asyncio.new_event_loop()
+        self.store = Store(self.settings)
+        self.run(self.store.open())
+
+    def run(self, work: Any) -> Any:
+        return self.loop.run_until_complete(work)
+
+    def fill(self, sup: str, total: int) -> list[Path]:
+        from shuffled.protocol import Interval, PartialKey
+
+        interval = Interval.parse(*DAY)
+        bodies = [_body(i) for i in range(4)]
+
+        async def go() -> None:
+            # Four sessions at once, as concurrent uploads would: four packs in turn.
+            async def put(i: int) -> None:
+                body = bodies[i % 4]
+                await self.store.put(PartialKey(sup, f"s{i}", interval, i % 8), _one(body),
+                                     len(body), None)
+            count = max(4, total // PARTIAL)
+            for start in range(0, count, 4):
+                await asyncio.gather(*(put(i) for i in range(start, min(count, start + 4))))
+            await self.store.seal(sup, [f"s{i}" for i in range(count)])
+            assert self.store.deep is not None
+            await self.store.deep.idle()
+        self.run(go())
+        return sorted((Path(self.settings.locations[0].path) / sup).glob("*.pack"))
+
+    def offload(self, sup: str) -> float:
+        deep = self.store.deep
+        assert deep is not None
+
+        async def go() -> float:
+            await deep.forget(sup)  # the copy made by the last sample (or the seal) goes
+            began = time.perf_counter()
+            deep.offload(sup)
+            await deep.idle()
+            took = time.perf_counter() - began
+            assert deep.offloaded(sup), "the offload failed"
+            return took
+        return float(self.run(go()))
+
+    def close(self) -> None:
+        self.run(self.store.close())
+        self.loop.close()
+
+
+def run(ctx: Ctx) -> list[Result]:
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's access log
+
+    s = ctx.sizes
+    base = ctx.scratch("deep")
+    port = _port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    env = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": secrets.token_hex(20),
+           "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{port}"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    bench: _Bench | None = None
+    try:
+        fs = pafs.S3FileSystem(access_key=env["AWS_ACCESS_KEY_ID"],
+                               secret_key=env["AWS_SECRET_ACCESS_KEY"], region="us-east-1",
+                               endpoint_override=f"127.0.0.1:{port}", scheme="http",
+                               allow_bucket_creation=True)
+        fs.create_dir("bench-deep")
+        key_file = base / "deep.key"
+        key_file.write_bytes(secrets.token_bytes(48))
+        bench = _Bench(base, "s3://bench-deep/tier", key_file)
+        packs = bench.fill("deep-1", s.large)
+        nbytes = sum(p.stat().st_size for p in packs)
+        local = pafs.LocalFileSystem()
+        counter = iter(range(1 << 30))
+
+        def ours() -> dict[str, float]:
+            seconds = bench.offload("deep-1")  # type: ignore[union-attr]
+            return {"seconds": seconds, "mbps": nbytes / seconds / 1e6}
+
+        def plain() -> dict[str, float]:
+            dest = f"bench-deep/plain/{next(counter)}"
+            began = time.perf_counter()
+            for path in packs:
+                pafs.copy_files(str(path), f"{dest}/{path.name}", source_filesystem=local,
+                                destination_filesystem=fs, use_threads=True)
+            seconds = time.perf_counter() - began
+            fs.delete_dir(dest)
+            return {"seconds": seconds, "mbps": nbytes / seconds / 1e6}
+
+        got = alternate({"offloader": ours, "copy_files": plain}, s.repeats)
+    finally:
+        if bench is not None:
+            bench.close()
+        server.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    what = f"{nbytes / MiB:.0f} MiB sealed task ({len(packs)} packs)"
+    common = {"bytes": nbytes, "packs": len(packs), "repeats": s.repeats,
+              "seconds_median": {k: median(v["seconds"]) for k, v in got.items()},
+              "samples": got}
+    return [compare("deep_offload", f"10. deep storage: offload of a {what} to S3 (moto, "
+                    "loopback), encrypted, vs plain pyarrow.fs.copy_files of its packs",
+                    median(got["offloader"]["mbps"]), median(got["copy_files"]["mbps"]),
+                    "MB/s", ">=", 0.8, **common)]
+
