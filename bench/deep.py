@@ -15,8 +15,6 @@ from __future__ import annotations
 import asyncio
 import io
 import os
-import secrets
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -25,16 +23,11 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from bench.context import Ctx, MiB
+from bench.s3server import moto_tier
 from bench.stats import Result, alternate, compare, median
 
 PARTIAL = 4 * MiB
 DAY = ("2018-01-01T00:00:00.000Z", "2018-01-02T00:00:00.000Z")
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _body(seed: int) -> bytes:
@@ -112,31 +105,12 @@ class _Bench:
 
 
 def run(ctx: Ctx) -> list[Result]:
-    import logging
-
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's access log
-
     s = ctx.sizes
     base = ctx.scratch("deep")
-    port = _port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    env = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": secrets.token_hex(20),
-           "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{port}"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
     bench: _Bench | None = None
-    try:
-        fs = pafs.S3FileSystem(access_key=env["AWS_ACCESS_KEY_ID"],
-                               secret_key=env["AWS_SECRET_ACCESS_KEY"], region="us-east-1",
-                               endpoint_override=f"127.0.0.1:{port}", scheme="http",
-                               allow_bucket_creation=True)
-        fs.create_dir("bench-deep")
-        key_file = base / "deep.key"
-        key_file.write_bytes(secrets.token_bytes(48))
-        bench = _Bench(base, "s3://bench-deep/tier", key_file)
+    with moto_tier(base) as tier:
+        fs = tier.fs
+        bench = _Bench(base, tier.uri, tier.key_file)
         packs = bench.fill("deep-1", s.large)
         nbytes = sum(p.stat().st_size for p in packs)
         local = pafs.LocalFileSystem()
@@ -156,16 +130,10 @@ def run(ctx: Ctx) -> list[Result]:
             fs.delete_dir(dest)
             return {"seconds": seconds, "mbps": nbytes / seconds / 1e6}
 
-        got = alternate({"offloader": ours, "copy_files": plain}, s.repeats)
-    finally:
-        if bench is not None:
+        try:
+            got = alternate({"offloader": ours, "copy_files": plain}, s.repeats)
+        finally:
             bench.close()
-        server.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     what = f"{nbytes / MiB:.0f} MiB sealed task ({len(packs)} packs)"
     common = {"bytes": nbytes, "packs": len(packs), "repeats": s.repeats,
               "seconds_median": {k: median(v["seconds"]) for k, v in got.items()},

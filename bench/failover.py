@@ -7,7 +7,11 @@ undisturbed and ``repeats`` times with daemon 0 SIGKILLed by phase-1 task 0 afte
 first flush landed there (replication off: that task's partials there are lost, later
 flushes of every task fail over), and ``repeats`` times with daemon 0 SIGKILLed by a merge
 task after its first batch (``shuffleRetrySeconds`` 120: the merge tasks reading it move on
-once the driver's verdict reaches them, not after 120 s), alternating. Each run gets three
+once the driver's verdict reaches them, not after 120 s), and, with deep storage (a moto S3
+server on loopback) and ``shuffleDurability: deep``, ``repeats`` times undisturbed and
+``repeats`` times with daemon 0 SIGKILLed right after the seal (its share is then read from
+the tier through the survivors: no recompute; target <= 1.1x the undisturbed deep run),
+alternating. Each run gets three
 fresh daemons. Prints the medians, their ratios to the undisturbed run (target <= 1.5,
 docs/failover.md), the seconds from the phase-2 kill to the merge tasks' Lost reports
 (target 5 s) and what the recovery did (from the task report), and checks every kind of run
@@ -32,10 +36,12 @@ from pyspark import cloudpickle
 
 from bench.daemon import Daemon
 from bench.druid_data import generate, spec
+from bench.s3server import MotoTier, moto_tier
 from shuffled.spark.hooks import Hooks
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the hooks go to executors
-KINDS = ("undisturbed", "killed", "killed_phase2")
+KINDS = ("undisturbed", "killed", "killed_phase2", "deep_undisturbed", "deep_killed")
+PHASE = {"killed": 1, "killed_phase2": 2, "deep_killed": 3}  # 3: after the seal
 
 
 @dataclass
@@ -71,6 +77,10 @@ class Kill(Hooks):
         if self.phase == 2:
             self._kill()
 
+    def after_seal(self) -> None:
+        if self.phase == 3:
+            self._kill()
+
     def phase2_lost(self, partition: int, servers: tuple[str, ...], why: str) -> None:
         self._note({"lost": time.time()})
 
@@ -81,22 +91,29 @@ def _rows(out: Path) -> tuple[int, int]:
     return sum(t.num_rows for t in tables), sum(int(t.column(0).to_numpy().sum()) for t in tables)
 
 
-def _one(base: Path, data: Path, name: str, kind: str) -> dict[str, Any]:
+def _one(base: Path, data: Path, name: str, kind: str,
+         tier: MotoTier | None = None) -> dict[str, Any]:
     from shuffled.spark.driver.pipeline import run_ingestion
 
     work = base / name
-    daemons = [Daemon(work / f"d{i}", fsync=True) for i in range(3)]
+    extra: tuple[str, ...] = ()
+    if kind.startswith("deep"):
+        assert tier is not None
+        extra = ("--deep-storage", tier.uri, "--deep-storage-key-file", str(tier.key_file))
+    daemons = [Daemon(work / f"d{i}", fsync=True, extra=extra) for i in range(3)]
     log = work / "kill.jsonl"
     the_spec = spec(data)
     try:
         for d in daemons:
             d.start()
         hooks = Hooks()
-        if kind != "undisturbed":
+        if kind in PHASE:
             assert daemons[0].proc is not None
-            hooks = Kill(daemons[0].proc.pid, 2 if kind == "killed_phase2" else 1, str(log))
+            hooks = Kill(daemons[0].proc.pid, PHASE[kind], str(log))
         if kind == "killed_phase2":
             the_spec["spec"]["tuningConfig"]["shuffleRetrySeconds"] = 120
+        if kind.startswith("deep"):
+            the_spec["spec"]["tuningConfig"]["shuffleDurability"] = "deep"
         started = time.monotonic()
         result = run_ingestion(the_spec, shuffle_servers=[d.url for d in daemons],
                                output_dir=str(work / "out"), hooks=hooks)
@@ -130,14 +147,15 @@ def main(argv: list[str]) -> int:
     generate(data, rows, days)
     runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in KINDS}
     try:
-        _one(base, data, "warmup", "undisturbed")  # Python workers and imports, once
-        for i in range(repeats):
-            for kind in runs:
-                runs[kind].append(_one(base, data, f"{kind}-{i}", kind))
-                print(f"{kind} {i}: {runs[kind][-1]['seconds']:.1f} s "
-                      f"{json.dumps(runs[kind][-1]['phases'])}"
-                      + (f" kill->Lost {runs[kind][-1]['killToLost']} s"
-                         if kind == "killed_phase2" else ""), flush=True)
+        with moto_tier(base / "tier") as tier:
+            _one(base, data, "warmup", "undisturbed")  # Python workers and imports, once
+            for i in range(repeats):
+                for kind in runs:
+                    runs[kind].append(_one(base, data, f"{kind}-{i}", kind, tier))
+                    print(f"{kind} {i}: {runs[kind][-1]['seconds']:.1f} s "
+                          f"{json.dumps(runs[kind][-1]['phases'])}"
+                          + (f" kill->Lost {runs[kind][-1]['killToLost']} s"
+                             if kind == "killed_phase2" else ""), flush=True)
     finally:
         spark.stop()
     same = {json.dumps(r["rows"]) for v in runs.values() for r in v}
@@ -148,6 +166,14 @@ def main(argv: list[str]) -> int:
     print(json.dumps({"rows": rows, "days": days, "repeats": repeats,
                       "seconds_median": t, "ratio": t["killed"] / t["undisturbed"],
                       "ratio_phase2": t["killed_phase2"] / t["undisturbed"],
+                      # the deep runs: lost after the seal vs undisturbed, both deep
+                      "ratio_deep": t["deep_killed"] / t["deep_undisturbed"],
+                      "target_deep": "<= 1.1, zero recompute",
+                      "deep_undisturbed_vs_local": t["deep_undisturbed"] / t["undisturbed"],
+                      "recomputed_deep": [r["recovery"]["subtasksRecomputed"]
+                                          for r in runs["deep_killed"]],
+                      "readFromTier_deep": [r["recovery"].get("readFromTier")
+                                            for r in runs["deep_killed"]],
                       "target": "<= 1.5", "rowsOut_countSum": runs["killed"][0]["rows"],
                       "killToLost_phase2": [r["killToLost"] for r in runs["killed_phase2"]],
                       "lastRecovery": rec,

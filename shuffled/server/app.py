@@ -75,6 +75,7 @@ def make_app(settings: Settings, *, registry: CollectorRegistry | None = None,
         ("GET", "/partition"): handlers.get_partition,
         ("GET", "/{sub}/partition"): handlers.get_partial,
         ("GET", "/partition/pages"): pages.get_pages,
+        ("DELETE", "/partition/pages"): pages.ack_pages,  # a reader's acknowledge
     })
     app.router.add_get("/status/health", handlers.health)
     app.router.add_get("/status", handlers.status)

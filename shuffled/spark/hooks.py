@@ -28,5 +28,9 @@ class Hooks:
     def between_phases(self) -> None:
         """The driver: phase 1 committed, the daemons not sealed yet."""
 
+    def after_seal(self) -> None:
+        """The driver: the daemons sealed (with shuffleDurability deep, their copies in
+        deep storage too), phase 2 not started."""
+
 
 NONE = Hooks()

@@ -7,7 +7,9 @@ Usage: ``python tests/helpers/failover_driver.py ARGS.json RESULTS.json``. ARGS 
 each with a ``name`` and optional ``tuning`` (tuningConfig additions), ``kill_in_phase1``
 (daemon indexes an executor SIGKILLs after partition 0's second upload),
 ``kill_between`` (indexes SIGKILLed after phase 1 commits, before phase 2),
-``term_in_phase2`` (an index a merge task SIGTERMs; this driver restarts it on the same
+``kill_after_seal`` (indexes SIGKILLed once the daemons are sealed), ``deep`` (the
+daemons copy sealed tasks to deep storage: a moto S3 server on loopback started for the
+scenario, a bucket and key made for it), ``term_in_phase2`` (an index a merge task SIGTERMs; this driver restarts it on the same
 port and locations, the operator's rolling restart) and ``cli`` (run through
 ``shuffled ingest`` to see what a user sees; its stdout and stderr are kept). Each scenario
 gets three fresh daemon processes (stopped by pid at its end). RESULTS gets, per
@@ -88,13 +90,50 @@ def captured_fds(path: Path) -> Any:
 
 
 def run_scenario(args: dict[str, Any], sc: dict[str, Any]) -> dict[str, Any]:
-    from shuffled.spark.driver import pipeline
-
     root = Path(args["root"]) / sc["name"]
     root.mkdir(parents=True)
-    daemons = [DaemonProcess([root / f"d{i}"], "--port", str(free_port()),
-                             log_path=root / f"d{i}.log") for i in range(3)]
     out: dict[str, Any] = {"name": sc["name"], "restarted": False}
+    with contextlib.ExitStack() as stack:
+        extra: list[str] = []
+        if sc.get("deep"):
+            extra = deep_storage(stack, root, out)
+        daemons = [DaemonProcess([root / f"d{i}"], "--port", str(free_port()), *extra,
+                                 log_path=root / f"d{i}.log") for i in range(3)]
+        run_daemons(args, sc, root, daemons, out)
+        if sc.get("deep"):
+            out["tierLeft"] = tier_names(out)
+    return out
+
+
+def deep_storage(stack: contextlib.ExitStack, root: Path, out: dict[str, Any]) -> list[str]:
+    """A moto S3 server for the scenario (its environment set, which the daemons inherit),
+    a bucket and a per-run key; the daemons' arguments."""
+    import secrets
+
+    from tests.helpers.s3 import moto_s3
+
+    fs, _ = stack.enter_context(moto_s3())
+    bucket = "failover-" + secrets.token_hex(6)
+    fs.create_dir(bucket)
+    key = root / "deep.key"
+    key.write_bytes(secrets.token_bytes(48))
+    out["_fs"], out["tier"] = fs, f"{bucket}/tier"
+    return ["--deep-storage", f"s3://{bucket}/tier", "--deep-storage-key-file", str(key)]
+
+
+def tier_names(out: dict[str, Any]) -> list[str]:
+    import pyarrow.fs as pafs
+
+    fs = out.pop("_fs")
+    infos = fs.get_file_info(pafs.FileSelector(out["tier"], allow_not_found=True,
+                                               recursive=True))
+    return sorted(i.path for i in infos if i.type == pafs.FileType.File)
+
+
+def run_daemons(args: dict[str, Any], sc: dict[str, Any], root: Path,
+                daemons: list[DaemonProcess], out: dict[str, Any]) -> None:
+    from shuffled.spark.driver import pipeline
+
     done = threading.Event()
     watcher = None
     try:
@@ -105,12 +144,13 @@ def run_scenario(args: dict[str, Any], sc: dict[str, Any]) -> dict[str, Any]:
         # Only daemons this driver started, by pid.
         fault = StopDaemons(
             in_phase1=[daemons[i].pid for i in sc.get("kill_in_phase1") or ()],
-            between=[daemons[i].pid for i in sc.get("kill_between") or ()])
+            between=[daemons[i].pid for i in sc.get("kill_between") or ()],
+            sealed=[daemons[i].pid for i in sc.get("kill_after_seal") or ()])
         if sc.get("term_in_phase2") is not None:
             victim = daemons[sc["term_in_phase2"]]
             fault.in_phase2 = [victim.pid]
             watcher = restarter(victim, done, out)
-        victims = [daemons[i] for key in ("kill_in_phase1", "kill_between")
+        victims = [daemons[i] for key in ("kill_in_phase1", "kill_between", "kill_after_seal")
                    for i in sc.get(key) or ()]
         spec = spec_for(args["input"], sc.get("tuning") or {})
         output = root / "out"
@@ -139,7 +179,6 @@ def run_scenario(args: dict[str, Any], sc: dict[str, Any]) -> dict[str, Any]:
         for d in daemons:
             if d.proc is not None and d.proc.poll() is None:
                 d.stop()
-    return out
 
 
 def run_cli(spec: dict[str, Any], urls: list[str], master: str, output: Path,

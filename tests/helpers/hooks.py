@@ -51,6 +51,7 @@ class StopDaemons(Hooks):
     in_phase1: Sequence[int] = ()
     between: Sequence[int] = ()
     in_phase2: Sequence[int] = ()
+    sealed: Sequence[int] = ()  # after the seal, before phase 2
     sig: int = int(signal.SIGKILL)
     phase2_sig: int = int(signal.SIGTERM)
     partition: int = 0
@@ -63,6 +64,9 @@ class StopDaemons(Hooks):
 
     def between_phases(self) -> None:
         _signal(self.between, self.sig)
+
+    def after_seal(self) -> None:
+        _signal(self.sealed, self.sig)
 
     def phase2_fetched(self, batches: int) -> None:
         _signal(self.in_phase2, self.phase2_sig)

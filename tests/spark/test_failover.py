@@ -30,6 +30,8 @@ SCENARIOS = [
     {"name": "between_kill", "kill_between": [1]},
     {"name": "phase2_restart", "term_in_phase2": 0},
     {"name": "replicas", "kill_between": [0], "tuning": {"shuffleReplicas": 2}},
+    {"name": "deep_kill", "kill_after_seal": [1], "deep": True,
+     "tuning": {"shuffleDurability": "deep"}},
     {"name": "all_gone", "kill_in_phase1": [0, 1, 2], "cli": True},
 ]
 
@@ -104,6 +106,22 @@ def test_two_replicas_survive_a_sigkill_without_recompute(runs: Any) -> None:
     phase1 = report["phases"]["partialSegmentGeneration"]
     assert phase1["replicas"] == 2
     assert phase1["bytesReplicated"] == phase1["bytesShuffled"] > 0  # each partial twice
+
+
+def test_a_daemon_lost_after_a_deep_seal_costs_no_recompute(runs: Any) -> None:
+    """shuffleDurability deep: the seal counted once every daemon's copy was in deep
+    storage; the daemon SIGKILLed then is read from the tier through the survivors."""
+    results, expected = runs
+    run = results["deep_kill"]
+    report = _succeeded(run, expected)
+    assert run["victimExit"] == [-9]
+    victim = run["urls"][1]
+    rec = report["recovery"]
+    assert list(rec["lostDaemons"]) == [victim]
+    assert rec["subtasksRecomputed"] == 0 and rec["readFromTier"] == [victim]
+    assert [r["when"] for r in rec["rounds"]] == ["during phase 2"]
+    # The driver's DELETE left nothing in the bucket: the victim's share went with it.
+    assert run["tierLeft"] == [], run["tierLeft"][:5]
 
 
 def test_losing_every_daemon_ends_in_one_paragraph(runs: Any) -> None:

@@ -11,14 +11,18 @@ S3-compatible server (moto on loopback) and real daemons:
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from pathlib import Path
 from typing import Any
 
+from shuffled.client import ShuffleClient
+from shuffled.protocol import Interval, PartitionKey
+from shuffled.spark.rows.rollup import from_ipc
 from shuffled.storage.deep.peers import PEER_DIR
 from shuffled.storage.deep.readback import CACHE_DIR
 from shuffled.tokens import Scope, mint
-from tests.conftest import PREFIX, metric
+from tests.conftest import DAY, PREFIX, metric
 from tests.storage.test_deep_storage import (  # noqa: F401 (fixtures)
     _answers, _fill, _offloaded, _q, _store, s3, tier,
 )
@@ -53,6 +57,20 @@ async def test_a_survivor_serves_a_lost_peers_share_with_the_same_answers(
     assert sorted(p.name for p in (cache / f"{PEER_DIR}{instance}").rglob("*.pack"))
     assert await _answers(b, "peer-1", sent, prefix=peer) == before
     assert metric(registry, "shuffled_deep_read_bytes_total") == read
+    # The client reads a peer's share with its usual calls, base URL ending in the prefix:
+    # the bulk read, and pages until complete (each page acknowledged).
+    def read() -> tuple[list[int], list[int]]:
+        with ShuffleClient(str(b.make_url(f"/peers/{instance}"))) as client:
+            keys = [PartitionKey("peer-1", Interval.parse(DAY["start"], DAY["end"]), p)
+                    for p in range(3)]
+            bulk = [from_ipc(x).num_rows for x in client.get_partitions(
+                "peer-1", [(k, None) for k in keys])]
+            paged = [sum(from_ipc(x).num_rows for x in client.pages(k, max_bytes=2000))
+                     for k in keys]
+        return bulk, paged
+    rows = [sum(from_ipc(body).num_rows for (_, p), body in sent.items() if p == pid)
+            for pid in range(3)]
+    assert await asyncio.to_thread(read) == (rows, rows)
     # B holds nothing of its own for the task: its own routes answer 404.
     resp = await b.get(f"{PREFIX}/tasks/peer-1/partition", params=_q(0))
     assert resp.status == 404

@@ -136,13 +136,14 @@ class JobContext:
                             s.shuffle_replicas, multi_value=multi_value,
                             **recompute)
 
-    def phase2_config(self, multi_value: tuple[str, ...] = ()) -> Phase2Config:
+    def phase2_config(self, multi_value: tuple[str, ...] = (),
+                      tier: tuple[tuple[str, tuple[str, ...]], ...] = ()) -> Phase2Config:
         """What a phase-2 Spark task needs (pickled into its closure); ``multi_value``: the
         string dimensions phase 1 saw holding multi-values (stored as list<string>)."""
         return Phase2Config(self.task_id, self.layout, self.segments, self.auth.read_token,
                             self.auth.ca_file, self.spec.max_bytes_in_memory,
                             retry_seconds=float(self.spec.shuffle_retry_seconds),
                             lost=frozenset(self.lost), servers=self.servers,
-                            hooks=self.hooks,
+                            tier=tier, hooks=self.hooks,
                             multi_value=multi_value, dimension_codec=self.spec.dimension_codec,
                             metric_codec=self.spec.metric_codec)

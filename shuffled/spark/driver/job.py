@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 
 from shuffled.client import ShuffleClient, ShuffleUnavailable
 from shuffled.errors import ShuffleError
-from shuffled.spark.driver import recompute
+from shuffled.spark.driver import durable, recompute
 from shuffled.spark.driver.context import JobContext
 from shuffled.spark.driver.report import counted
 from shuffled.spark.phase1 import native
@@ -51,6 +51,7 @@ class Job:
         self.ctx = ctx
         self.spark, self.spec, self.report, self.say = ctx.spark, ctx.spec, ctx.report, ctx.say
         self.recovery = recompute.Recovery()
+        self.shares = durable.TierShares()  # which daemons' shares are in deep storage
         # How to re-run one phase-1 subtask alone (set by phase 1): (read natively, the
         # native input and splits) or (through the JVM, the hand-off DataFrame).
         self._native_input: tuple[native.NativeInput, list[list[native.Split]]] | None = None
@@ -77,7 +78,9 @@ class Job:
         partials = self.phase1(prepared, plan)
         self.ctx.hooks.between_phases()
         partials = self.sealed(partials, "after phase 1")
+        self.ctx.hooks.after_seal()
         staged = self.phase2(partials)
+        durable.note_tier_reads(self.ctx, self.shares, self.recovery)
         self.recovery.restarts = self.ctx.monitor.restarts() if self.ctx.monitor else {}
         return staged, plan
 
@@ -179,7 +182,15 @@ class Job:
         gone = monitor.verdict(self.ctx.survivors)
         self.ctx.lost.update(gone)
         self.recovery.lost.update(gone)
-        only = recompute.lost_keys(partials, self.ctx.lost, wanted)
+        backed = self.shares.backed()
+        tier = sorted(s for s in gone if s in backed)
+        if tier:  # their shares are read from deep storage: nothing to recompute
+            self.say(f"recovering: {', '.join(tier)} lost; reading its share from deep "
+                     "storage through the survivors")
+            self.recovery.round(when, time.monotonic(), lost=tier, readFromTier=tier,
+                                subtasksRecomputed=0)
+        only = recompute.lost_keys(partials, [s for s in self.ctx.lost if s not in backed],
+                                   wanted)
         if not only:
             return partials
         if not self.ctx.survivors:
@@ -267,19 +278,13 @@ class Job:
         reads then serve only those and say when a partition is complete. A seal after a
         recompute adds the recomputed subtasks. Returns the daemons that could not be
         sealed (the caller asks whether they are gone)."""
-        committed = recompute.on_daemons(partials)
+        return durable.seal(self.ctx, recompute.on_daemons(partials), self.shares,
+                            self._admin, durable=self.spec.shuffle_durability == "deep")
+
+    def _admin(self, server: str) -> ShuffleClient:
         auth = self.ctx.auth
-        failed = []
-        for server, subs in sorted(committed.items()):
-            if server in self.ctx.lost:
-                continue
-            try:
-                with ShuffleClient(server, token=auth.token, ca_file=auth.ca_file,
-                                   retry=self.ctx.phase2_config().retry) as client:
-                    client.seal(self.ctx.task_id, sorted(subs))
-            except ShuffleUnavailable:
-                failed.append(server)
-        return failed
+        return ShuffleClient(server, token=auth.token, ca_file=auth.ca_file,
+                             retry=self.ctx.phase2_config().retry)
 
     def sealed(self, partials: list[records.Partial], when: str,
                wanted: set[recompute.PartitionId] | None = None) -> list[records.Partial]:
@@ -320,8 +325,12 @@ class Job:
             # they are read again) or gone (then what they held is recomputed first).
             again_started = time.monotonic()
             wanted = {r.key for r in lost}
+            dropped = self.shares.give_up([s for r in lost for s in r.lost])
+            if dropped:  # their tier copies could not be read: recomputed when lost
+                self.say(f"phase 2: the deep-storage shares of {', '.join(dropped)} could "
+                         "not be read; recomputing what they held")
             for r in lost:  # answered without rows it committed: its data is gone
-                for server in r.missing:
+                for server in (s for s in r.missing if durable.PEERS not in s):
                     self.ctx.lost.setdefault(server, f"lacks committed partials: {r.why}")
                     self.recovery.lost.setdefault(server, self.ctx.lost[server])
             self.say(f"phase 2: {counted(len(wanted), 'partition')} could not be read from "
@@ -365,7 +374,9 @@ class Job:
                ) -> tuple[list[records.Segment], list[records.Lost]]:
         """One phase-2 Spark job: (results, partitions reported lost)."""
         groups = phase2.balance(assignments, tasks)
-        fn = phase2.make_phase2(self.ctx.phase2_config(tuple(sorted(self.multi_value))))
+        fn = phase2.make_phase2(self.ctx.phase2_config(
+            tuple(sorted(self.multi_value)),
+            tier=self.shares.routes(self.ctx.servers, self.ctx.lost)))
         rdd = self.spark.sparkContext.parallelize(groups, len(groups))
         rows = self.ctx.rows.acc if self.ctx.rows is not None else None
 

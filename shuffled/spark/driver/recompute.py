@@ -89,6 +89,9 @@ class Recovery:
     def to_json(self) -> dict[str, Any]:
         return {"lostDaemons": self.lost, "rounds": self.rounds,
                 "subtasksRecomputed": self.recomputed,
+                # lost daemons whose share phase 2 read from deep storage instead
+                "readFromTier": sorted({s for r in self.rounds
+                                        for s in r.get("readFromTier", ())}),
                 "partitionsRemerged": sum(int(r.get("partitionsRemerged", 0))
                                           for r in self.rounds),
                 "restartsRiddenThrough": self.restarts,

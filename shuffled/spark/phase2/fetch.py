@@ -78,7 +78,7 @@ def _fetch(clients: dict[str, ShuffleClient], cfg: Phase2Config, batch: Sequence
         for n, si in pending:
             if isinstance(out[n], SourceLost):
                 continue
-            replicas = batch[n].sources[si][0]
+            replicas = cfg.replicas(batch[n].sources[si][0])
             server = _next_replica(replicas, down)
             if server is None:
                 out[n] = SourceLost(replicas, "; ".join(
@@ -91,8 +91,8 @@ def _fetch(clients: dict[str, ShuffleClient], cfg: Phase2Config, batch: Sequence
             try:
                 got = _read_sources(_client(clients, cfg, server, verdict), cfg, batch, items)
             except Exception as exc:
-                spare = all(_next_replica(batch[n].sources[si][0], down | {server})
-                            for n, si in items)
+                spare = all(_next_replica(cfg.replicas(batch[n].sources[si][0]),
+                                          down | {server}) for n, si in items)
                 if not (daemon_failed(exc) or (isinstance(exc, (CorruptData, DigestMismatch))
                                        and spare)):
                     raise
@@ -143,7 +143,8 @@ def _stream(clients: dict[str, ShuffleClient], cfg: Phase2Config, a: Assignment,
     daemon as in :func:`_fetch`. The driver sealed each daemon before phase 2, so a
     partition reads as complete exactly when every committed partial has been read."""
     key = PartitionKey(cfg.supervisor_task_id, Interval(a.start, a.end), a.partition)
-    for replicas, subs, expected in a.sources:
+    for held, subs, expected in a.sources:
+        replicas = cfg.replicas(held)
         # A replica is chosen before the first page; once rows of it are merged, its loss
         # loses the partition (another replica's tokens are not this one's).
         server = _next_replica(replicas, down)

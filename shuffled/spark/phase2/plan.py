@@ -39,10 +39,23 @@ class Phase2Config:
     # Every daemon of the task: the survivors a merge task asks for the driver's verdict
     # when its reads from one fail (phase2.verdict).
     servers: tuple[str, ...] = ()
+    # Deep storage: per daemon whose task copy is complete in the tier, the survivors'
+    # routes to its share (``<survivor>/peers/<instance>``), read when it is gone.
+    tier: tuple[tuple[str, tuple[str, ...]], ...] = ()
     hooks: Hooks = NONE  # test seams (shuffled.spark.hooks): none in production
     multi_value: tuple[str, ...] = ()  # dimensions written as list<string> (rows.multivalue)
     dimension_codec: str = "lz4"  # Parquet codecs of the segments (tuningConfig.indexSpec)
     metric_codec: str = "lz4"
+
+    def replicas(self, held: Sequence[str]) -> tuple[str, ...]:
+        """Where a source held on ``held`` may be read, in order: its daemons, then for
+        each whose share is complete in deep storage the survivors' routes to that share
+        (read only once the daemons are gone: no recompute, docs/deep-storage.md)."""
+        if not self.tier:
+            return tuple(held)
+        routes = dict(self.tier)
+        extra = [u for server in held for u in routes.get(server, ())]
+        return tuple(held) + tuple(u for u in dict.fromkeys(extra) if u not in held)
 
     def codecs(self, columns: Sequence[str]) -> dict[str, str]:
         """The Parquet codec of each segment column: the metric codec for the metrics and

@@ -198,6 +198,8 @@ def _rows() -> list[Field]:
           for c in ("lz4", "zstd", "none")],
         Field(f"{TUN}.shuffleReplicas", 2, S, "ours: daemons each partial is written to (docs/failover.md)"),
         Field(f"{TUN}.shuffleRetrySeconds", 30, S, "ours: how long a read waits for a daemon that does not answer"),
+        *[Field(f"{TUN}.shuffleDurability", d, S, "ours: deep = the seal counts once the daemons' copies are in deep storage (docs/deep-storage.md)" if d == "deep" else "")
+          for d in ("local", "deep")],
         Field(f"{TUN}.shuffleQuotaBytes", 1 << 30, S, "ours: most bytes the task may hold on each daemon (docs/security.md)"),
         Field(f"{TUN}.shuffleQuotaPartials", 100000, S, "ours: most partial segments the task may hold on each daemon"),
         Field(f"{TUN}.shuffleTokenSeconds", 3600, S, "ours: lifetime of the per-task tokens minted with --signing-secret-file"),

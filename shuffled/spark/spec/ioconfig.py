@@ -157,6 +157,9 @@ def parse_tuning(o: JsonObject) -> dict[str, Any]:
         # that does not answer (a restart) before its data counts as lost (docs/failover.md)
         "shuffle_replicas": o.int_("shuffleReplicas", 1),
         "shuffle_retry_seconds": o.int_("shuffleRetrySeconds", 30),
+        # ours: "deep" counts a daemon's seal only once its copy is in deep storage, so a
+        # daemon lost after the seal costs no recompute (docs/deep-storage.md)
+        "shuffle_durability": choice(o, "shuffleDurability", DURABILITIES, "local"),
         # ours: per-task limits on each daemon (tighter than the daemons' own, never
         # looser; 0: none) and how long the per-task tokens minted for it live
         "shuffle_quota_bytes": o.int_("shuffleQuotaBytes", 0, minimum=0),
@@ -166,6 +169,9 @@ def parse_tuning(o: JsonObject) -> dict[str, Any]:
     out.update(_index_spec(JsonObject(o.get("indexSpec"), o.at("indexSpec"), required=False)))
     o.done(IGNORED["tuningConfig"] - {"indexSpec"})
     return out
+
+
+DURABILITIES = ("local", "deep")
 
 
 def _index_spec(o: JsonObject) -> dict[str, Any]:

@@ -206,6 +206,7 @@ class IngestSpec:
     metric_codec: str = DEFAULT_SEGMENT_CODEC
     shuffle_replicas: int = 1  # daemons each partial is written to (tuningConfig, ours)
     shuffle_retry_seconds: int = 30  # a read's wait for a daemon that does not answer
+    shuffle_durability: str = "local"  # "deep": the seal counts once offloaded (ours)
     shuffle_quota_bytes: int = 0  # per daemon, asked of the daemons (0: theirs only)
     shuffle_quota_partials: int = 0
     shuffle_token_seconds: int = 172_800  # lifetime of the per-task tokens (scoped mode)
