@@ -4,7 +4,9 @@ One small JSON file per task in every healthy location's metadata directory
 (``<location>/.shuffled/deep/<supervisorTaskId>.json``), written atomically like a seal:
 the seal it was made for, each pack copied (its size, CRC32C and object name) and whether
 the manifest, written last, completed the task. ``deleting`` marks a task whose prefix in
-the tier a DELETE or an expiry has yet to remove (retried by the sweeper and at start).
+the tier a DELETE or an expiry has yet to remove (retried by the sweeper and at start);
+``everyone`` that it is the whole ``<sup>/`` prefix, every daemon's copy (a DELETE), not
+only this daemon's ``<sup>/<instance>/`` (an expiry).
 Copies agree but for a location that missed a write: the one of the newest ``updated``
 wins. Versioned: a file of another version is refused at start.
 """
@@ -49,12 +51,13 @@ class Entry:
     packs: dict[str, Copied] = field(default_factory=dict)  # "<location>.<pack>" -> copy
     complete: bool = False  # the manifest of ``subs`` and ``packs`` is in the tier
     deleting: bool = False
+    everyone: bool = False  # the deletion is of every instance's prefix (a DELETE)
     updated: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {"version": JOURNAL_VERSION, "supervisorTaskId": self.sup,
                 "subTaskIds": sorted(self.subs), "complete": self.complete,
-                "deleting": self.deleting, "updated": self.updated,
+                "deleting": self.deleting, "everyone": self.everyone, "updated": self.updated,
                 "packs": {k: {"object": c.object, "size": c.size, "crc32c": c.crc}
                           for k, c in sorted(self.packs.items())}}
 
@@ -65,6 +68,7 @@ class Entry:
                              f", this daemon reads version {JOURNAL_VERSION}; upgrade it")
         return cls(sup=str(body["supervisorTaskId"]), subs=frozenset(body["subTaskIds"]),
                    complete=bool(body["complete"]), deleting=bool(body["deleting"]),
+                   everyone=bool(body.get("everyone", False)),
                    updated=float(body["updated"]),
                    packs={k: Copied(str(v["object"]), int(v["size"]), int(v["crc32c"]))
                           for k, v in body["packs"].items()})
