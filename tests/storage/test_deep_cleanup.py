@@ -4,7 +4,11 @@ loopback) and real daemons sharing one bucket:
 - the supervisor's DELETE removes the whole ``<sup>/`` prefix, every daemon's copy (a lost
   peer's too), and nothing of another task whose name starts the same;
 - an expiry on one daemon removes only that daemon's ``<sup>/<instance>/``;
-- a failing tier: the deletion is journaled and retried by the next sweep.
+- a failing tier: the deletion is journaled and retried by the next sweep;
+- the orphan sweep removes the prefixes of tasks over that no daemon holds (a lost
+  daemon's): with an overlord (a real HTTP stand-in) those it says finished or does not
+  know, keeping running ones and all while it cannot answer; without one, those whose
+  newest object is older than ``deep_storage_orphan_seconds``; a bounded number a pass.
 
 Time is a clock the test drives and sweeps are ``run_once()`` calls: nothing sleeps, and
 every wait is bounded.
@@ -28,7 +32,8 @@ from shuffled.cleanup.sweeper import Sweeper
 from shuffled.server.state import STATE
 from shuffled.storage import Store
 from shuffled.storage.deep import DeepStorage, manifest
-from tests.cleanup.test_cleanup import Clock
+from shuffled.storage.deep.orphans import Orphans
+from tests.cleanup.test_cleanup import Clock, Overlord, status_object
 from tests.conftest import DAY, PREFIX, arrow_bytes, metric, sample_table
 from tests.helpers.s3 import moto_s3
 
@@ -62,6 +67,13 @@ def tier(s3: Any, tmp_path: Path, make_settings: Callable[..., Any]) -> dict[str
         return make_settings(**values)
 
     return {"fs": s3, "bucket": bucket, "base": f"{bucket}/tier", "settings": settings}
+
+
+@pytest.fixture
+async def overlord() -> Any:
+    stand_in = Overlord()
+    yield stand_in
+    await stand_in.close()
 
 
 def objects(fs: Any, prefix: str) -> list[str]:
@@ -185,3 +197,91 @@ async def test_a_failing_tier_is_retried_by_the_next_sweep(
     await sweeper(a).run_once()
     assert objects(fs, base) == []
     assert "retry-1" not in deep(a).journal.entries
+
+
+async def _lost_daemon(tier: dict[str, Any], start_daemon: Any, *sups: str) -> str:
+    """A daemon that offloads ``sups`` and is then lost for good; its instance."""
+    b = await start_daemon(tier["settings"]("lost"))
+    for sup in sups:
+        await fill(b, sup)
+    instance = deep(b).instance
+    await b.close()
+    return instance
+
+
+async def test_orphan_sweep_asks_the_overlord(tier: dict[str, Any], start_daemon: Any,
+                                              overlord: Overlord) -> None:
+    fs, base = tier["fs"], tier["base"]
+    lost = await _lost_daemon(tier, start_daemon, "o-unknown", "o-done", "o-running", "o-held")
+    registry = CollectorRegistry()
+    url = await overlord.start()
+    a = await start_daemon(tier["settings"]("a", overlord_url=url), registry=registry,
+                           clock=Clock(time.time()))
+    await fill(a, "o-held")  # held here: kept whatever the overlord says
+    overlord.running("o-running")
+    overlord.tasks["o-done"] = status_object("o-done", "SUCCESS")
+    # The overlord cannot answer: everything is kept.
+    overlord.mode = "error500"
+    result = await sweeper(a).run_once()
+    assert result.orphans == [] and overlord.calls
+    assert {n.split("/")[0] for n in objects(fs, base)} == {
+        "o-unknown", "o-done", "o-running", "o-held"}
+
+    overlord.mode, overlord.calls = "ok", []
+    result = await sweeper(a).run_once()
+    assert sorted(result.orphans) == ["o-done", "o-unknown"]
+    assert sorted(i for call in overlord.calls for i in call) == [
+        "o-done", "o-running", "o-unknown"]  # never asked about a task held here
+    assert metric(registry, "shuffled_deep_orphans_removed_total") == 2
+    assert metric(registry, "shuffled_deep_errors_total") == 0
+    remaining = objects(fs, base)
+    assert {n.split("/")[0] for n in remaining} == {"o-running", "o-held"}
+    assert instances(fs, base, "o-running") == {lost}
+    assert instances(fs, base, "o-held") == {lost, deep(a).instance}
+
+    # The task finishes: its prefix goes with the next sweep, the lost daemon's copy too.
+    overlord.tasks["o-running"] = status_object("o-running", "FAILED")
+    result = await sweeper(a).run_once()
+    assert result.orphans == ["o-running"]
+    assert {n.split("/")[0] for n in objects(fs, base)} == {"o-held"}
+    assert metric(registry, "shuffled_deep_orphans_removed_total") == 3
+
+
+async def test_orphan_sweep_without_overlord_goes_by_age(tier: dict[str, Any],
+                                                         start_daemon: Any) -> None:
+    fs, base = tier["fs"], tier["base"]
+    orphan_age = 3600.0
+    lost = await _lost_daemon(tier, start_daemon, "g-old", "g-held")
+    registry = CollectorRegistry()
+    clock = Clock(time.time())
+    a = await start_daemon(tier["settings"]("a", deep_storage_orphan_seconds=orphan_age,
+                                            expiry_timeout=100_000.0, max_age=100_000.0),
+                           registry=registry, clock=clock)
+    await fill(a, "g-held")
+    # Young: kept.
+    result = await sweeper(a).run_once()
+    assert result.orphans == []
+    assert {n.split("/")[0] for n in objects(fs, base)} == {"g-old", "g-held"}
+
+    clock.advance(orphan_age + 5)
+    result = await sweeper(a).run_once()
+    assert result.orphans == ["g-old"] and store(a).task("g-held") is not None
+    assert metric(registry, "shuffled_deep_orphans_removed_total") == 1
+    assert instances(fs, base, "g-held") == {lost, deep(a).instance}
+    assert {n.split("/")[0] for n in objects(fs, base)} == {"g-held"}
+
+    # Bounded: at most `limit` prefixes a pass, the next pass going on from there.
+    strays = [f"g-stray-{i}" for i in range(5)]
+    for sup in strays:
+        with fs.open_output_stream(f"{base}/{sup}/{lost}/{manifest.MANIFEST_NAME}") as out:
+            out.write(b"x")
+    orphans = Orphans(deep(a), lambda sup: store(a).task(sup) is not None,
+                      max_age=orphan_age, limit=2)
+    passes = []
+    for _ in range(3):
+        done = await orphans.run(clock() + orphan_age, None)
+        assert len(done.looked_at) <= 2 and not done.errors
+        passes.append(done.removed)
+    assert passes == [strays[0:2], strays[2:4], strays[4:5]]
+    assert {n.split("/")[0] for n in objects(fs, base)} == {"g-held"}
+    assert deep(a).stats.orphans_removed == 6

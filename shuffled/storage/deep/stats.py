@@ -15,3 +15,4 @@ class DeepStats:
     offloaded_tasks: int = 0
     read_bytes: int = 0  # pack bytes read back from the tier
     errors: int = 0
+    orphans_removed: int = 0  # task prefixes the orphan sweep removed (:mod:`.orphans`)
