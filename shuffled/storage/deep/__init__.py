@@ -5,7 +5,8 @@ is no longer local come back from it. :class:`~.service.DeepStorage` is what the
 holds; the modules below it each own one idea: :mod:`.tier` (the object store),
 :mod:`.crypt` (AES-256-GCM per task), :mod:`.journal` (what is offloaded, durable),
 :mod:`.offload` (the background copier), :mod:`.manifest` (a task's rows in the tier),
-:mod:`.readback` (a pack fetched back), :mod:`.instance` (this daemon's stable name).
+:mod:`.readback` (a pack fetched back), :mod:`.instance` (this daemon's stable name),
+:mod:`.orphans` (the sweeper's pass over prefixes no daemon will remove).
 """
 
 from typing import TYPE_CHECKING, Any
