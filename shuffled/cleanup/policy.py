@@ -88,10 +88,16 @@ def decide(last_access: float, now: float, *, expiry_timeout: float, max_age: fl
         return DELETE_EXPIRED
     if state is TaskState.RUNNING:
         return EXTEND
-    if state in (TaskState.FINISHED, TaskState.UNKNOWN):
+    if is_over(state):
         return DELETE_EXPIRED
     # Unreachable: keep and ask again next sweep, but never past the hard maximum age.
     return DELETE_MAX_AGE if past_max_age(last_access, now, max_age) else RETRY
+
+
+def is_over(state: TaskState) -> bool:
+    """The overlord's answer means the task's data is no longer needed: it finished, or
+    the overlord does not know it. Running and unreachable keep the data."""
+    return state in (TaskState.FINISHED, TaskState.UNKNOWN)
 
 
 def _status_code(item: Mapping[str, Any]) -> str | None:

@@ -9,6 +9,10 @@ the overlord was being asked gives the task a new expiry and saves it. Deleting 
 ``Store.delete_task``, the same path as ``DELETE /tasks/{sup}``, so a concurrent DELETE, a
 second sweep or a reader holding open files all race cleanly (readers keep the open file's
 bytes; later readers get 404).
+
+With deep storage, each pass then sweeps the tier's orphans
+(:mod:`shuffled.storage.deep.orphans`): prefixes of tasks over (the overlord's word, or
+their age without one) that no daemon will remove, a lost daemon's among them.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from shuffled.cleanup.policy import Action, Cause, TaskState
 from shuffled.config import Settings
 from shuffled.metrics import Metrics
 from shuffled.storage import Store
+from shuffled.storage.deep.orphans import Orphans
 
 log = logging.getLogger("shuffled.cleanup")
 
@@ -57,6 +62,7 @@ class SweepResult:
     saved: list[str] = field(default_factory=list)     # accessed or deleted meanwhile
     errors: list[str] = field(default_factory=list)
     recovered_locations: list[str] = field(default_factory=list)
+    orphans: list[str] = field(default_factory=list)  # task prefixes removed from the tier
 
 
 class Sweeper:
@@ -74,6 +80,9 @@ class Sweeper:
         self._stopping = False  # set by close(): a pass in progress stops at the next step
         self.closed = False
         self.history: deque[SweepRecord] = deque(maxlen=HISTORY)  # newest last
+        self.orphans = None if store.deep is None else Orphans(
+            store.deep, lambda sup: store.task(sup) is not None,
+            max_age=settings.deep_storage_orphan_seconds)
 
     @classmethod
     def from_settings(cls, store: Store, settings: Settings, metrics: Metrics) -> Sweeper:
@@ -124,14 +133,27 @@ class Sweeper:
         except Exception as exc:  # a probe problem must not stop expiry
             log.exception("probing unhealthy locations failed")
             result.errors.append(f"probe: {exc}")
+        await self._expire(result)
+        if self.orphans is not None and not self._stopping:
+            # The tier's failures count in shuffled_deep_errors_total, not as the sweep's.
+            done = await self.orphans.run(self.clock(), None if self.overlord is None
+                                          else self._over)
+            result.orphans = done.removed
+        return result
 
+    async def _over(self, sups: list[str]) -> set[str]:
+        assert self.overlord is not None
+        states = await self.overlord.statuses(sups)
+        return {sup for sup, state in states.items() if policy.is_over(state)}
+
+    async def _expire(self, result: SweepResult) -> None:
         timeout = self.settings.expiry_timeout
         now = self.clock()
         # Snapshot (id, last access) of every expired task before any await.
         expired = {t.supervisor_task_id: t.accesses for t in self.store.tasks()
                    if policy.is_expired(t.last_access, now, timeout)}
         if not expired:
-            return result
+            return
         result.expired = sorted(expired)
         self.metrics.expired_tasks.inc(len(expired))
 
@@ -141,7 +163,7 @@ class Sweeper:
             size = max(1, self.overlord.batch_size)
             for start in range(0, len(result.expired), size):
                 if self._stopping:
-                    return result
+                    return
                 states.update(await self.overlord.statuses(result.expired[start:start + size]))
 
         for sup in result.expired:
@@ -152,7 +174,6 @@ class Sweeper:
             except Exception as exc:
                 log.exception("expiry of supervisor task %s failed; retrying next sweep", sup)
                 result.errors.append(f"{sup}: {exc}")
-        return result
 
     async def _settle(self, sup: str, seen_accesses: int, states: dict[str, TaskState] | None,
                       result: SweepResult) -> None:

@@ -126,6 +126,11 @@ FIELDS: tuple[Field, ...] = (
     Field("deep_storage_bandwidth", parse_size,
           "bytes per second the offload may send to the tier (0: no limit)",
           "--deep-storage-bandwidth", "SIZE"),
+    Field("deep_storage_orphan_seconds", parse_duration,
+          "without overlord_url, the sweeper removes a task's prefix in the tier (every "
+          "daemon's copy) once its newest object is this old and this daemon does not hold "
+          "the task (an orphan: its DELETE never came, or its daemon was lost)",
+          "--deep-storage-orphan-seconds", "DURATION"),
 )
 FIELD_BY_NAME = {f.name: f for f in FIELDS}
 
@@ -168,6 +173,7 @@ class Settings:
     deep_storage_key: bytes = field(default=b"", repr=False)
     deep_storage_concurrency: int = 2
     deep_storage_bandwidth: int = 0
+    deep_storage_orphan_seconds: float = 7 * 86400.0
 
     def validated(self) -> Settings:
         """Check cross-field rules; read the token file. Raises ConfigError naming the setting."""
@@ -182,6 +188,9 @@ class Settings:
             raise ConfigError("sweep_period: must be > 0", setting="sweep_period")
         if self.max_age < self.expiry_timeout:
             raise ConfigError("max_age: must be >= expiry_timeout", setting="max_age")
+        if self.deep_storage_orphan_seconds <= 0:
+            raise ConfigError("deep_storage_orphan_seconds: must be > 0",
+                              setting="deep_storage_orphan_seconds")
         if self.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ConfigError(f"log_level: {self.log_level!r} is not a logging level",
                               setting="log_level")

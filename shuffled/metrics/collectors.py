@@ -111,6 +111,9 @@ class StoreCollector(Collector):
                                   value=stats.read_bytes)
         yield CounterMetricFamily("shuffled_deep_errors", "Deep-storage operations that "
                                   "failed (offload, read-back, deletion).", value=stats.errors)
+        yield CounterMetricFamily("shuffled_deep_orphans_removed", "Task prefixes the "
+                                  "orphan sweep removed from the deep-storage tier (tasks "
+                                  "over, or a lost daemon's).", value=stats.orphans_removed)
         if self._in_flight is not None:
             gauge = GaugeMetricFamily("shuffled_in_flight_requests",
                                       "Uploads and downloads in progress.", labels=["kind"])

@@ -238,7 +238,9 @@ async def delete_task(request: web.Request) -> web.Response:
     state = state_of(request)
     sup = validate_id(request.match_info["sup"], "supervisorTaskId")
     state.store.fail(sup, deleted=True)  # paged reads of it answer "failed" from now on, never "empty"
-    removed = await state.store.delete_task(sup)
+    # The supervisor ends the task: every daemon's copy in deep storage goes too, a lost
+    # peer's included (an expiry removes only this daemon's).
+    removed = await state.store.delete_task(sup, everyone=True)
     if removed is not None:
         state.metrics.deleted_tasks.labels("request").inc()
         state.metrics.deleted_bytes.labels("request").inc(removed.bytes)

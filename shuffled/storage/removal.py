@@ -5,8 +5,9 @@ land first; then its rows go from every catalog and its packs from every locatio
 first: a pack without rows is an orphan recovery removes). A location that cannot remove
 everything (a read-only disk) is remembered and retried (each sweep, or a retried DELETE),
 and the DELETE fails rather than claim success: left alone, the data would be served again
-after a restart. With deep storage, the task's objects in the tier go too (a tier that
-fails is retried each sweep, see :meth:`.deep.DeepStorage.forget`).
+after a restart. With deep storage, the task's objects in the tier go too: every daemon's
+copy on a DELETE, this daemon's on an expiry (a tier that fails is retried each sweep, see
+:meth:`.deep.DeepStorage.forget`).
 """
 
 from __future__ import annotations
@@ -61,13 +62,16 @@ class Removal:
         # Supervisor tasks a DELETE could not fully remove -> indexes of those locations.
         self.leftovers: dict[str, set[int]] = {}
 
-    async def delete_task(self, sup: str, *, if_accesses: int | None = None) -> TaskEntry | None:
+    async def delete_task(self, sup: str, *, if_accesses: int | None = None,
+                          everyone: bool = False) -> TaskEntry | None:
         """Remove everything of a supervisor task; idempotent. Uploads of it in flight are
         refused; commits already under way land first and are removed with the rest.
         Returns what was removed (None if nothing was held).
 
         With ``if_accesses`` (the sweeper's case) nothing happens unless the task's access
-        count still equals it once the task's lock is held.
+        count still equals it once the task's lock is held. ``everyone`` (the supervisor's
+        DELETE: the task is over) removes every daemon's copy in deep storage, not only
+        this daemon's (an expiry here: the others may still serve theirs).
         """
         async with self.uploads.lock(sup):
             current = self.book.get(sup)
@@ -97,7 +101,7 @@ class Removal:
             self.leftovers.pop(sup, None)
             await self.seals.remove(sup)
             if self.deep is not None:
-                await self.deep.forget(sup)
+                await self.deep.forget(sup, everyone=everyone)
         self.notify(sup)
         return entry
 

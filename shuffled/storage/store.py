@@ -299,10 +299,11 @@ class Store:
             raise result.error
         return result
 
-    async def delete_task(self, supervisor_task_id: str, *,
-                          if_accesses: int | None = None) -> TaskEntry | None:
+    async def delete_task(self, supervisor_task_id: str, *, if_accesses: int | None = None,
+                          everyone: bool = False) -> TaskEntry | None:
         """:meth:`.removal.Removal.delete_task`."""
-        return await self.removal.delete_task(supervisor_task_id, if_accesses=if_accesses)
+        return await self.removal.delete_task(supervisor_task_id, if_accesses=if_accesses,
+                                              everyone=everyone)
 
     async def remove_leftovers(self) -> list[str]:
         """:meth:`.removal.Removal.remove_leftovers`."""

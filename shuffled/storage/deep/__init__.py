@@ -6,7 +6,8 @@ holds; the modules below it each own one idea: :mod:`.tier` (the object store),
 :mod:`.crypt` (AES-256-GCM per task), :mod:`.journal` (what is offloaded, durable),
 :mod:`.offload` (the background copier), :mod:`.manifest` (a task's rows in the tier),
 :mod:`.readback` (a pack fetched back), :mod:`.instance` (this daemon's stable name),
-:mod:`.evict` (a full location's offloaded packs removed, unsealed ones spilled first).
+:mod:`.evict` (a full location's offloaded packs removed, unsealed ones spilled first),
+:mod:`.orphans` (the sweeper's pass over prefixes no daemon will remove).
 """
 
 from typing import TYPE_CHECKING, Any

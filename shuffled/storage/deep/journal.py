@@ -5,8 +5,10 @@ One small JSON file per task in every healthy location's metadata directory
 the seal it was made for, each pack copied (its size, CRC32C and object name) and whether
 the manifest, written last, completed the task. ``evicted`` names the packs whose local
 file was removed to free space (:mod:`.evict`): recovery keeps their catalog rows and reads
-serve them from the tier. ``deleting`` marks a task whose prefix in
-the tier a DELETE or an expiry has yet to remove (retried by the sweeper and at start).
+serve them from the tier. ``deleting`` marks a task whose prefix in the tier a DELETE or
+an expiry has yet to remove (retried by the sweeper and at start); ``everyone`` that it is
+the whole ``<sup>/`` prefix, every daemon's copy (a DELETE), not only this daemon's
+``<sup>/<instance>/`` (an expiry).
 Copies agree but for a location that missed a write: the one of the newest ``updated``
 wins. Versioned: a file of another version is refused at start.
 """
@@ -51,6 +53,7 @@ class Entry:
     packs: dict[str, Copied] = field(default_factory=dict)  # "<location>.<pack>" -> copy
     complete: bool = False  # the manifest of ``subs`` and ``packs`` is in the tier
     deleting: bool = False
+    everyone: bool = False  # the deletion is of every instance's prefix (a DELETE)
     updated: float = 0.0
     evicted: set[str] = field(default_factory=set)  # packs whose local file was removed
     offloaded_at: float = 0.0  # when the copy last completed (eviction takes oldest first)
@@ -58,7 +61,7 @@ class Entry:
     def to_json(self) -> dict[str, Any]:
         return {"version": JOURNAL_VERSION, "supervisorTaskId": self.sup,
                 "subTaskIds": sorted(self.subs), "complete": self.complete,
-                "deleting": self.deleting, "updated": self.updated,
+                "deleting": self.deleting, "everyone": self.everyone, "updated": self.updated,
                 "evicted": sorted(self.evicted), "offloadedAt": self.offloaded_at,
                 "packs": {k: {"object": c.object, "size": c.size, "crc32c": c.crc}
                           for k, c in sorted(self.packs.items())}}
@@ -70,6 +73,7 @@ class Entry:
                              f", this daemon reads version {JOURNAL_VERSION}; upgrade it")
         return cls(sup=str(body["supervisorTaskId"]), subs=frozenset(body["subTaskIds"]),
                    complete=bool(body["complete"]), deleting=bool(body["deleting"]),
+                   everyone=bool(body.get("everyone", False)),
                    updated=float(body["updated"]),
                    # Absent from journals written before eviction (same version: nothing
                    # else changed, and an older daemon ignores them).

@@ -137,9 +137,12 @@ class DeepStorage:
         entry = self.journal.entries.get(sup)
         return entry is not None and entry.complete and not entry.deleting
 
-    async def forget(self, sup: str) -> None:
+    async def forget(self, sup: str, *, everyone: bool = False) -> None:
         """``sup`` is deleted here: stop its offload, remove its objects from the tier and
-        its read-back cache. A tier that fails is retried by :meth:`retry_deletions`."""
+        its read-back cache. A tier that fails is retried by :meth:`retry_deletions`.
+        ``everyone`` (the supervisor's DELETE ended the task) removes the whole ``<sup>/``
+        prefix, every daemon's copy, even if this one never offloaded the task; without it
+        (an expiry here) only this daemon's ``<sup>/<instance>/``."""
         await self.offloader.stop(sup)
         for key in [k for k in self.cached if k[0] == sup]:
             del self.cached[key]
@@ -151,9 +154,10 @@ class DeepStorage:
             except OSError:
                 pass
         entry = self.journal.entries.get(sup)
-        if entry is None:
+        if entry is None and not everyone:
             return  # never offloaded (the journal is written before any object)
-        entry.deleting = True
+        entry = entry or Entry(sup)
+        entry.deleting, entry.everyone = True, entry.everyone or everyone
         try:
             await self.journal.save(entry)
         except OSError as exc:
@@ -165,7 +169,8 @@ class DeepStorage:
         if entry is None or (sup in self.seals and not entry.deleting):
             return True  # gone already, or sealed again since (a live task's copy)
         try:
-            await self._tier(self.tier.delete_prefix, manifest.task_prefix(sup, self.instance))
+            await self._tier(self.tier.delete_prefix, sup if entry.everyone
+                             else manifest.task_prefix(sup, self.instance))
         except Exception as exc:
             self.stats.errors += 1
             log.error("could not remove %s's objects from %s (retried each sweep): %s",

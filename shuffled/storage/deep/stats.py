@@ -18,3 +18,4 @@ class DeepStats:
     evicted_packs: int = 0
     spilled_packs: int = 0  # packs of unsealed tasks copied early to be evicted
     errors: int = 0
+    orphans_removed: int = 0  # task prefixes the orphan sweep removed (:mod:`.orphans`)

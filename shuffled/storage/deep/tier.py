@@ -82,6 +82,20 @@ class Tier:
         return sorted(i.path[len(self.base) + 1:] for i in infos
                       if i.type == pafs.FileType.File)
 
+    def tasks(self) -> list[str]:
+        """The task prefixes in the tier (the ``<sup>`` of each ``PREFIX/<sup>/``)."""
+        selector = pafs.FileSelector(self.base, allow_not_found=True, recursive=False)
+        return sorted(i.base_name for i in self.fs.get_file_info(selector)
+                      if i.type == pafs.FileType.Directory)
+
+    def newest(self, prefix: str) -> float | None:
+        """When the newest object under ``prefix`` was written (seconds since the epoch);
+        None if there is none."""
+        selector = pafs.FileSelector(self.path(prefix), allow_not_found=True, recursive=True)
+        times = [i.mtime.timestamp() for i in self.fs.get_file_info(selector)
+                 if i.type == pafs.FileType.File and i.mtime is not None]
+        return max(times, default=None)
+
     def delete_prefix(self, prefix: str) -> None:
         """Remove every object under ``prefix`` (idempotent)."""
         try:
