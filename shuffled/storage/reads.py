@@ -19,7 +19,7 @@ import heapq
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, IO, Protocol
+from typing import IO, Protocol
 
 from shuffled.errors import BadRequest, Conflict, NotFound
 from shuffled.protocol import PartialKey, PartitionKey
@@ -28,8 +28,6 @@ from shuffled.storage.oserrors import translate
 from shuffled.storage.records import PartialMeta
 from shuffled.storage.threads import IoThreads
 
-if TYPE_CHECKING:
-    from shuffled.storage.deep import DeepStorage
 
 Cursor = tuple[int, int, int, str]
 
@@ -41,6 +39,15 @@ class Place(Protocol):
     def path(self) -> Path: ...
     @property
     def healthy(self) -> bool: ...
+
+
+class Tier(Protocol):
+    """What reads ask of deep storage (:class:`~shuffled.storage.deep.DeepStorage`; a
+    protocol, so that this module does not import the tier it serves from)."""
+
+    def copied(self, meta: PartialMeta) -> object | None: ...
+    def cached_path(self, sup: str, location: int, pack: int) -> Path | None: ...
+    async def local_copy(self, metas: Sequence[PartialMeta]) -> Path: ...
 
 
 class Holds(Protocol):
@@ -94,7 +101,7 @@ class Reader:
 
     def __init__(self, locations: Sequence[Place], catalogs: Sequence[Queries],
                  book: Holds, threads: IoThreads,
-                 deep: DeepStorage | None = None) -> None:
+                 deep: Tier | None = None) -> None:
         self.locations = list(locations)
         self.catalogs = list(catalogs)
         self.book = book
