@@ -34,7 +34,8 @@ def _client(clients: dict[str, ShuffleClient], cfg: Phase2Config, server: str,
     soon as the driver declared it lost, when ``verdict`` is given."""
     client = clients.get(server)
     if client is None:
-        retry = cfg.retry if verdict is None else verdict.policy(cfg.retry, server)
+        retry = cfg.retry_of(server)
+        retry = retry if verdict is None else verdict.policy(retry, server)
         client = clients[server] = ShuffleClient(server, token=cfg.token, ca_file=cfg.ca_file,
                                                  retry=retry)
     return client

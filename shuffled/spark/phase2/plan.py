@@ -69,6 +69,14 @@ class Phase2Config:
         return RetryPolicy(attempts=max(2, int(self.retry_seconds) * 2), backoff=0.2,
                            max_backoff=2.0, deadline=self.retry_seconds)
 
+    def retry_of(self, server: str) -> RetryPolicy:
+        """The read retry policy for ``server``: :attr:`retry`, but a daemon whose share is
+        in deep storage is given up after a second (its share is read from the tier through
+        a survivor, as exact as from it: waiting out its restart would only be slower)."""
+        if self.tier and server in dict(self.tier):
+            return RetryPolicy(attempts=3, backoff=0.1, max_backoff=0.3, deadline=1.0)
+        return self.retry
+
     def streams(self, a: Assignment) -> bool:
         """Whether ``a`` is merged by streaming within the budget, not in one piece."""
         return bool(self.memory_budget) and a.nbytes > self.memory_budget // WORK_FACTOR
