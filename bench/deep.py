@@ -24,6 +24,7 @@ import pyarrow.fs as pafs
 
 from bench.context import Ctx, MiB
 from bench.s3server import moto_tier
+from shuffled.protocol import Interval, PartialKey
 from bench.stats import Result, alternate, compare, median
 
 PARTIAL = 4 * MiB
@@ -60,13 +61,12 @@ class _Bench:
         self.loop = asyncio.new_event_loop()
         self.store = Store(self.settings)
         self.run(self.store.open())
+        self.count = 0  # partials filled
 
     def run(self, work: Any) -> Any:
         return self.loop.run_until_complete(work)
 
     def fill(self, sup: str, total: int) -> list[Path]:
-        from shuffled.protocol import Interval, PartialKey
-
         interval = Interval.parse(*DAY)
         bodies = [_body(i) for i in range(4)]
 
@@ -76,7 +76,7 @@ class _Bench:
                 body = bodies[i % 4]
                 await self.store.put(PartialKey(sup, f"s{i}", interval, i % 8), _one(body),
                                      len(body), None)
-            count = max(4, total // PARTIAL)
+            count = self.count = max(4, total // PARTIAL)
             for start in range(0, count, 4):
                 await asyncio.gather(*(put(i) for i in range(start, min(count, start + 4))))
             await self.store.seal(sup, [f"s{i}" for i in range(count)])
@@ -96,6 +96,34 @@ class _Bench:
             await deep.idle()
             took = time.perf_counter() - began
             assert deep.offloaded(sup), "the offload failed"
+            return took
+        return float(self.run(go()))
+
+    def reads(self, sup: str, during_offload: bool) -> float:
+        """Seconds to read every partial of ``sup`` through the store (open and pread, as
+        a GET's slow path does), idle or while the task is being offloaded."""
+        deep = self.store.deep
+        assert deep is not None
+        keys = [PartialKey(sup, f"s{i}", Interval.parse(*DAY), i % 8)
+                for i in range(self.count)]
+
+        async def read_all() -> float:
+            began = time.perf_counter()
+            for key in keys:
+                meta, fh = await self.store.open_partial(key)
+                try:
+                    await self.store.run(os.pread, fh.fileno(), meta.body_len, meta.offset)
+                finally:
+                    fh.close()
+            return time.perf_counter() - began
+
+        async def go() -> float:
+            if not during_offload:
+                return await read_all()
+            await deep.forget(sup)
+            deep.offload(sup)
+            took = await read_all()
+            await deep.idle()
             return took
         return float(self.run(go()))
 
@@ -130,8 +158,15 @@ def run(ctx: Ctx) -> list[Result]:
             fs.delete_dir(dest)
             return {"seconds": seconds, "mbps": nbytes / seconds / 1e6}
 
+        def idle() -> dict[str, float]:
+            return {"seconds": bench.reads("deep-1", False)}  # type: ignore[union-attr]
+
+        def offloading() -> dict[str, float]:
+            return {"seconds": bench.reads("deep-1", True)}  # type: ignore[union-attr]
+
         try:
             got = alternate({"offloader": ours, "copy_files": plain}, s.repeats)
+            plane = alternate({"reads_idle": idle, "reads_offloading": offloading}, s.repeats)
         finally:
             bench.close()
     what = f"{nbytes / MiB:.0f} MiB sealed task ({len(packs)} packs)"
@@ -141,5 +176,11 @@ def run(ctx: Ctx) -> list[Result]:
     return [compare("deep_offload", f"10. deep storage: offload of a {what} to S3 (moto, "
                     "loopback), encrypted, vs plain pyarrow.fs.copy_files of its packs",
                     median(got["offloader"]["mbps"]), median(got["copy_files"]["mbps"]),
-                    "MB/s", ">=", 0.8, **common)]
+                    "MB/s", ">=", 0.8, **common),
+            compare("deep_data_plane", f"10b. deep storage: reading every partial of the "
+                    f"same task through the store while it is offloaded vs idle (the data "
+                    f"plane's cost of an offload; lower is better)",
+                    median(plane["reads_offloading"]["seconds"]),
+                    median(plane["reads_idle"]["seconds"]), "s", "<=", 1.1,
+                    repeats=s.repeats, samples=plane)]
 

@@ -119,7 +119,9 @@ def test_a_daemon_lost_after_a_deep_seal_costs_no_recompute(runs: Any) -> None:
     rec = report["recovery"]
     assert list(rec["lostDaemons"]) == [victim]
     assert rec["subtasksRecomputed"] == 0 and rec["readFromTier"] == [victim]
-    assert [r["when"] for r in rec["rounds"]] == ["during phase 2"]
+    # Found by the driver's look before phase 2 (it waited for the copies), or by the merge
+    # tasks' reads: either way read from the tier.
+    assert [r["when"] for r in rec["rounds"]] in (["before phase 2"], ["during phase 2"])
     # The driver's DELETE left nothing in the bucket: the victim's share went with it.
     assert run["tierLeft"] == [], run["tierLeft"][:5]
 

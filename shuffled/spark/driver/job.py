@@ -79,6 +79,8 @@ class Job:
         self.ctx.hooks.between_phases()
         partials = self.sealed(partials, "after phase 1")
         self.ctx.hooks.after_seal()
+        if self.shares.instances:  # the seal may have waited for the copies: a daemon lost
+            partials = self.sealed(partials, "before phase 2")  # meanwhile is found now
         staged = self.phase2(partials)
         durable.note_tier_reads(self.ctx, self.shares, self.recovery)
         self.recovery.restarts = self.ctx.monitor.restarts() if self.ctx.monitor else {}
