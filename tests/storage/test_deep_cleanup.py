@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,19 +35,13 @@ from shuffled.storage.deep import DeepStorage, manifest
 from shuffled.storage.deep.orphans import Orphans
 from tests.cleanup.test_cleanup import Clock, Overlord, status_object
 from tests.conftest import DAY, PREFIX, arrow_bytes, metric, sample_table
-from tests.helpers.s3 import moto_s3
+from tests.storage.test_deep_storage import s3  # noqa: F401 (the module's S3 server)
 
 pytest.importorskip("moto.server", reason="moto[server] is not installed (test extras)")
 
 WAIT = 60.0  # the longest any wait below may take
 EXPIRY = 100.0
 BODY = arrow_bytes(sample_table(40))
-
-
-@pytest.fixture(scope="module")
-def s3() -> Iterator[Any]:
-    with moto_s3() as (fs, _):
-        yield fs
 
 
 @pytest.fixture

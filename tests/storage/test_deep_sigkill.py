@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pyarrow.fs as pafs
 import pytest
 
 from shuffled.client import ShuffleClient
@@ -22,7 +21,7 @@ from shuffled.storage.deep import crypt, manifest
 from tests.conftest import DAY, pack_files
 from tests.helpers.procs import DaemonProcess
 from tests.helpers.s3 import moto_s3
-from tests.storage.test_deep_storage import _arrow, _table
+from tests.storage.test_deep_storage import _arrow, _objects, _table
 
 pytest.importorskip("moto.server", reason="moto[server] is not installed (test extras)")
 
@@ -39,16 +38,6 @@ def tier(tmp_path: Path) -> Iterator[dict[str, Any]]:
         yield {"fs": fs, "base": f"{bucket}/tier", "key_file": key_file,
                "args": ["--deep-storage", f"s3://{bucket}/tier",
                         "--deep-storage-key-file", str(key_file)]}
-
-
-def _objects(fs: Any, prefix: str) -> dict[str, bytes]:
-    infos = fs.get_file_info(pafs.FileSelector(prefix, allow_not_found=True, recursive=True))
-    out = {}
-    for info in infos:
-        if info.type == pafs.FileType.File:
-            with fs.open_input_stream(info.path) as src:
-                out[info.path[len(prefix) + 1:]] = src.read()
-    return out
 
 
 def test_sigkill_mid_offload_resumes_after_restart(tier: dict[str, Any],

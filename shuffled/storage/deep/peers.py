@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shuffled.errors import NotFound
 from shuffled.protocol import PartitionKey, TaskDataState
 from shuffled.storage.catalog import COLUMNS, Row
 from shuffled.storage.deep.journal import Copied
@@ -110,7 +111,7 @@ class PeerTask(Reader):
         nothing is held back and the task is sealed."""
         try:
             metas = self.partition(key)
-        except Exception:  # NotFound: an empty partition, as the store's view answers
+        except NotFound:  # an empty partition, as the store's view answers
             metas = []
         named = self.subs if sub_task_ids is None else self.subs & set(sub_task_ids)
         return sorted((m for m in metas if m.key.sub_task_id in named),
@@ -127,13 +128,15 @@ class PeerTask(Reader):
             slot = (meta.location, meta.pack)
             if slot not in self._here:
                 groups.setdefault(slot, []).append(meta)
+        waits = []
         for slot, group in groups.items():
             running = self._fetches.get(slot)
             if running is None:
                 running = asyncio.ensure_future(self._get(slot, group))
                 self._fetches[slot] = running
                 running.add_done_callback(self._forget(slot))
-            await asyncio.shield(running)
+            waits.append(asyncio.shield(running))
+        await asyncio.gather(*waits)  # the packs at once (the tier's threads bound them)
         return True
 
     def _forget(self, slot: tuple[int, int]) -> Callable[[asyncio.Future[None]], None]:
