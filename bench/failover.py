@@ -182,7 +182,12 @@ def main(argv: list[str]) -> int:
                       "deep_undisturbed_vs_local": ratio("deep_undisturbed", "undisturbed"),
                       "recomputed_deep": [r["recovery"]["subtasksRecomputed"] for r in deep],
                       "readFromTier_deep": [r["recovery"].get("readFromTier") for r in deep],
-                      "phases_deep_killed": [r["phases"] for r in deep]}, indent=1))
+                      "phases_deep_killed": [r["phases"] for r in deep],
+                      "seconds_deep": {k: [round(r["seconds"], 2) for r in runs[k]]
+                                       for k in ("deep_undisturbed", "deep_killed")
+                                       if k in runs},
+                      "rounds_deep_killed": [r["recovery"]["rounds"] for r in deep]},
+                     indent=1))
     return 0
 
 

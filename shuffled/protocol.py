@@ -16,6 +16,9 @@ from functools import lru_cache
 from shuffled.errors import DigestMismatch, InvalidId, InvalidInterval, InvalidPartitionId
 
 API_PREFIX = "/druid/worker/v1/shuffle"
+# A lost daemon's share served by another from deep storage: <daemon>/peers/<instance> is
+# a base URL under which the read routes answer (docs/deep-storage.md).
+PEERS_PATH = "/peers/"
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 
 # RFC 9530: Content-Digest covers the message content, Repr-Digest the whole representation.

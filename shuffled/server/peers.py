@@ -17,12 +17,13 @@ from typing import IO, Protocol
 
 from aiohttp import web
 
-from shuffled.protocol import PartialKey, PartitionKey, TaskDataState, validate_id
+from shuffled.protocol import (PEERS_PATH, PartialKey, PartitionKey, TaskDataState,
+                               validate_id)
 from shuffled.server.errors import Handler
 from shuffled.server.state import state_of
 from shuffled.storage import PartialMeta
 
-PEER_PREFIX = "/peers/{instance}"
+PEER_PREFIX = PEERS_PATH + "{instance}"
 SOURCE = web.RequestKey("reads", object)
 
 

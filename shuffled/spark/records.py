@@ -97,6 +97,8 @@ class Segment:
     spill_files: int | None = None
     spill_bytes: int | None = None
     bucket: int | None = None  # dynamic partitioning: the partition before renumbering
+    # the routes to lost daemons' shares in deep storage this attempt had read through
+    from_tier: tuple[str, ...] = ()
 
     @property
     def key(self) -> PartitionId:

@@ -19,12 +19,13 @@ from typing import Any
 
 from shuffled.client import ShuffleClient, ShuffleUnavailable
 from shuffled.errors import ShuffleError
+from shuffled.protocol import PEERS_PATH
 from shuffled.spark.driver.context import JobContext
 from shuffled.spark.driver.recompute import Recovery
 
 log = logging.getLogger("shuffled.spark")
 
-PEERS = "/peers/"
+PEERS = PEERS_PATH
 POLL = 10.0  # seconds one long poll of a daemon's task state may wait
 OFFLOAD_WAIT = 3600.0  # most seconds a seal waits for a daemon's copy (durability deep)
 
@@ -116,11 +117,14 @@ def seal(ctx: JobContext, committed: dict[str, set[str]], shares: TierShares,
     return failed
 
 
-def note_tier_reads(ctx: JobContext, shares: TierShares, recovery: Recovery) -> None:
-    """Daemons declared lost while phase 2 ran whose share is in deep storage: their
-    partitions were read from the tier through the survivors (the report says so)."""
-    declared = ctx.monitor.declared_after if ctx.monitor else {}
-    read = sorted(s for s in declared if s in shares.backed() and s not in ctx.lost)
+def note_tier_reads(ctx: JobContext, shares: TierShares, recovery: Recovery,
+                    routes: Collection[str]) -> None:
+    """The merge tasks read through ``routes`` (those of peers among them: the daemons
+    whose share came from the tier); those the driver had not found lost itself go in a
+    round of their own (found by the merge tasks' reads, during phase 2)."""
+    instances = {r.rsplit(PEERS, 1)[1] for r in routes if PEERS in r}
+    recovery.from_tier.update(s for s, i in shares.instances.items() if i in instances)
+    read = sorted(s for s in recovery.from_tier if s not in ctx.lost)
     if read:
         ctx.lost.update({s: "declared lost during phase 2" for s in read})
         recovery.lost.update({s: ctx.lost[s] for s in read})

@@ -82,7 +82,8 @@ class Job:
         if self.shares.instances:  # the seal may have waited for the copies: a daemon lost
             partials = self.sealed(partials, "before phase 2")  # meanwhile is found now
         staged = self.phase2(partials)
-        durable.note_tier_reads(self.ctx, self.shares, self.recovery)
+        durable.note_tier_reads(self.ctx, self.shares, self.recovery,
+                                {r for seg in staged for r in seg.from_tier})
         self.recovery.restarts = self.ctx.monitor.restarts() if self.ctx.monitor else {}
         return staged, plan
 

@@ -77,6 +77,8 @@ class Recovery:
     # daemons the heartbeats declared lost while the job ran (told to the survivors, so
     # merge tasks stop reading them), with how long each had been silent then
     declared: dict[str, float] = field(default_factory=dict)
+    # daemons whose share the merge tasks read from deep storage (through a survivor)
+    from_tier: set[str] = field(default_factory=set)
 
     def round(self, when: str, started: float, **facts: Any) -> None:
         self.rounds.append({"when": when, "seconds": round(time.monotonic() - started, 3),
@@ -90,8 +92,7 @@ class Recovery:
         return {"lostDaemons": self.lost, "rounds": self.rounds,
                 "subtasksRecomputed": self.recomputed,
                 # lost daemons whose share phase 2 read from deep storage instead
-                "readFromTier": sorted({s for r in self.rounds
-                                        for s in r.get("readFromTier", ())}),
+                "readFromTier": sorted(self.from_tier),
                 "partitionsRemerged": sum(int(r.get("partitionsRemerged", 0))
                                           for r in self.rounds),
                 "restartsRiddenThrough": self.restarts,

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shuffled.client import ShuffleClient
+from shuffled.protocol import PEERS_PATH
 from shuffled.spark.phase2.durable import sync_files
 from shuffled.spark.phase2.fetch import SourceLost, _fetch, _stream
 from shuffled.spark.phase2.plan import (  # noqa: F401  (re-exported: the driver's names)
@@ -200,7 +201,8 @@ def make_phase2(cfg: Phase2Config) -> Callable[[Iterable[Assignment]], Iterator[
                 # Where the partition's time went (summed in the task report).
                 fetch_ms=fetch_s * 1000, merge_ms=merge_s * 1000, write_ms=write_s * 1000,
                 ms=int((fetch_s + merge_s + write_s) * 1000), peak_rss=peak,
-                rss_at_start=baseline, **extra))
+                rss_at_start=baseline,
+                from_tier=tuple(sorted(s for s in clients if PEERS_PATH in s)), **extra))
 
         def lost(a: Assignment, exc: SourceLost) -> str:
             # Not a failure of the task: the driver recomputes what was lost and merges
