@@ -49,8 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true",
                    help="small sizes and few repeats: a smoke test of the harness, not a benchmark")
     p.add_argument("--repeats", type=int, help="alternations per side (default 5; quick 2)")
-    p.add_argument("--out", type=Path, default=HERE / "results.json",
-                   help="results file (default bench/results.json)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="results file (default bench/results.json after a full run, "
+                        "bench/results-partial.json after --quick/--only/--skip: a partial "
+                        "run never overwrites the full run's record)")
     p.add_argument("--readme", type=Path, default=HERE.parent / "docs" / "benchmarks.md",
                    help="the page whose bench block is rewritten (default docs/benchmarks.md)")
     p.add_argument("--write-readme", action=argparse.BooleanOptionalAction, default=None,
@@ -114,9 +116,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\n" + report.table(results))
     for note in ctx.notes:
         print(f"- {note}")
-    report.write_json(args.out, results, meta)
-    print(f"bench: wrote {args.out} in {meta['seconds']:.0f} s")
     full = not (args.quick or args.only or args.skip)
+    out = args.out or HERE / ("results.json" if full else "results-partial.json")
+    report.write_json(out, results, meta)
+    print(f"bench: wrote {out} in {meta['seconds']:.0f} s")
     if args.write_readme or (args.write_readme is None and full):
         if report.update_readme(args.readme, report.readme_block(results, meta)):
             print(f"bench: updated the table in {args.readme}")

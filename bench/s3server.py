@@ -1,12 +1,17 @@
 """A moto S3 server on loopback for the deep-storage benches, the standard AWS environment
-pointing at it (keys made per run) while it runs, one bucket and a per-run tier key."""
+pointing at it (keys made per run) while it runs, one bucket and a per-run tier key.
+
+The server runs in a process of its own: in the bench's process its Python threads would
+take the GIL from the code measured (an object store is never in the daemon's process)."""
 
 from __future__ import annotations
 
-import logging
 import os
 import secrets
 import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,12 +36,21 @@ def _port() -> int:
 @contextmanager
 def moto_tier(base: Path, bucket: str = "bench-deep") -> Iterator[MotoTier]:
     import pyarrow.fs as pafs
-    from moto.server import ThreadedMotoServer
 
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's access log
     port = _port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
+                               "-p", str(port)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while True:  # bounded: until it accepts connections
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                raise RuntimeError("the moto S3 server did not start") from None
+            time.sleep(0.05)
     env = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": secrets.token_hex(20),
            "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{port}"}
     saved = {k: os.environ.get(k) for k in [*env, "AWS_ENDPOINT_URL"]}
@@ -53,7 +67,12 @@ def moto_tier(base: Path, bucket: str = "bench-deep") -> Iterator[MotoTier]:
         key_file.write_bytes(secrets.token_bytes(48))
         yield MotoTier(fs, bucket, f"s3://{bucket}/tier", key_file)
     finally:
-        server.stop()
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)

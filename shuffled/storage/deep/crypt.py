@@ -62,6 +62,7 @@ class Encryptor:
         self._sup, self._name, self._chunk = sup, name, chunk
         self._prefix = os.urandom(8)
         self._pending = bytearray()
+        self._held: bytes | None = None  # a whole chunk kept back, not copied
         self._index = 0
 
     def header(self) -> bytes:
@@ -75,7 +76,19 @@ class Encryptor:
 
     def feed(self, data: bytes | memoryview) -> Iterator[bytes]:
         """Sealed chunks completed by ``data`` (a full chunk is kept back until more comes
-        or :meth:`finish`: the last chunk is marked as such)."""
+        or :meth:`finish`: the last chunk is marked as such).
+
+        Fed whole chunks (the offload reads packs chunk by chunk), nothing is copied: a
+        megabyte copied in Python holds the GIL the data plane's event loop needs, while
+        the encryption and the CRC release it."""
+        if not self._pending and len(data) == self._chunk:
+            if self._held is not None:
+                yield self._seal(self._held, False)
+            self._held = data if isinstance(data, bytes) else bytes(data)
+            return
+        if self._held is not None:
+            self._pending += self._held
+            self._held = None
         self._pending += data
         while len(self._pending) > self._chunk:
             piece = bytes(self._pending[:self._chunk])
@@ -84,8 +97,11 @@ class Encryptor:
 
     def finish(self) -> bytes:
         """The last chunk (possibly of no plaintext)."""
-        piece = bytes(self._pending)
-        self._pending.clear()
+        if self._held is not None:
+            piece, self._held = self._held, None
+        else:
+            piece = bytes(self._pending)
+            self._pending.clear()
         return self._seal(piece, True)
 
 

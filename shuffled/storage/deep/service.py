@@ -15,6 +15,7 @@ import asyncio
 import logging
 import os
 import shutil
+import threading
 from collections.abc import Callable, Container, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -36,6 +37,19 @@ from shuffled.storage.threads import IoThreads
 log = logging.getLogger("shuffled.storage")
 
 
+BACKGROUND_NICE = 10  # the tier's threads yield the CPU to the data plane's
+
+
+def _background_priority() -> None:
+    """Lower this thread's CPU priority (Linux schedules threads apart): encrypting and
+    checksumming a copy takes whole cores, which uploads and reads must not wait for."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
+                       os.getpriority(os.PRIO_PROCESS, 0) + BACKGROUND_NICE)
+    except (OSError, AttributeError):
+        pass  # not Linux, or not allowed: the copy still runs, at the daemon's priority
+
+
 class DeepStorage:
     """The tier behind the locations (event loop; blocking work on its own threads)."""
 
@@ -52,7 +66,8 @@ class DeepStorage:
         self.seals = seals
         # Offload copies take at most `concurrency` of these; the rest serve read-backs.
         self.executor = ThreadPoolExecutor(settings.deep_storage_concurrency + 2,
-                                           thread_name_prefix="shuffled-deep")
+                                           thread_name_prefix="shuffled-deep",
+                                           initializer=_background_priority)
         self.stats = DeepStats()
         self.journal = Journal(locations, threads, settings.fsync)
         self.instance = ""
