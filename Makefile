@@ -31,7 +31,8 @@ typecheck: $(STAMP)
 
 # Real tools from Debian's packages, installed when missing (see scripts/sysdeps.sh).
 sysdeps-test:
-	scripts/sysdeps.sh promtool=prometheus prometheus=prometheus chromium=chromium
+	scripts/sysdeps.sh promtool=prometheus prometheus=prometheus chromium=chromium \
+		pg_ctlcluster=postgresql
 
 sysdeps-bench:
 	scripts/sysdeps.sh nginx=nginx wrk=wrk
