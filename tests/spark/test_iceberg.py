@@ -47,7 +47,7 @@ def catalog(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv("PYICEBERG_CATALOG__T__URI", f"sqlite:///{tmp_path}/catalog.db")
     monkeypatch.setenv("PYICEBERG_CATALOG__T__WAREHOUSE", f"file://{tmp_path}/warehouse")
     (tmp_path / "warehouse").mkdir()
-    from pyiceberg.catalog import load_catalog
+    from shuffled.spark.phase2.iceberg import load_catalog
 
     return load_catalog("t")
 
@@ -98,3 +98,128 @@ def test_tutorial_to_the_default_catalog_reads_back_its_five_rows(
         f["file_path"] for f in table.inspect.files().to_pylist()]
     assert Path(result.report_path).is_file()
     assert len(table.spec().fields) == 0  # week segments: no Iceberg transform holds one
+
+
+def _files_under(table: Any) -> set[str]:
+    """The Parquet files in the table's local data directory."""
+    return {f"file://{p}" for p in (Path(table.location()[len("file://"):]) / "data")
+            .rglob("*.parquet")}
+
+
+def _referenced(table: Any) -> set[str]:
+    """Every data file some snapshot references (time travel keeps the replaced ones)."""
+    return {f["file_path"] for snap in table.snapshots()
+            for f in table.inspect.files(snap.snapshot_id).to_pylist()}
+
+
+def test_multi_day_equals_duckdb_and_a_rerun_leaves_one_version(
+        spark: Any, daemon: Any, catalog: Any, dataset: Any, tmp_path: Path) -> None:
+    base, good = dataset
+    uri = "iceberg://t/druid.events"
+    first = run_ingestion(_events(base), shuffle_servers=[daemon.url], output_dir=uri)
+    table = catalog.load_table("druid.events")
+    assert [(f.name, str(f.transform)) for f in table.spec().fields] == [("__time_day", "day")]
+    assert_matches(_as_output(_rows(table)), expected_rollup(good))
+    one = table.current_snapshot()
+    assert one.summary["shuffled.version"] == first.version
+    assert {f["file_path"] for f in table.inspect.files().to_pylist()} == {
+        s["path"] for s in first.segments}
+    assert all(s["path"].startswith(table.location() + "/data/") for s in first.segments)
+
+    second = run_ingestion(_events(base), shuffle_servers=[daemon.url], output_dir=uri)
+    table = catalog.load_table("druid.events")
+    snaps = table.snapshots()
+    assert len(snaps) == 2 and snaps[1].summary.operation.value == "overwrite"
+    assert snaps[1].summary["shuffled.version"] == second.version
+    assert_matches(_as_output(_rows(table)), expected_rollup(good))  # one version, not two
+    assert_matches(_as_output(_rows(table, one.snapshot_id)), expected_rollup(good))
+    live = {f["file_path"] for f in table.inspect.files().to_pylist()}
+    assert live == {s["path"] for s in second.segments}
+    old = {f["file_path"] for f in table.inspect.files(one.snapshot_id).to_pylist()}
+    assert old == {s["path"] for s in first.segments} and not old & live
+
+    # appendToExisting: the rows join the table (every count doubled), one more snapshot.
+    run_ingestion(_events(base, appendToExisting=True), shuffle_servers=[daemon.url],
+                  output_dir=uri)
+    table = catalog.load_table("druid.events")
+    assert len(table.snapshots()) == 3
+    assert table.current_snapshot().summary.operation.value == "append"
+    assert _rows(table).num_rows == 2 * expected_rollup(good).num_rows
+    # Attempts that did not commit left no file in the table's data directory.
+    assert _files_under(table) == _referenced(table)
+
+
+def test_schema_evolves_by_name_and_a_refused_run_commits_nothing(
+        spark: Any, daemon: Any, catalog: Any, dataset: Any, tmp_path: Path) -> None:
+    base, good = dataset
+    uri = "iceberg://t/druid.evolving"
+    spec = _events(base)
+    spec["spec"]["dataSchema"]["dimensionsSpec"]["dimensions"] = ["country"]
+    run_ingestion(spec, shuffle_servers=[daemon.url], output_dir=uri)
+    table = catalog.load_table("druid.evolving")
+    assert "device" not in table.schema().column_names
+
+    run_ingestion(_events(base), shuffle_servers=[daemon.url], output_dir=uri)  # + device
+    table = catalog.load_table("druid.evolving")
+    assert table.schema().find_field("device").field_type == pyiceberg.types.StringType()
+    assert_matches(_as_output(_rows(table)), expected_rollup(good))
+    before = [s.snapshot_id for s in table.snapshots()]
+
+    changed = _events(base)
+    changed["spec"]["dataSchema"]["metricsSpec"][1] = {
+        "type": "doubleSum", "name": "clicks", "fieldName": "clicks"}
+    with pytest.raises(Exception, match="column 'clicks'") as failed:
+        run_ingestion(changed, shuffle_servers=[daemon.url], output_dir=uri)
+    assert "long" in str(failed.value) and "double" in str(failed.value)
+    table = catalog.load_table("druid.evolving")
+    assert [s.snapshot_id for s in table.snapshots()] == before
+    assert _files_under(table) == _referenced(table)
+
+
+class CommitInBetween(Hooks):
+    """Before the first commit attempt of the ingestion it is given to, run a whole other
+    ingestion (``spec``, appending) into the same table: that one commits first, so the
+    first one's commit conflicts, and must be re-planned, not lost."""
+
+    def __init__(self, spec: dict[str, Any], server: str, uri: str) -> None:
+        self.spec, self.server, self.uri = spec, server, uri
+        self.done: list[Any] = []
+
+    def before_commit(self, attempt: int) -> None:
+        if attempt == 0 and not self.done:
+            self.done.append(run_ingestion(self.spec, shuffle_servers=[self.server],
+                                           output_dir=self.uri))
+
+
+def test_two_ingestions_committing_at_once_are_both_applied(
+        spark: Any, daemon: Any, catalog: Any, dataset: Any) -> None:
+    base, good = dataset
+    uri = "iceberg://t/druid.raced"
+    run_ingestion(_events(base), shuffle_servers=[daemon.url], output_dir=uri)
+    racer = CommitInBetween(_events(base, appendToExisting=True), daemon.url, uri)
+    late = run_ingestion(_events(base, appendToExisting=True), shuffle_servers=[daemon.url],
+                         output_dir=uri, hooks=racer)
+    table = catalog.load_table("druid.raced")
+    versions = [s.summary["shuffled.version"] for s in table.snapshots()]
+    assert versions[1:] == [racer.done[0].version, late.version]  # both, the racer first
+    assert _rows(table).num_rows == 3 * expected_rollup(good).num_rows
+
+
+class Fail(Hooks):
+    def before_commit(self, attempt: int) -> None:
+        raise RuntimeError("injected failure at the commit point")
+
+
+def test_a_failed_run_adds_no_snapshot_and_no_file(
+        spark: Any, daemon: Any, catalog: Any, dataset: Any) -> None:
+    base, good = dataset
+    uri = "iceberg://t/druid.failing"
+    run_ingestion(_events(base), shuffle_servers=[daemon.url], output_dir=uri)
+    table = catalog.load_table("druid.failing")
+    before = [s.snapshot_id for s in table.snapshots()]
+    with pytest.raises(RuntimeError, match="injected"):
+        run_ingestion(_events(base), shuffle_servers=[daemon.url], output_dir=uri, hooks=Fail())
+    table = catalog.load_table("druid.failing")
+    assert [s.snapshot_id for s in table.snapshots()] == before
+    assert _files_under(table) == _referenced(table)
+    assert_matches(_as_output(_rows(table)), expected_rollup(good))

@@ -144,7 +144,8 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
                 staged = renumbered(s, staged)
                 if ice is not None:
                     report.segments = publish_iceberg(ice, s, version, staged,
-                                                      shard_spec_builder(s, plan, staged))
+                                                      shard_spec_builder(s, plan, staged),
+                                                      hooks)
                 else:
                     report.segments = publish(ds_dir, s.data_source, version, staged,
                                               shard_spec_builder(s, plan, staged),

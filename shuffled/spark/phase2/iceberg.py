@@ -32,6 +32,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from shuffled.spark.fs import remote
+from shuffled.spark.hooks import NONE, Hooks
 from shuffled.spark.phase2.publish import describe, remove_unpublished
 from shuffled.spark.records import Segment
 
@@ -94,8 +95,9 @@ def load_catalog(name: str) -> Any:
     from pyiceberg.catalog import load_catalog as load
     from pyiceberg.utils.config import Config
 
-    if Config().get_catalog_config(name) is not None:
-        return load(name)
+    conf = Config().get_catalog_config(name)  # read now: pyiceberg's own is read at import
+    if conf is not None:
+        return load(name, **{k: v for k, v in conf.items() if isinstance(v, str)})
     from pyiceberg.catalog.sql import SqlCatalog
 
     home = os.path.abspath(default_home())
@@ -161,8 +163,10 @@ class IcebergOutput:
         pairs = []
         for seg in staged:
             name = os.path.basename(seg.path)
-            pairs.append((seg.path, seg.path if self.local_data_dir else
-                          f"{self.data_uri}/{name.replace(':', '')}"))
+            if self.local_data_dir:  # written in place: named as the location names it
+                pairs.append((seg.path, f"{self.data_uri}/{name}"))
+            else:
+                pairs.append((seg.path, f"{self.data_uri}/{name.replace(':', '')}"))
         if not self.local_data_dir:
             def up(pair: tuple[str, str]) -> None:
                 remote.upload(pair[0], pair[1])
@@ -180,7 +184,8 @@ class IcebergOutput:
                 pass
         self.uploaded.clear()
 
-    def commit(self, staged: list[Segment], data_source: str, append: bool) -> str:
+    def commit(self, staged: list[Segment], data_source: str, append: bool,
+               hooks: Hooks = NONE) -> str:
         """The one commit: every staged segment becomes a data file of the table; returns the
         table's new metadata location. Retries a conflicting commit on the new state."""
         from pyiceberg.exceptions import CommitFailedException, TableAlreadyExistsError
@@ -200,6 +205,7 @@ class IcebergOutput:
                 files = [_data_file(tx.table_metadata, uri, meta, size)
                          for uri, meta, size in metas]
                 _replace(tx, table, files, [] if append else intervals, props)
+                hooks.before_commit(attempt)
                 committed = tx.commit_transaction()
                 return str(committed.metadata_location)
             except (CommitFailedException, TableAlreadyExistsError):
@@ -338,14 +344,15 @@ def _replace(tx: Any, table: Any, files: list[Any], intervals: list[tuple[int, i
 
 
 def publish_iceberg(out: IcebergOutput, spec: Any, version: str, staged: list[Segment],
-                    shard_spec: Any) -> list[dict[str, Any]]:
+                    shard_spec: Any, hooks: Hooks = NONE) -> list[dict[str, Any]]:
     """Commit ``staged`` to the table (:meth:`IcebergOutput.commit`); returns the segment
     descriptors for the task report, each ``path`` its data file's URI. Without a segment
     nothing is committed (the directory publisher drops nothing then either)."""
     if not staged:
         return []
     moves = describe(spec.data_source, version, staged, shard_spec, os.path.dirname(staged[0].path))
-    out.metadata_location = out.commit(staged, spec.data_source, spec.append_to_existing)
+    out.metadata_location = out.commit(staged, spec.data_source, spec.append_to_existing,
+                                       hooks)
     uris = dict(out.data_files_of)
     published = []
     for source, desc in moves:
