@@ -18,8 +18,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[spark,test]'
 	touch $(STAMP)
 
+# `make demo ICEBERG=1`: the same ingestion published as an Apache Iceberg table.
 demo: $(STAMP)
-	$(PY) -m shuffled.demo
+	$(PY) -m shuffled.demo $(if $(ICEBERG),--iceberg)
 
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports

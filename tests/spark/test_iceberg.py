@@ -223,3 +223,44 @@ def test_a_failed_run_adds_no_snapshot_and_no_file(
     assert [s.snapshot_id for s in table.snapshots()] == before
     assert _files_under(table) == _referenced(table)
     assert_matches(_as_output(_rows(table)), expected_rollup(good))
+
+
+def test_postgresql_catalog_with_an_s3_warehouse(
+        spark: Any, daemon: Any, dataset: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.helpers.postgres import postgres_server
+    from tests.helpers.s3 import moto_s3
+
+    base, good = dataset
+    with postgres_server() as url, moto_s3() as (fs, env):
+        fs.create_dir("lake")
+        for key, value in {"TYPE": "sql", "URI": url, "WAREHOUSE": "s3://lake/warehouse",
+                           "S3__ENDPOINT": env["AWS_ENDPOINT_URL_S3"],
+                           "S3__ACCESS_KEY_ID": env["AWS_ACCESS_KEY_ID"],
+                           "S3__SECRET_ACCESS_KEY": env["AWS_SECRET_ACCESS_KEY"],
+                           "S3__REGION": env["AWS_REGION"]}.items():
+            monkeypatch.setenv(f"PYICEBERG_CATALOG__PG__{key}", value)
+        from shuffled.spark.phase2.iceberg import load_catalog
+
+        uri = "iceberg://pg/druid.events"
+        first = run_ingestion(_events(base), shuffle_servers=[daemon.url], output_dir=uri)
+        catalog = load_catalog("pg")
+        assert type(catalog).__name__ == "SqlCatalog" and catalog.engine.dialect.name == "postgresql"
+        table = catalog.load_table("druid.events")
+        assert table.location() == "s3://lake/warehouse/druid/events"
+        assert_matches(_as_output(_rows(table)), expected_rollup(good))
+        assert all(s["path"].startswith("s3://lake/warehouse/druid/events/data/")
+                   for s in first.segments)
+
+        with pytest.raises(RuntimeError, match="injected"):  # uploaded, then not committed
+            run_ingestion(_events(base), shuffle_servers=[daemon.url], output_dir=uri,
+                          hooks=Fail())
+        run_ingestion(_events(base), shuffle_servers=[daemon.url], output_dir=uri)
+        table = catalog.load_table("druid.events")
+        assert len(table.snapshots()) == 2
+        assert_matches(_as_output(_rows(table)), expected_rollup(good))
+        import pyarrow.fs as pafs
+
+        stored = {f"s3://{i.path}" for i in fs.get_file_info(
+            pafs.FileSelector("lake/warehouse/druid/events/data", recursive=True))
+            if i.type == pafs.FileType.File}
+        assert stored == _referenced(table)  # the failed run's uploads were deleted
