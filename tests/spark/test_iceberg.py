@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet  # noqa: F401  (pa.parquet)
 import pytest
 
 from shuffled.protocol import parse_instant
@@ -125,6 +126,9 @@ def test_multi_day_equals_duckdb_and_a_rerun_leaves_one_version(
     assert {f["file_path"] for f in table.inspect.files().to_pylist()} == {
         s["path"] for s in first.segments}
     assert all(s["path"].startswith(table.location() + "/data/") for s in first.segments)
+    for f in table.inspect.files().to_pylist():  # what readers seek the footer by
+        assert f["file_size_in_bytes"] == os.path.getsize(f["file_path"][len("file://"):])
+        assert f["record_count"] == pa.parquet.read_metadata(f["file_path"][7:]).num_rows
 
     second = run_ingestion(_events(base), shuffle_servers=[daemon.url], output_dir=uri)
     table = catalog.load_table("druid.events")

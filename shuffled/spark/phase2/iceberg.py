@@ -192,8 +192,7 @@ class IcebergOutput:
 
         pairs = self.data_files(staged)
         self.data_files_of = pairs
-        metas = [(uri, pq.read_metadata(path), os.path.getsize(path)) for path, uri in pairs]
-        schema = metas[0][1].schema.to_arrow_schema()
+        schema = pq.read_schema(pairs[0][0])
         intervals = sorted({(s.start, s.end) for s in staged})
         props = {"shuffled.version": self.version, "shuffled.task-id": self.task_id,
                  "shuffled.data-source": data_source, "shuffled.segments": str(len(staged)),
@@ -202,8 +201,7 @@ class IcebergOutput:
             table = self._load()
             try:
                 tx = self._transaction(table, schema)
-                files = [_data_file(tx.table_metadata, uri, meta, size)
-                         for uri, meta, size in metas]
+                files = _data_files(tx.table_metadata, staged, [u for _, u in pairs], schema)
                 _replace(tx, table, files, [] if append else intervals, props)
                 hooks.before_commit(attempt)
                 committed = tx.commit_transaction()
@@ -276,25 +274,37 @@ def _evolve(tx: Any, arrow_schema: Any, target: IcebergTarget) -> None:
                 update.add_column(field.name, field.field_type, doc=field.doc)
 
 
-def _data_file(metadata: Any, uri: str, meta: Any, size: int) -> Any:
-    """An Iceberg DataFile of a segment from its Parquet footer (read locally: no request
-    per file to the store), as pyiceberg's ``add_files`` builds it."""
-    from pyiceberg.io.pyarrow import (_check_pyarrow_schema_compatible, compute_statistics_plan,
-                                      data_file_statistics_from_parquet_metadata,
-                                      parquet_path_to_id_mapping)
+def _data_files(metadata: Any, staged: list[Segment], uris: list[str],
+                sample: Any) -> list[Any]:
+    """The Iceberg DataFiles of the segments, built from what phase 2 reported (rows, size,
+    interval): no footer is read (a Druid-shaped job commits thousands of files, and
+    pyiceberg's footer statistics cost seconds there). ``__time``'s bounds are the
+    segment's interval (Iceberg's bounds need not be tight), which is what time pruning and
+    an overwrite's choice of files use; per-column counts are left out (engines then read
+    the footers). ``sample``: one segment's Arrow schema, checked against the table's (an
+    ingestion writes every segment with one schema)."""
+    from pyiceberg.conversions import to_bytes
+    from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible
     from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+    from pyiceberg.typedef import Record
+    from pyiceberg.types import TimestamptzType
 
-    schema = metadata.schema()
-    _check_pyarrow_schema_compatible(schema, meta.schema.to_arrow_schema(),
-                                     format_version=metadata.format_version)
-    stats = data_file_statistics_from_parquet_metadata(
-        parquet_metadata=meta, stats_columns=compute_statistics_plan(schema, metadata.properties),
-        parquet_column_mapping=parquet_path_to_id_mapping(schema))
-    return DataFile.from_args(
-        content=DataFileContent.DATA, file_path=uri, file_format=FileFormat.PARQUET,
-        partition=stats.partition(metadata.spec(), schema), file_size_in_bytes=size,
-        sort_order_id=None, spec_id=metadata.default_spec_id, equality_ids=None,
-        key_metadata=None, **stats.to_serialized_dict())
+    schema, spec = metadata.schema(), metadata.spec()
+    _check_pyarrow_schema_compatible(schema, sample, format_version=metadata.format_version)
+    time_id = schema.find_field(TIME).field_id
+    ts = TimestamptzType()
+    transforms = [f.transform.transform(schema.find_field(f.source_id).field_type)
+                  for f in spec.fields]
+    out = []
+    for seg, uri in zip(staged, uris):
+        lo, hi = seg.start * 1000, (seg.end - 1) * 1000  # ms -> µs, the end exclusive
+        out.append(DataFile.from_args(
+            content=DataFileContent.DATA, file_path=uri, file_format=FileFormat.PARQUET,
+            partition=Record(*(t(lo) for t in transforms)), record_count=seg.rows,
+            file_size_in_bytes=seg.bytes, lower_bounds={time_id: to_bytes(ts, lo)},
+            upper_bounds={time_id: to_bytes(ts, hi)}, sort_order_id=None,
+            spec_id=metadata.default_spec_id, equality_ids=None, key_metadata=None))
+    return out
 
 
 def _interval_filter(intervals: list[tuple[int, int]]) -> Any:
