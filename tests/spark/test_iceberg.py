@@ -81,8 +81,10 @@ def test_tutorial_to_the_default_catalog_reads_back_its_five_rows(
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("SHUFFLED_ICEBERG_HOME", str(tmp_path / "ice"))
     spec = json.loads((ROOT / "examples/rollup-tutorial/rollup-index.json").read_text())
-    result = run_ingestion(spec, shuffle_servers=[daemon.url],
-                           output_dir="iceberg://local/druid.rollup_tutorial")
+    from shuffled.api import ingest
+
+    result = ingest(spec, shuffle_servers=[daemon.url],
+                    output="iceberg://local/druid.rollup_tutorial")
     assert result.table == "iceberg://local/druid.rollup_tutorial"
     from shuffled.spark.phase2.iceberg import load_catalog
 
@@ -268,3 +270,17 @@ def test_postgresql_catalog_with_an_s3_warehouse(
             pafs.FileSelector("lake/warehouse/druid/events/data", recursive=True))
             if i.type == pafs.FileType.File}
         assert stored == _referenced(table)  # the failed run's uploads were deleted
+
+
+@pytest.mark.parametrize("uri", ["iceberg://cat/table", "iceberg:///ns.t", "iceberg://c/ns.t/x",
+                                 "iceberg://c/ns."])
+def test_a_malformed_iceberg_output_is_refused_before_anything_runs(uri: str) -> None:
+    from shuffled.cli.ingest import Refused, probe_output
+    from shuffled.spark.phase2.iceberg import parse_uri
+
+    with pytest.raises(ValueError, match="NAMESPACE.TABLE"):
+        parse_uri(uri)
+    with pytest.raises(Refused, match="not an Iceberg table"):
+        probe_output(uri)
+    assert str(parse_uri("iceberg://lake/a.b.events")) == "iceberg://lake/a.b.events"
+    assert parse_uri("iceberg://lake/a.b.events").namespace == "a.b"
