@@ -18,8 +18,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[spark,test]'
 	touch $(STAMP)
 
+# `make demo ICEBERG=1`: the same ingestion published as an Apache Iceberg table.
 demo: $(STAMP)
-	$(PY) -m shuffled.demo
+	$(PY) -m shuffled.demo $(if $(ICEBERG),--iceberg)
 
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports
@@ -31,7 +32,8 @@ typecheck: $(STAMP)
 
 # Real tools from Debian's packages, installed when missing (see scripts/sysdeps.sh).
 sysdeps-test:
-	scripts/sysdeps.sh promtool=prometheus prometheus=prometheus chromium=chromium
+	scripts/sysdeps.sh promtool=prometheus prometheus=prometheus chromium=chromium \
+		pg_ctlcluster=postgresql
 
 sysdeps-bench:
 	scripts/sysdeps.sh nginx=nginx wrk=wrk

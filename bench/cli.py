@@ -29,6 +29,7 @@ COMPARISONS = {
     "e2e": "bench.e2e",
     "druid": "bench.druid",
     "druid_json": "bench.druid:run_json",
+    "iceberg": "bench.druid:run_iceberg",
     "scale": "bench.scale",
     "merge": "bench.merge_memory",
     "deep": "bench.deep",

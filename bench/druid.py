@@ -23,6 +23,8 @@ from bench.context import Ctx
 from bench.e2e import run_shape
 from bench.stats import Result, absolute, compare, info
 
+ICEBERG_TARGET = 1.2  # issue 26: publishing to Iceberg <= 1.2x publishing to a directory
+
 
 def _rows(n: int) -> str:
     """``3M`` / ``20k`` for titles."""
@@ -79,3 +81,27 @@ def run_json(ctx: Ctx) -> list[Result]:
     """Comparison 9 (JSON lines): the same, Spark given the schema."""
     return _shape(ctx, 9, "druid_json", druid_json_data, "JSON",
                   {"duckdb": 2.5, "spark": 0.4, "phase1": 500_000})
+
+
+def run_iceberg(ctx: Ctx) -> list[Result]:
+    """Comparison 11: comparison 7's ingestion published as an Apache Iceberg table (the
+    embedded SQLite catalog, a local warehouse: one commit of every segment) against the
+    same ingestion published to a directory (manifest.json), alternated on one session."""
+    s = ctx.sizes
+    data = ctx.scratch("iceberg") / "data"
+    druid_data.generate(data, s.druid_rows, s.druid_days)
+    r = run_shape(ctx, "druid", data, s.druid_rows, s.e2e_repeats,
+                  sides=("shuffled", "shuffled_iceberg"))
+    t = r["seconds"]
+    publish = {k: [x["phases"].get("publish", 0.0) for x in v] for k, v in r["runs"].items()}
+    ctx.notes.append(
+        f"11. Druid shape published as an Iceberg table: {t['shuffled_iceberg']:.1f} s vs "
+        f"{t['shuffled']:.1f} s to a directory; publish phase (s) "
+        + ", ".join(f"{k} {v}" for k, v in publish.items())
+        + f"; {r['files'].get('shuffled_iceberg', 0):,} data files in one commit, the same rows "
+        "on both sides (count, totals, MD5 of the sorted rows).")
+    return [compare("iceberg_vs_dir", f"11. Druid shape (Parquet, {_rows(s.druid_rows)} rows, "
+                    f"{s.druid_days:,} day chunks): publishing to an Iceberg table vs to a "
+                    "directory", t["shuffled_iceberg"], t["shuffled"], "s", "<=",
+                    ICEBERG_TARGET, publish_s=publish, files=r["files"],
+                    seconds={k: [x["seconds"] for x in v] for k, v in r["runs"].items()})]

@@ -28,13 +28,14 @@ def _timed(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in runs if not r.get("warmup")]
 
 
-def run_shape(ctx: Ctx, shape: str, data: Path, rows: int, repeats: int) -> dict[str, Any]:
+def run_shape(ctx: Ctx, shape: str, data: Path, rows: int, repeats: int,
+              sides: tuple[str, ...] = ("shuffled", "spark", "duckdb")) -> dict[str, Any]:
     """Run the worker on ``data`` and check the sides agree; its JSON plus medians."""
     base = data.parent
     out = base / "result.json"
     cmd = [sys.executable, "-m", "bench.e2e_worker", "--shape", shape, "--data", str(data),
            "--workdir", str(base), "--repeats", str(repeats),
-           "--warmup", "0" if ctx.quick else "1", "--out", str(out)]
+           "--warmup", "0" if ctx.quick else "1", "--out", str(out), "--sides", ",".join(sides)]
     for item in ctx.spark_conf:
         cmd += ["--conf", item]
     log = base.parent / f"{shape}-worker.log"
@@ -55,10 +56,11 @@ def run_shape(ctx: Ctx, shape: str, data: Path, rows: int, repeats: int) -> dict
     seconds = {k: median([r["seconds"] for r in v]) for k, v in runs.items()}
     ours = runs["shuffled"]
     phases = {k: median([r["phases"].get(k, 0.0) for r in ours]) for k in ours[0]["phases"]}
-    return {"runs": runs, "seconds": seconds, "phases": phases, "rows_out": totals["spark"][0],
-            "rows_md5": totals["spark"][-1],
+    peer = runs.get("spark", ours)
+    return {"runs": runs, "seconds": seconds, "phases": phases, "rows_out": totals[sides[-1]][0],
+            "rows_md5": totals[sides[-1]][-1],
             "bytes_shuffled": median([r["bytesShuffled"] for r in ours]),
-            "spark_bytes": median([r["sparkShuffleWriteBytes"] for r in runs["spark"]]),
+            "spark_bytes": median([r["sparkShuffleWriteBytes"] for r in peer]),
             "partials": median([r.get("partials") or 0 for r in ours]), "rows_in": rows,
             "files": {k: int(median([r.get("files", 0) for r in v])) for k, v in runs.items()}}
 

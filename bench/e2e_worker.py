@@ -101,11 +101,12 @@ def duckdb_rollup(spark: SparkSession, shape: Any, data: Path, out: Path) -> dic
     return {}
 
 
-def shuffled_rollup(spark: SparkSession, shape: Any, data: Path, out: Path) -> dict[str, Any]:
+def shuffled_rollup(spark: SparkSession, shape: Any, data: Path, out: Path,
+                    output: str | None = None) -> dict[str, Any]:
     """``shuffled.api.ingest`` with its embedded daemon; the task report's figures."""
     from shuffled.api import ingest
 
-    result = ingest(shape.spec(data), output_dir=str(out))
+    result = ingest(shape.spec(data), output=output or str(out))
     report = result.report
     return {"bytesShuffled": report.get("bytesShuffled"),
             "bytesFetched": report.get("bytesFetched"),
@@ -113,6 +114,14 @@ def shuffled_rollup(spark: SparkSession, shape: Any, data: Path, out: Path) -> d
             "phases": {k: v.get("ingest/task/time", 0) / 1000 for k, v in report["phases"].items()},
             "partials": report["phases"].get("partialSegmentGeneration", {}).get("partials"),
             "rowsIn": report["ingestionStatsAndErrors"]["rowStats"]["buildSegments"]["processed"]}
+
+
+def shuffled_iceberg_rollup(spark: SparkSession, shape: Any, data: Path,
+                            out: Path) -> dict[str, Any]:
+    """The same ingestion published as an Apache Iceberg table (the embedded default
+    catalog, its SQLite file and warehouse under ``out``): one commit of every segment."""
+    os.environ["SHUFFLED_ICEBERG_HOME"] = str(out)
+    return shuffled_rollup(spark, shape, data, out, output="iceberg://bench/bench.rollup")
 
 
 def _row_text(shape: Any) -> str:
@@ -149,10 +158,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--sides", default="shuffled,spark,duckdb",
+                   help="comma-separated: shuffled, spark, duckdb, shuffled_iceberg")
     args = p.parse_args(argv)
     spark = session(dict(c.split("=", 1) for c in args.conf))
     shape = SHAPES[args.shape]
-    sides = {"shuffled": shuffled_rollup, "spark": spark_rollup, "duckdb": duckdb_rollup}
+    every = {"shuffled": shuffled_rollup, "spark": spark_rollup, "duckdb": duckdb_rollup,
+             "shuffled_iceberg": shuffled_iceberg_rollup}
+    sides = {k: every[k] for k in args.sides.split(",")}
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in sides}
     try:
         for i in range(args.warmup + args.repeats):

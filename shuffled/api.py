@@ -11,14 +11,19 @@ def ingest(spec: Any, *, master: str | None = None,
            shuffle_servers: Sequence[str] | None = None, output_dir: str = "segments",
            token: str | None = None, ca_file: str | None = None,
            progress: Callable[[str], None] | None = None, show_rows: int = 0,
-           reader: str = "auto", signing_secret: bytes | None = None) -> Any:
+           reader: str = "auto", signing_secret: bytes | None = None,
+           output: str | None = None) -> Any:
     """Run a Druid ``index_parallel`` spec on Spark through shuffled.
 
     With no ``shuffle_servers`` an embedded daemon runs on a free loopback port with a
     temporary location for the job's lifetime. ``reader`` is phase 1's input reader (see
     :func:`shuffled.spark.run_ingestion`). ``signing_secret``: the daemons' signing secret
-    (per-task tokens, docs/security.md). Returns the pipeline's IngestResult.
+    (per-task tokens, docs/security.md). ``output`` (when given, instead of
+    ``output_dir``): a directory, ``s3://bucket/prefix`` or an Apache Iceberg table
+    ``iceberg://CATALOG/NAMESPACE.TABLE`` (docs/iceberg.md). Returns the pipeline's
+    IngestResult.
     """
+    output_dir = output or output_dir
     from shuffled.spark import parse_spec, run_ingestion
 
     parsed = parse_spec(spec)  # refuse a bad spec before any daemon or Spark starts
@@ -47,6 +52,9 @@ def ingest(spec: Any, *, master: str | None = None,
 def _show_rows(output_dir: str, limit: int, say: Callable[[str], None]) -> None:
     import pathlib
 
+    if output_dir.lower().startswith("iceberg://"):
+        _show_table(output_dir, limit, say)
+        return
     import pyarrow.parquet as pq
 
     files = sorted(pathlib.Path(output_dir).rglob("*.parquet"))
@@ -59,3 +67,16 @@ def _show_rows(output_dir: str, limit: int, say: Callable[[str], None]) -> None:
             shown += 1
         if shown >= limit:
             break
+
+
+def _show_table(uri: str, limit: int, say: Callable[[str], None]) -> None:
+    """The first rows of an Iceberg table as pyiceberg reads it back."""
+    from shuffled.spark.phase2.iceberg import load_catalog, parse_uri
+
+    target = parse_uri(uri)
+    table = load_catalog(target.catalog).load_table(target.identifier)
+    rows = table.scan(limit=limit).to_arrow()
+    say(f"-- {uri} read back by pyiceberg ({table.location()}): "
+        f"{len(table.snapshots())} snapshot(s), first {rows.num_rows} rows")
+    for row in rows.to_pylist():
+        say("   " + ", ".join(f"{k}={v}" for k, v in row.items()))

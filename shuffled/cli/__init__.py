@@ -61,7 +61,8 @@ def _ingest_parser(sub: argparse._SubParsersAction) -> None:
                         metavar="URL",
                         help="shuffled daemon URL; repeat for several (default: an embedded one)")
     parser.add_argument("--output", default="segments",
-                        help="output directory, or s3://bucket/prefix (default ./segments)")
+                        help="output directory, s3://bucket/prefix, or an Apache Iceberg table "
+                        "iceberg://CATALOG/NAMESPACE.TABLE (docs/iceberg.md; default ./segments)")
     parser.add_argument("--auth-token-file", help="bearer token for the shuffle servers")
     parser.add_argument("--signing-secret-file", metavar="PATH",
                         help="the shuffle servers' signing_secret_file: this driver mints "

@@ -118,6 +118,13 @@ def _read_token(path: str | None) -> str | None:
 def probe_output(output: str) -> None:
     """Refuse a local ``--output`` this process cannot create or write, by trying: the
     directories it creates to try and a probe file are removed again."""
+    if output.lower().startswith("iceberg://"):
+        if not re.match(r"^iceberg://[^/?#]+/[^/?#]+\.[^/?#.]+$", output, re.IGNORECASE):
+            raise Refused(f"--output {output} is not an Iceberg table",
+                          "give iceberg://CATALOG/NAMESPACE.TABLE (a catalog configured in "
+                          ".pyiceberg.yaml or PYICEBERG_CATALOG__<NAME>__* variables, or any "
+                          "other name for the embedded default), see docs/iceberg.md")
+        return  # the catalog is loaded where the ingestion publishes
     if re.match(r"^[a-z][a-z0-9+.-]*://", output):
         return  # s3://...: checked where it is written
     path = Path(output).absolute()
@@ -200,6 +207,10 @@ def first_line(exc: BaseException) -> str:
 def where_it_went(result: Any) -> str:
     """The closing lines of a successful run: where segments, manifest and report are."""
     segments = len(result.segments)
+    if getattr(result, "table", None):
+        return (f"table: {result.table} ({segments} data file{'' if segments == 1 else 's'} "
+                f"committed)\nmetadata: {result.manifest_path}\n"
+                f"task report: {result.report_path}")
     out_dir = os.path.dirname(result.manifest_path)
     return (f"segments: {segments} segment{'' if segments == 1 else 's'} under {out_dir}\n"
             f"manifest: {result.manifest_path}\ntask report: {result.report_path}")

@@ -32,5 +32,9 @@ class Hooks:
         """The driver: the daemons sealed (with shuffleDurability deep, their copies in
         deep storage too), phase 2 not started."""
 
+    def before_commit(self, attempt: int) -> None:
+        """The driver: every data file of an Iceberg output durable in the table's location,
+        commit ``attempt`` (0 first) planned against the table as loaded, not yet made."""
+
 
 NONE = Hooks()

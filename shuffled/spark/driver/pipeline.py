@@ -27,6 +27,7 @@ from shuffled.spark.fs import remote
 from shuffled.spark.spec.model import IngestSpec
 from shuffled.spark.driver.job import IngestionFailed, Job
 from shuffled.spark.driver.monitor import Monitor, RowCount, Timing, stage_status
+from shuffled.spark.phase2.iceberg import IcebergOutput, is_iceberg, publish_iceberg
 from shuffled.spark.phase2.publish import (make_durable_dir, publish, segment_dir,
                                            write_json_atomic)
 from shuffled.spark.hooks import NONE, Hooks
@@ -52,6 +53,7 @@ class IngestResult:
     report_path: str
     report: dict[str, Any]
     summary: str
+    table: str | None = None  # iceberg://CATALOG/NAMESPACE.TABLE when published there
 
 
 def _task_id(spec: IngestSpec) -> str:
@@ -68,7 +70,9 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
 
     The spec is validated (SpecError naming the field) and the input files listed before
     Spark starts. Segments, ``manifest.json`` and ``task-report.json`` land under
-    ``output_dir/<dataSource>/``. Raises IngestionFailed (or the underlying error) on
+    ``output_dir/<dataSource>/``; an ``iceberg://CATALOG/NAMESPACE.TABLE`` output_dir
+    publishes them as that Iceberg table's data files in one commit instead
+    (:mod:`shuffled.spark.phase2.iceberg`, the reports beside its data). Raises IngestionFailed (or the underlying error) on
     failure, after writing a FAILED task report and deleting the shuffle data.
     ``reader`` picks how phase 1 reads its input: ``native`` (pyarrow on the executors,
     Parquet only, see :mod:`shuffled.spark.phase1.native`), ``jvm`` (Spark reads, rows handed to
@@ -96,7 +100,14 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
     token = auth.token  # the driver's own from here on (admin of this task when scoped)
     _check_reachable(servers, token, ca_file)
     version = format_instant(int(time.time() * 1000))
-    if remote.scheme(output_dir) == "s3":
+    ice = None
+    if is_iceberg(output_dir):
+        # The table's data files are the segments: written in the table's location when
+        # it is local, staged and uploaded there before the one commit when on S3.
+        ice = IcebergOutput(output_dir, version, task_id, s.segment_granularity)
+        ds_dir = ice.report_dir
+        local_dir = tempfile.mkdtemp(prefix=f"shuffled-{s.data_source}-")
+    elif remote.scheme(output_dir) == "s3":
         # Segments are staged on local disk and uploaded when published (phase2.publish).
         ds_dir = f"{output_dir.rstrip('/')}/{s.data_source}"
         local_dir = tempfile.mkdtemp(prefix=f"shuffled-{s.data_source}-")
@@ -106,7 +117,8 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
     report = TaskReport(task_id, s.data_source, version, servers)
     spark, created = get_session(master)
     staging = os.path.join(local_dir, f".staging-{task_id}")
-    segments = segment_dir(local_dir, version)
+    segments = (ice.local_data_dir if ice and ice.local_data_dir
+                else segment_dir(local_dir, version))
     ctx = JobContext(spark, s, files, tuple(servers), task_id, report, staging, segments,
                      auth, reader, say, hooks)
     monitor = Monitor(task_id, servers, token=token, ca_file=ca_file,
@@ -130,9 +142,14 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
                 ctx.phase = "publish"
                 started = time.monotonic()
                 staged = renumbered(s, staged)
-                report.segments = publish(ds_dir, s.data_source, version, staged,
-                                          shard_spec_builder(s, plan, staged),
-                                          s.append_to_existing, local_root=local_dir)
+                if ice is not None:
+                    report.segments = publish_iceberg(ice, s, version, staged,
+                                                      shard_spec_builder(s, plan, staged),
+                                                      hooks)
+                else:
+                    report.segments = publish(ds_dir, s.data_source, version, staged,
+                                              shard_spec_builder(s, plan, staged),
+                                              s.append_to_existing, local_root=local_dir)
                 report.status = "SUCCESS"
                 if not report.segments:
                     shutil.rmtree(segments, ignore_errors=True)  # nothing was written there
@@ -143,6 +160,8 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
                     # only its own segments, which no manifest names (publish raises
                     # nothing once its manifest is written).
                     shutil.rmtree(segments, ignore_errors=True)
+                    if ice is not None:
+                        ice.discard()
                 _explain_loss(ctx, exc)  # raises IngestionFailed when daemons were lost
                 raise
             finally:
@@ -169,7 +188,9 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
     summary = report.summary()
     say(summary)
     return IngestResult(task_id, s.data_source, version, report.segments,
-                        f"{ds_dir}/manifest.json", report_path, report.to_json(), summary)
+                        ice.metadata_location if ice else f"{ds_dir}/manifest.json",
+                        report_path, report.to_json(), summary,
+                        str(ice.target) if ice else None)
 
 
 def _check_reachable(servers: list[str], token: str | None, ca_file: str | None) -> None:

@@ -129,6 +129,13 @@ def _plan(old: list[dict[str, Any]], data_source: str, version: str,
     return moves, keep, dropped
 
 
+def describe(data_source: str, version: str, staged: list[Segment], shard_spec: Any,
+             root: str) -> list[tuple[str, dict[str, Any]]]:
+    """Each written segment's (local path, descriptor) as a first publication numbers them
+    (the Iceberg publisher's report: the table, not a manifest, is what readers use)."""
+    return _plan([], data_source, version, staged, shard_spec, False, root)[0]
+
+
 def _manifest(data_source: str, version: str, keep: list[dict[str, Any]],
               published: list[dict[str, Any]]) -> dict[str, Any]:
     segments = sorted(keep + published,
