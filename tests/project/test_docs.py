@@ -121,6 +121,7 @@ def test_every_setting_is_documented_and_every_env_variable_named_is_one() -> No
         assert spec.flag in reference and spec.name in reference, spec.name
     names = {f"SHUFFLED_{spec.name.upper()}" for spec in FIELDS}
     names |= {"SHUFFLED_AUTH_TOKEN", "SHUFFLED_LOG_LEVEL"}  # read by shuffled ingest too
+    names |= {"SHUFFLED_ICEBERG_HOME"}  # the ingestion's embedded Iceberg catalog (iceberg.md)
     unknown = sorted({(doc.name, v) for doc in TEXTS
                       for v in re.findall(r"\bSHUFFLED_[A-Z_]+[A-Z]\b", _read(doc))
                       if v not in names})
