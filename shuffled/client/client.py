@@ -307,6 +307,10 @@ class ShuffleClient:
         """:func:`.supervisor.fail`."""
         supervisor.fail(self._http, supervisor_task_id)
 
+    def warm(self, supervisor_task_id: str) -> dict[str, Any]:
+        """:func:`.supervisor.warm` (a client whose base URL is ``<daemon>/peers/<instance>``)."""
+        return supervisor.warm(self._http, supervisor_task_id)
+
     def task_state(self, supervisor_task_id: str, *, known: str | None = None,
                    max_wait: float = 0.0) -> dict[str, Any]:
         """:func:`.supervisor.task_state`."""

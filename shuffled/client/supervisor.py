@@ -48,6 +48,15 @@ def fail(http_: Transport, supervisor_task_id: str) -> None:
                           handle=lambda resp: resp.read(), what=f"fail {supervisor_task_id}"))
 
 
+def warm(http_: Transport, supervisor_task_id: str) -> dict[str, Any]:
+    """``POST /peers/<instance>/.../tasks/{id}/warm`` (the transport's base URL ends in the
+    peer prefix), one try: the daemon starts fetching the peer's share of the task from
+    deep storage into its cache. The answer names the packs."""
+    return http_.request(Request("POST", f"{task_path(supervisor_task_id)}/warm",
+                                 handle=json_dict, policy=NO_RETRY,
+                                 what=f"warm {supervisor_task_id}"))
+
+
 def task_state(http_: Transport, supervisor_task_id: str, *, known: str | None = None,
                max_wait: float = 0.0) -> dict[str, Any]:
     """``GET /tasks/{id}/state``: ``state`` (none, running, sealed, failed) and a ``tag``

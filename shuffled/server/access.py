@@ -54,6 +54,7 @@ TASK_RIGHTS: dict[tuple[str, str], Scope] = {
     ("DELETE", ""): Scope.ADMIN,
     ("POST", "/heartbeat"): Scope.ADMIN,
     ("PUT", "/lost"): Scope.ADMIN,
+    ("POST", "/warm"): Scope.READ,  # under /peers/{instance} only: a read done early
 }
 BROWSER_PATHS = frozenset({"/", "/ui", "/status", METRICS_PATH})
 UI_PATHS = frozenset({"/", "/ui"})

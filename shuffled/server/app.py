@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -76,6 +77,7 @@ def make_app(settings: Settings, *, registry: CollectorRegistry | None = None,
         ("GET", "/{sub}/partition"): handlers.get_partial,
         ("GET", "/partition/pages"): pages.get_pages,
         ("DELETE", "/partition/pages"): pages.ack_pages,  # a reader's acknowledge
+        ("POST", "/warm"): peers.warm,  # fetch the share now: the driver declared it lost
     })
     app.router.add_get("/status/health", handlers.health)
     app.router.add_get("/status", handlers.status)
@@ -89,6 +91,11 @@ def make_app(settings: Settings, *, registry: CollectorRegistry | None = None,
     async def store_ctx(app: web.Application) -> AsyncIterator[None]:
         await store.open()
         yield
+        background = app[STATE].background  # warm-ups still fetching: the store closes
+        for task in background:
+            task.cancel()
+        if background:
+            await asyncio.wait(list(background), timeout=30)
         await store.close()
 
     app.cleanup_ctx.append(store_ctx)

@@ -12,8 +12,10 @@ deep storage.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import IO, Protocol
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import IO, Any, Protocol
 
 from aiohttp import web
 
@@ -22,6 +24,8 @@ from shuffled.protocol import (PEERS_PATH, PartialKey, PartitionKey, TaskDataSta
 from shuffled.server.errors import Handler
 from shuffled.server.state import state_of
 from shuffled.storage import PartialMeta
+
+log = logging.getLogger("shuffled.server")
 
 PEER_PREFIX = PEERS_PATH + "{instance}"
 SOURCE = web.RequestKey("reads", object)
@@ -62,6 +66,27 @@ def peer_route(handler: Handler) -> Handler:
 
     peer.__name__ = f"peer_{handler.__name__}"
     return peer
+
+
+async def warm(request: web.Request) -> web.Response:
+    """``POST /peers/{instance}/.../tasks/{sup}/warm``: start fetching the peer's whole
+    share into this daemon's cache (in the background); 202 with the packs it has."""
+    source = request[SOURCE]
+    state = state_of(request)
+    task = asyncio.get_running_loop().create_task(source.warm())  # type: ignore[attr-defined]
+    state.background.add(task)
+    task.add_done_callback(_warmed(state.background))
+    return web.json_response({"supervisorTaskId": request.match_info["sup"],
+                              "instance": request.match_info["instance"],
+                              "packs": len(source.packs)}, status=202)  # type: ignore[attr-defined]
+
+
+def _warmed(tasks: set[asyncio.Task[Any]]) -> Callable[[asyncio.Task[Any]], None]:
+    def done(task: asyncio.Task[Any]) -> None:
+        tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("warming a peer's share failed: %s", task.exception())
+    return done
 
 
 def install(app: web.Application, task: str, routes: dict[tuple[str, str], Handler]) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
@@ -26,6 +28,8 @@ class DaemonState:
     drain: Drain
     sweeper: Sweeper | None = None  # the expiry sweeper; tests call run_once()
     started: float = field(default_factory=time.time)
+    # Work the daemon started for a request and does not wait for (a peer share's warm-up).
+    background: set[asyncio.Task[Any]] = field(default_factory=set)
     # This process's identity: a heartbeat answer with another one means a restart.
     instance: str = field(default_factory=lambda: uuid.uuid4().hex)
 

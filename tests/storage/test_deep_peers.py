@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from shuffled.client import ShuffleClient
+from shuffled.server.state import STATE
 from shuffled.protocol import Interval, PartitionKey
 from shuffled.spark.rows.rollup import from_ipc
 from shuffled.storage.deep.peers import PEER_DIR
@@ -80,6 +81,35 @@ async def test_a_survivor_serves_a_lost_peers_share_with_the_same_answers(
     assert metric(registry, "shuffled_deep_errors_total") == 0
 
 
+async def test_warming_a_peers_share_fetches_it_before_any_read(
+        tier: dict[str, Any], start_daemon: Any, tmp_path: Path) -> None:
+    settings_a = tier["settings"](locations=[str(tmp_path / "a0")], pack_max_bytes="8KiB")
+    a = await start_daemon(settings_a)
+    sent = await _fill(a, "warm-1", subs=2, pids=3)
+    await _offloaded(a)
+    instance = _store(a).deep.instance
+    before = await _answers(a, "warm-1", sent)
+    await a.close()
+    registry = CollectorRegistry()
+    settings_b = tier["settings"](locations=[str(tmp_path / "b0")])
+    b = await start_daemon(settings_b, registry=registry)
+    resp = await b.post(f"/peers/{instance}{PREFIX}/tasks/warm-1/warm")
+    assert resp.status == 202, await resp.text()
+    packs = (await resp.json())["packs"]
+    assert packs >= 2
+    background = b.server.app[STATE].background
+    await asyncio.wait_for(asyncio.gather(*background), 60)  # bounded
+    fetched = metric(registry, "shuffled_deep_read_bytes_total")
+    assert fetched > 0
+    cache = settings_b.locations[0].path / ".shuffled" / CACHE_DIR / "warm-1"
+    assert len(list(cache.rglob("*.pack"))) == packs
+    # Every read now comes from the cache: nothing more is fetched.
+    assert await _answers(b, "warm-1", sent, prefix=f"/peers/{instance}{PREFIX}") == before
+    assert metric(registry, "shuffled_deep_read_bytes_total") == fetched
+    resp = await b.post(f"/peers/nobody{PREFIX}/tasks/warm-1/warm")
+    assert resp.status == 404
+
+
 async def test_peer_reads_refuse_what_they_cannot_serve(
         tier: dict[str, Any], start_daemon: Any, make_settings: Any, tmp_path: Path) -> None:
     secret_file = tmp_path / "signing"
@@ -103,6 +133,10 @@ async def test_peer_reads_refuse_what_they_cannot_serve(
     assert resp.status == 200, await resp.text()
     for token, status in ((write, 403), (other, 403), ("garbage", 401)):
         resp = await a.get(peer, params=_q(0), headers=auth(token))
+        assert resp.status == status, (token, await resp.text())
+    warm = f"/peers/{instance}{PREFIX}/tasks/peer-2/warm"
+    for token, status in ((write, 403), (other, 403), (read, 202), (admin, 202)):
+        resp = await a.post(warm, headers=auth(token))
         assert resp.status == status, (token, await resp.text())
     resp = await a.get(f"/peers/nobody{PREFIX}/tasks/peer-2/partition", params=_q(0),
                        headers=auth(read))

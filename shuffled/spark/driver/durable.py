@@ -117,6 +117,22 @@ def seal(ctx: JobContext, committed: dict[str, set[str]], shares: TierShares,
     return failed
 
 
+def warm(ctx: JobContext, shares: TierShares, lost: Collection[str]) -> None:
+    """Ask the survivor that will serve each of ``lost`` (backed daemons just found gone)
+    to start fetching its share now, while phase 2 starts (best effort: a merge task's
+    first read fetches what is not there yet)."""
+    routes = dict(shares.routes(ctx.servers, ctx.lost))
+    for server in lost:
+        first = routes.get(server, ())[:1]
+        for route in first:
+            try:
+                with ShuffleClient(route, token=ctx.auth.token, ca_file=ctx.auth.ca_file,
+                                   retry=ctx.phase2_config().retry) as client:
+                    client.warm(ctx.task_id)
+            except ShuffleError as exc:
+                log.info("could not warm %s's share on %s: %s", server, route, exc)
+
+
 def note_tier_reads(ctx: JobContext, shares: TierShares, recovery: Recovery,
                     routes: Collection[str]) -> None:
     """The merge tasks read through ``routes`` (those of peers among them: the daemons

@@ -182,7 +182,7 @@ class Job:
         monitor = self.ctx.monitor
         if monitor is None:
             return partials
-        gone = monitor.verdict(self.ctx.survivors)
+        gone = monitor.verdict(self.ctx.survivors, backed=self.shares.backed())
         self.ctx.lost.update(gone)
         self.recovery.lost.update(gone)
         backed = self.shares.backed()
@@ -192,6 +192,7 @@ class Job:
                      "storage through the survivors")
             self.recovery.round(when, time.monotonic(), lost=tier, readFromTier=tier,
                                 subtasksRecomputed=0)
+            durable.warm(self.ctx, self.shares, tier)
         only = recompute.lost_keys(partials, [s for s in self.ctx.lost if s not in backed],
                                    wanted)
         if not only:

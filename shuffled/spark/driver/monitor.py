@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -222,12 +222,16 @@ class Monitor:
             return self.timing.restart_seconds
         return self.timing.refused_after if live.refused else self.timing.lost_after
 
-    def verdict(self, servers: Sequence[str] | None = None) -> dict[str, str]:
+    def verdict(self, servers: Sequence[str] | None = None,
+                backed: Collection[str] = ()) -> dict[str, str]:
         """The daemons (of ``servers``, default all) that are gone, with their last error.
 
         Asks each now; one that does not answer is asked again every half second until it
         answers (then it is alive: a restarted daemon keeps its data) or has been silent
-        for :meth:`gone_for` seconds. Bounded by the longest of those."""
+        for :meth:`gone_for` seconds. Bounded by the longest of those. A ``backed`` daemon
+        (its share is in deep storage) that refuses connections, without having said it
+        drains, is gone at once: taking it for lost only sends its reads to the tier, which
+        serves the same rows."""
         gone: dict[str, str] = {}
         for server in servers if servers is not None else self.servers:
             while not self.beat(server):
@@ -235,7 +239,8 @@ class Monitor:
                     live = self.live[server]
                     silent = time.monotonic() - (live.failing_since or time.monotonic())
                     error = live.error
-                if silent >= self.gone_for(server):
+                    quick = live.refused and not live.draining and server in backed
+                if silent >= self.gone_for(server) or quick:
                     gone[server] = error
                     break
                 if self._stop.wait(min(0.5, self.gone_for(server) / 2)):

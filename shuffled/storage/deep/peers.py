@@ -139,6 +139,14 @@ class PeerTask(Reader):
         await asyncio.gather(*waits)  # the packs at once (the tier's threads bound them)
         return True
 
+    async def warm(self) -> int:
+        """Fetch every pack of the share now (the driver asks as soon as it declares the
+        peer lost, so the merge tasks' first reads find them here); the packs."""
+        metas = [self._meta(index, row) for index, catalog in enumerate(self.manifest_catalogs)
+                 for row in catalog.rows if row[4] in self.subs]
+        await self.localize(metas)
+        return len({(m.location, m.pack) for m in metas})
+
     def _forget(self, slot: tuple[int, int]) -> Callable[[asyncio.Future[None]], None]:
         def done(_: asyncio.Future[None]) -> None:
             self._fetches.pop(slot, None)
