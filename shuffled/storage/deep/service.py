@@ -137,13 +137,13 @@ class DeepStorage:
         body = {"instance": self.instance}
         entry = self.journal.entries.get(sup)
         subs = self.seals.get(sup)
-        if sup in self.offloader.jobs:
+        if (entry is not None and entry.complete and not entry.deleting
+                and entry.subs == subs):
+            body["offload"] = "complete"  # a job for the same seal again ends at once
+        elif sup in self.offloader.jobs:
             body["offload"] = "pending"
         elif sup in self.offloader.failures:
             body.update(offload="failed", error=self.offloader.failures[sup])
-        elif (entry is not None and entry.complete and not entry.deleting
-              and entry.subs == subs):
-            body["offload"] = "complete"
         else:
             body["offload"] = "none" if subs is None else "pending"
         return body
