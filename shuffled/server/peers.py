@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Sized
 from typing import IO, Any, Protocol
 
 from aiohttp import web
@@ -28,7 +28,6 @@ from shuffled.storage import PartialMeta
 log = logging.getLogger("shuffled.server")
 
 PEER_PREFIX = PEERS_PATH + "{instance}"
-SOURCE = web.RequestKey("reads", object)
 
 
 class Reads(Protocol):
@@ -46,6 +45,17 @@ class Reads(Protocol):
     async def open_many(self, metas: Sequence[PartialMeta]) -> list[IO[bytes]]: ...
     async def open_partial(self, key: PartialKey) -> tuple[PartialMeta, IO[bytes]]: ...
     def state(self, supervisor_task_id: str) -> TaskDataState: ...
+
+
+class PeerShare(Reads, Protocol):
+    """A lost peer's share (:class:`shuffled.storage.deep.peers.PeerTask`)."""
+
+    @property
+    def packs(self) -> Sized: ...
+    async def warm(self) -> int: ...
+
+
+SOURCE = web.RequestKey("reads", PeerShare)
 
 
 def reads_of(request: web.Request) -> Reads:
@@ -73,12 +83,12 @@ async def warm(request: web.Request) -> web.Response:
     share into this daemon's cache (in the background); 202 with the packs it has."""
     source = request[SOURCE]
     state = state_of(request)
-    task = asyncio.get_running_loop().create_task(source.warm())  # type: ignore[attr-defined]
+    task = asyncio.get_running_loop().create_task(source.warm())
     state.background.add(task)
     task.add_done_callback(_warmed(state.background))
     return web.json_response({"supervisorTaskId": request.match_info["sup"],
                               "instance": request.match_info["instance"],
-                              "packs": len(source.packs)}, status=202)  # type: ignore[attr-defined]
+                              "packs": len(source.packs)}, status=202)
 
 
 def _warmed(tasks: set[asyncio.Task[Any]]) -> Callable[[asyncio.Task[Any]], None]:

@@ -15,7 +15,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from shuffled.client import ShuffleClient, ShuffleUnavailable
+from shuffled.client import ShuffleClient
 from shuffled.errors import ShuffleError
 from shuffled.spark.driver import durable, recompute
 from shuffled.spark.driver.context import JobContext
@@ -182,10 +182,10 @@ class Job:
         monitor = self.ctx.monitor
         if monitor is None:
             return partials
-        gone = monitor.verdict(self.ctx.survivors, backed=self.shares.backed())
+        backed = self.shares.backed()
+        gone = monitor.verdict(self.ctx.survivors, backed=backed)
         self.ctx.lost.update(gone)
         self.recovery.lost.update(gone)
-        backed = self.shares.backed()
         tier = sorted(s for s in gone if s in backed)
         if tier:  # their shares are read from deep storage: nothing to recompute
             self.say(f"recovering: {', '.join(tier)} lost; reading its share from deep "
