@@ -28,6 +28,9 @@ from pathlib import Path
 from typing import Any
 
 RATE = 100  # samples per second per thread
+# py-spy beside this interpreter (the venv's bin, not on PATH when run as .venv/bin/python)
+PY_SPY = (shutil.which("py-spy", path=os.path.dirname(sys.executable))
+          or shutil.which("py-spy"))
 
 #: (bucket, unit, frames that put a sample there: any of them, in order of precedence)
 BUCKETS: list[tuple[str, str, tuple[str, ...]]] = [
@@ -108,7 +111,8 @@ spark.stop()
                 raise RuntimeError(f"the ingestion ended (exit {run.returncode}) or took "
                                    f"over 30 min before its measured run")
             time.sleep(0.2)  # poll interval of a bounded wait
-        subprocess.run(["py-spy", "record", "--pid", str(run.pid), "--subprocesses",
+        assert PY_SPY is not None
+        subprocess.run([PY_SPY, "record", "--pid", str(run.pid), "--subprocesses",
                         "--rate", str(RATE), "--format", "raw", "-o", str(raw)],
                        check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        timeout=3600)  # ends when the process does
@@ -127,13 +131,18 @@ spark.stop()
     return json.loads(out.read_text()), counts
 
 
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) else len(value or [])
+
+
 def units(report: dict[str, Any]) -> dict[str, int]:
     phases = report["phases"]
     p1 = phases.get("partialSegmentGeneration", {})
     p2 = phases.get("partialSegmentMerge", {})
     return {"input row": report["ingestionStatsAndErrors"]["rowStats"]["buildSegments"]
             ["processed"] or 1, "partial": p1.get("partials") or 1,
-            "segment": len(report.get("segments") or []) or 1,
+            # the report names its segments (a list) or, for many, counts them
+            "segment": _count(report.get("segments")) or 1,
             "Spark task": (p1.get("tasks") or 0) + (p2.get("tasks") or 0) or 1, "job": 1}
 
 
@@ -158,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("rows", type=int, nargs="?", default=3_000_000)
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    if shutil.which("py-spy") is None:
+    if PY_SPY is None:
         p.error("py-spy is not installed (it is in the test extras: make venv)")
     with tempfile.TemporaryDirectory(prefix="shuffled-units-") as tmp:
         report, counts = profile(args.shape, args.rows, Path(tmp))
