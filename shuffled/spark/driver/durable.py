@@ -25,7 +25,6 @@ from shuffled.spark.driver.recompute import Recovery
 
 log = logging.getLogger("shuffled.spark")
 
-PEERS = PEERS_PATH
 POLL = 10.0  # seconds one long poll of a daemon's task state may wait
 OFFLOAD_WAIT = 3600.0  # most seconds a seal waits for a daemon's copy (durability deep)
 
@@ -35,6 +34,12 @@ class OffloadFailed(ShuffleError):
     ``deep``: the ingestion fails (its message says which daemon and why)."""
 
     code = "ingestion_failed"
+
+
+def peer_instances(routes: Collection[str]) -> set[str]:
+    """The instances named by the peer routes (``<survivor>/peers/<instance>``) among
+    ``routes``."""
+    return {r.rsplit(PEERS_PATH, 1)[1] for r in routes if PEERS_PATH in r}
 
 
 @dataclass
@@ -72,13 +77,13 @@ class TierShares:
             order = [*servers[at + 1:], *servers[:at]]
             ring = [s for s in order if s != server and s not in lost]
             if ring:
-                out.append((server, tuple(f"{s}{PEERS}{instance}" for s in ring)))
+                out.append((server, tuple(f"{s}{PEERS_PATH}{instance}" for s in ring)))
         return tuple(out)
 
     def give_up(self, routes: Collection[str]) -> list[str]:
         """Phase 2 could not read through ``routes`` (some may be peer routes): the
         daemons whose tier copy is unreadable, from now on recomputed when lost."""
-        instances = {r.rsplit(PEERS, 1)[1] for r in routes if PEERS in r}
+        instances = peer_instances(routes)
         dropped = [s for s, i in self.instances.items() if i in instances and s not in self.failed]
         self.failed.update(dropped)
         return dropped
@@ -117,7 +122,8 @@ def seal(ctx: JobContext, committed: dict[str, set[str]], shares: TierShares,
     return failed
 
 
-def warm(ctx: JobContext, shares: TierShares, lost: Collection[str]) -> None:
+def warm(ctx: JobContext, shares: TierShares, lost: Collection[str],
+         admin: Callable[[str], ShuffleClient]) -> None:
     """Ask the survivor that will serve each of ``lost`` (backed daemons just found gone)
     to start fetching its share now, while phase 2 starts (best effort: a merge task's
     first read fetches what is not there yet)."""
@@ -126,8 +132,7 @@ def warm(ctx: JobContext, shares: TierShares, lost: Collection[str]) -> None:
         first = routes.get(server, ())[:1]
         for route in first:
             try:
-                with ShuffleClient(route, token=ctx.auth.token, ca_file=ctx.auth.ca_file,
-                                   retry=ctx.phase2_config().retry) as client:
+                with admin(route) as client:
                     client.warm(ctx.task_id)
             except ShuffleError as exc:
                 log.info("could not warm %s's share on %s: %s", server, route, exc)
@@ -138,7 +143,7 @@ def note_tier_reads(ctx: JobContext, shares: TierShares, recovery: Recovery,
     """The merge tasks read through ``routes`` (those of peers among them: the daemons
     whose share came from the tier); those the driver had not found lost itself go in a
     round of their own (found by the merge tasks' reads, during phase 2)."""
-    instances = {r.rsplit(PEERS, 1)[1] for r in routes if PEERS in r}
+    instances = peer_instances(routes)
     recovery.from_tier.update(s for s, i in shares.instances.items() if i in instances)
     read = sorted(s for s in recovery.from_tier if s not in ctx.lost)
     if read:

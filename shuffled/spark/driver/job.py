@@ -17,6 +17,7 @@ from pyspark.sql import functions as F
 
 from shuffled.client import ShuffleClient
 from shuffled.errors import ShuffleError
+from shuffled.protocol import PEERS_PATH
 from shuffled.spark.driver import durable, recompute
 from shuffled.spark.driver.context import JobContext
 from shuffled.spark.driver.report import counted
@@ -192,7 +193,7 @@ class Job:
                      "storage through the survivors")
             self.recovery.round(when, time.monotonic(), lost=tier, readFromTier=tier,
                                 subtasksRecomputed=0)
-            durable.warm(self.ctx, self.shares, tier)
+            durable.warm(self.ctx, self.shares, tier, self._admin)
         only = recompute.lost_keys(partials, [s for s in self.ctx.lost if s not in backed],
                                    wanted)
         if not only:
@@ -334,7 +335,7 @@ class Job:
                 self.say(f"phase 2: the deep-storage shares of {', '.join(dropped)} could "
                          "not be read; recomputing what they held")
             for r in lost:  # answered without rows it committed: its data is gone
-                for server in (s for s in r.missing if durable.PEERS not in s):
+                for server in (s for s in r.missing if PEERS_PATH not in s):
                     self.ctx.lost.setdefault(server, f"lacks committed partials: {r.why}")
                     self.recovery.lost.setdefault(server, self.ctx.lost[server])
             self.say(f"phase 2: {counted(len(wanted), 'partition')} could not be read from "
