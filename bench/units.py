@@ -166,11 +166,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("shape", choices=["druid", "druid_json", "e2e"])
     p.add_argument("rows", type=int, nargs="?", default=3_000_000)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--raw", type=Path, help="keep py-spy's raw samples at this path")
     args = p.parse_args(argv)
     if PY_SPY is None:
         p.error("py-spy is not installed (it is in the test extras: make venv)")
     with tempfile.TemporaryDirectory(prefix="shuffled-units-") as tmp:
         report, counts = profile(args.shape, args.rows, Path(tmp))
+        if args.raw:
+            shutil.copy(Path(tmp) / "profile.raw", args.raw)
     if args.json:
         print(json.dumps({"units": units(report), "samples": {
             f"{k[0]} / {k[1]}": v for k, v in counts.items()}}, indent=1))

@@ -8,6 +8,7 @@ with tasks and partitions, not with partial segments.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,10 +107,18 @@ class PartialMeta:
         # path component through.
         key = PartialKey(sup, sub, Interval(start, end), pid)
         return cls(key=key, generation=generation, location=location,
-                   path=root / sup / f"{pack}.pack", offset=offset, size=size, rows=rows,
+                   path=pack_path(root, sup, pack), offset=offset, size=size, rows=rows,
                    crc=crc, schema_len=schema_len, schema_crc=schema_crc, body_crc=body_crc,
                    has_dictionaries=bool(dicts), created=created, pack=pack,
                    schema_at=schema_at)
+
+
+@functools.lru_cache(maxsize=4096)
+def pack_path(root: Path, supervisor_task_id: str, pack: int) -> Path:
+    """``root/<sup>/<pack>.pack``, one object per pack: a read looks up thousands of
+    partials in a few packs, and building a Path per partial was the largest cost of
+    serving small partials (bench.units, comparison 7)."""
+    return root / supervisor_task_id / f"{pack}.pack"
 
 
 @dataclass(slots=True)
