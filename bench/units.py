@@ -52,9 +52,13 @@ BUCKETS: list[tuple[str, str, tuple[str, ...]]] = [
     ("phase 2: fetch and decode", "partial", ("phase2/fetch", "get_partitions", "from_ipc",
                                                "client/partitions")),
     ("phase 2: merge", "segment", ("merge_partitions", "merge_bounded", "phase2/spill")),
-    ("phase 2: write segments", "segment", ("merge.py:_write", "_segment_table",
-                                            "ParquetWriter", "sync_files")),
+    ("phase 2: write segments", "segment", ("_write (shuffled/spark/phase2/merge.py",
+                                            "_segment_table", "ParquetWriter", "sync_files",
+                                            "write_table (pyarrow/parquet")),
     ("publish", "segment", ("phase2/publish", "shards.py")),
+    # The phase records (one JSON line per partial and per segment), written by the tasks
+    # and read by the driver.
+    ("task records (JSON lines)", "partial", ("shuffled/spark/records.py",)),
     ("Spark task start-up (Python worker)", "Spark task", (
         "pyspark/worker.py", "cloudpickle", "pyspark/daemon.py", "_compile_source",
         "importlib")),

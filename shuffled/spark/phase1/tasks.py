@@ -46,6 +46,7 @@ from shuffled.spark.spec.granularity import bucket_end
 from shuffled.spark.phase1.native import NativeInput, Split, read_split
 from shuffled.spark.phase1.partials import EOS, Encoder, encode_flush
 from shuffled.spark.phase1.ring import Placer
+from shuffled.spark.phase1.timeorder import AT_ONCE, TimeOrdered
 from shuffled.spark.rows.multivalue import has_multi
 from shuffled.spark.rows.memory import peak_rss, release_free_memory, reset_peak_rss, rss
 from shuffled.spark.rows.rollup import BAD, BUCKET, CHUNK, Layout, combine, rollup_input
@@ -100,7 +101,8 @@ class Phase1Config:
 
 
 class _Task:
-    def __init__(self, cfg: Phase1Config, bucketer: Bucketing | None = None) -> None:
+    def __init__(self, cfg: Phase1Config, bucketer: Bucketing | None = None,
+                 watermark: Callable[[], int | None] | None = None) -> None:
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
@@ -128,6 +130,8 @@ class _Task:
         self.multi: set[str] = set()  # dimensions seen holding a multi-value
         # JVM rows carry their partition (__bucket); native rows get it after the rollup.
         self.bucketer = bucketer
+        # How far the input has moved in time (timeorder.TimeOrdered): None flushes all.
+        self.watermark = watermark
         self.extra = [CHUNK] if bucketer else [CHUNK, BUCKET]
         self.encoder = Encoder(cfg.layout.schema(), cfg.compression)
         # Uploads run here, one at a time, while the task reads and rolls up on.
@@ -165,13 +169,39 @@ class _Task:
             # Keys that do not fold within a buffer will not fold across buffers either:
             # combining held tables would only copy them (3x their size at the peak, the
             # largest allocation of a phase-1 task on such input). Ship them as they are.
-            self.flush()
+            self.flush_past()
         elif len(self.pending) > 1 and self._pending_bytes() > self.cfg.pending_limit:
             # One rolled-up table has nothing left to combine: only merge several.
             merged = self._pending_table()
             self.pending, self.pending_rows = [merged], merged.num_rows
             if merged.nbytes > self.cfg.pending_limit // 2:
-                self.flush()
+                self.flush_past()
+
+    def flush_past(self) -> None:
+        """Flush the time chunks the input has moved past, keeping the others to combine
+        with the rows still to come, so that time-ordered input ships each chunk once per
+        task; all of it without a watermark, or when what would be kept is over a quarter of
+        the limit (input out of time order; and each flush ships at least a quarter)."""
+        mark = self.watermark() if self.watermark is not None else None
+        if mark is None:
+            self.flush()
+            return
+        self._rollup_raw_only()
+        masks = [pc.less(t.column(CHUNK), mark) for t in self.pending]
+        gone = [int(pc.sum(m).as_py() or 0) for m in masks]
+        # What would be kept, estimated before anything is copied.
+        kept_bytes = sum(t.nbytes * (t.num_rows - n) // max(t.num_rows, 1)
+                         for t, n in zip(self.pending, gone, strict=True))
+        if not any(gone) or kept_bytes > self.cfg.pending_limit // 4:
+            self.flush()
+            return
+        past = [t.filter(m) for t, m, n in zip(self.pending, masks, gone, strict=True) if n]
+        kept = [t.filter(pc.invert(m)) for t, m, n in zip(self.pending, masks, gone, strict=True)
+                if n < t.num_rows]
+        del masks
+        self.pending, self.pending_rows = past, sum(t.num_rows for t in past)
+        self.flush()
+        self.pending, self.pending_rows = kept, sum(t.num_rows for t in kept)
 
     def _pending_bytes(self) -> int:
         return sum(t.nbytes for t in self.pending)
@@ -217,7 +247,12 @@ class _Task:
         self._rollup_raw_only()
         if not self.pending:
             return
-        table = self._pending_table()
+        # Keys that do not fold within a buffer do not fold across buffers: the held
+        # tables go out side by side (the partials are cut by (chunk, partition) anyway),
+        # not combined (a third of a Druid-shaped task's rollup time, bench.units).
+        side_by_side = (self.unfoldable and len(self.pending) > 1
+                        and all(t.schema.equals(self.pending[0].schema) for t in self.pending))
+        table = pa.concat_tables(self.pending) if side_by_side else self._pending_table()
         self.pending, self.pending_rows = [], 0
         sub = f"p{self.partition}-a{self.attempt}-f{self.flushes}"
         self.flushes += 1
@@ -310,18 +345,25 @@ def run_native_task(cfg: Phase1Config, native: NativeInput, splits: Iterator[Spl
     per_file = [Split(path, tuple(g for s in group for g in s.row_groups),
                       sum(s.nbytes for s in group), group[0].dictionary)
                 for path, group in ((p, list(g)) for p, g in groupby(splits, key=lambda s: s.path))]
-    tables = (t for s in per_file for t in read_split(s, native, columns))
-    return run_task(cfg, tables, native.bucketer)
+    # Read side by side in time order (timeorder), so that the combiner can flush the time
+    # chunks every file has moved past instead of a slice of every chunk per flush.
+    # Each file read at once holds its reader and a batch: the budget says how many.
+    at_once = min(AT_ONCE, cfg.max_bytes // (64 << 20)) if cfg.max_bytes else AT_ONCE
+    tables = TimeOrdered([read_split(s, native, columns) for s in per_file], at_once)
+    return run_task(cfg, iter(tables), native.bucketer, lambda: tables.watermark)
 
 
 def run_task(cfg: Phase1Config, batches: Iterator[pa.RecordBatch | pa.Table],
-             bucketer: Bucketing | None = None) -> list[str]:
-    """Run one phase-1 subtask over its input batches; returns its JSON result lines."""
+             bucketer: Bucketing | None = None,
+             watermark: Callable[[], int | None] | None = None) -> list[str]:
+    """Run one phase-1 subtask over its input batches; returns its JSON result lines.
+    ``watermark`` says below which time chunk the input has moved (see
+    :mod:`.timeorder`)."""
     started = time.monotonic()
     release_free_memory()  # what earlier tasks of this worker freed, so RSS shows ours
     reset_peak_rss()
     baseline = rss()
-    task = _Task(cfg, bucketer)
+    task = _Task(cfg, bucketer, watermark)
     try:
         for batch in batches:
             task.add(batch)
