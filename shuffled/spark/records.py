@@ -145,15 +145,10 @@ def _snake(name: str) -> str:
 _SNAKE = re.compile(r"(?<!^)([A-Z])")
 
 
-@functools.lru_cache(maxsize=None)
-def _keys(cls: type) -> tuple[tuple[str, str], ...]:
-    """(field, JSON key) of a record class."""
-    return tuple((f.name, _camel(f.name)) for f in dataclasses.fields(cls))
-
-
-@functools.lru_cache(maxsize=None)
-def _names(cls: type) -> frozenset[str]:
-    return frozenset(f.name for f in dataclasses.fields(cls))
+#: Per record class: (field, JSON key) of each field, and the field names.
+_KEYS = {cls: tuple((f.name, _camel(f.name)) for f in dataclasses.fields(cls))
+         for cls in _KINDS.values()}
+_NAMES = {cls: frozenset(f.name for f in dataclasses.fields(cls)) for cls in _KINDS.values()}
 
 
 class RecordError(ValueError):
@@ -163,7 +158,7 @@ class RecordError(ValueError):
 def dump(record: Record) -> str:
     """The record as one line of JSON."""
     body: dict[str, Any] = {"v": VERSION, "kind": _KIND_OF[type(record)]}
-    for name, key in _keys(type(record)):
+    for name, key in _KEYS[type(record)]:
         value = getattr(record, name)
         if value is not None:
             body[key] = list(value) if isinstance(value, tuple) else value
@@ -183,7 +178,7 @@ def load(line: str) -> Record:
     cls = _KINDS.get(kind)
     if cls is None:
         raise RecordError(f"unknown phase record kind {kind!r}")
-    names = _names(cls)
+    names = _NAMES[cls]
     args: dict[str, Any] = {}
     for key, value in body.items():
         name = _snake(key)
