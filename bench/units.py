@@ -8,7 +8,12 @@ reading, rolling up, cutting and sending partials; the daemon receiving, committ
 serving; phase 2 fetching, merging, writing segments; publishing; Spark's per-task Python
 start-up; the rest of the driver), and each bucket is divided by its unit from the task
 report: input rows, partials, segments, Spark tasks, or once per job. Printed as the
-markdown table docs/benchmarks.md carries; ``--json`` prints the figures.
+markdown table docs/benchmarks.md carries; ``--json`` prints the figures; ``--raw PATH``
+keeps py-spy's samples for a closer look.
+
+A sample is a thread py-spy did not find idle: running, or ready to run and waiting for a
+core. With the driver, the daemon, two Python workers and the JVM on two cores, the
+"busy seconds" add up to more than the run's CPU time; their shares are what to compare.
 
 SHAPE is ``druid`` (comparison 7), ``druid_json`` (comparison 9) or ``e2e`` (comparison 5).
 """
@@ -154,7 +159,9 @@ def table(report: dict[str, Any], counts: Counter[tuple[str, str]]) -> str:
     """The markdown table: per bucket its share, CPU seconds and cost per unit."""
     n = units(report)
     total = sum(counts.values()) or 1
-    lines = ["| where | unit | units | CPU s (one run) | share | per unit |",
+    # py-spy leaves out idle threads, not runnable ones waiting for a core: on a busy
+    # 2-core machine these are thread-seconds at work or ready to, not CPU seconds.
+    lines = ["| where | unit | units | busy s (one run) | share | per unit |",
              "|---|---|---:|---:|---:|---:|"]
     for (name, unit), samples in sorted(counts.items(), key=lambda x: -x[1]):
         seconds = samples / RATE

@@ -197,7 +197,7 @@ def _multi_value(a: pa.Array, handling: str, single: bool, name: str,
     parents = pc.list_parent_indices(a).to_numpy(zero_copy_only=False)
     if handling != "ARRAY" and len(items):
         order = pa.table({"p": parents, "v": items}).sort_by(
-            [("p", "ascending"), ("v", "ascending")], null_placement="at_start")
+            [("p", "ascending", "at_start"), ("v", "ascending", "at_start")])
         parents, items = order.column("p").to_numpy(), order.column("v").combine_chunks()
         if handling == "SORTED_SET":
             same = np.zeros(len(items), dtype=bool)
