@@ -59,6 +59,8 @@ Bucketing = Callable[[pa.Table], np.ndarray]
 #: A full raw buffer whose rollup keeps at least this share of its rows does not fold
 #: (Trino's adaptive partial aggregation uses the same ratio).
 UNFOLDABLE = 0.8
+#: Once input does not fold, one full raw buffer in this many is rolled up to check it again.
+RECHECK = 8
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,7 @@ class _Task:
         self.pending: list[pa.Table] = []
         self.pending_rows = 0
         self.unfoldable = False  # keys do not fold: held tables are no longer combined
+        self.buffers = 0  # full raw buffers rolled up (or passed through)
         self.flushes = 0
         self.uploads: list[Partial] = []
         self.stats = {"rows_in": 0, "processed": 0, "unparseable": 0, "thrown_away": 0,
@@ -214,15 +217,20 @@ class _Task:
 
     def _rollup_raw_only(self) -> None:
         if self.raw:
+            full = self.raw_rows >= self.cfg.max_rows or self.raw_bytes >= self.cfg.raw_limit
+            # Trino's adaptive partial aggregation: once a full buffer keeps nearly every
+            # row, the combiner stops combining held tables and passes rows through
+            # ungrouped, rolling up one full buffer in RECHECK to see whether the input
+            # folds again (sketches are always grouped: a sketch per row is dear).
+            self.buffers += full
+            group = (not self.unfoldable or bool(self.cfg.layout.sketches)
+                     or self.buffers % RECHECK == 0)
             # String dimensions stay dictionary-encoded (row groups read natively carry
             # their own dictionaries; grouping unifies them) until the partials are cut.
             rolled = rollup_input(pa.concat_tables(self.raw), self.cfg.layout, self.extra,
-                                  dictionaries=True)
-            # Trino's adaptive partial aggregation: once a full buffer keeps nearly every
-            # row, the combiner stops combining held tables (it still rolls up each buffer).
-            full = self.raw_rows >= self.cfg.max_rows or self.raw_bytes >= self.cfg.raw_limit
-            if full and rolled.num_rows >= UNFOLDABLE * self.raw_rows:
-                self.unfoldable = True
+                                  dictionaries=True, group=group)
+            if full and group:
+                self.unfoldable = rolled.num_rows >= UNFOLDABLE * self.raw_rows
             self.raw, self.raw_rows, self.raw_bytes = [], 0, 0
             self.pending.append(rolled)
             self.pending_rows += rolled.num_rows

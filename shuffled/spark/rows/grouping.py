@@ -30,7 +30,8 @@ _LIMIT = 1 << 62  # the mixed-radix key stays below this (int64, no overflow)
 @dataclass(frozen=True)
 class Groups:
     """Rows grouped: ``order`` sorts the rows by key, groups start at ``starts`` in that
-    order; ``first`` is each group's first row (input order), ``gid`` each row's group."""
+    order; ``first`` is each group's first row (input order, when grouped stably), ``gid``
+    each row's group."""
 
     order: np.ndarray
     starts: np.ndarray
@@ -155,12 +156,26 @@ def key_columns(table: pa.Table, keys: list[str]) -> list[pa.Array] | None:
     return out
 
 
-def group(columns: list[pa.Array], n: int, relative: dict[int, int] | None = None) -> Groups:
+def _order(key: np.ndarray, stable: bool) -> np.ndarray:
+    """The order sorting ``key``: stable (timsort: fastest on keys already mostly in
+    order, as time-ordered input gives), or else, for keys far from sorted, introsort
+    (twice as fast as timsort on 1M random keys, measured)."""
+    if not stable and len(key) > 4096:
+        sample = key[::64]  # far from sorted when a quarter of a strided sample descends
+        if 4 * int(np.count_nonzero(sample[1:] < sample[:-1])) > len(sample):
+            return np.argsort(key)
+    return np.argsort(key, kind="stable")
+
+
+def group(columns: list[pa.Array], n: int, relative: dict[int, int] | None = None,
+          stable: bool = True) -> Groups:
     """Group ``n`` rows by ``columns`` (from :func:`key_columns`).
 
     ``relative`` maps a column index to an earlier one: that column is coded by its
     difference to the earlier column (the same groups, since the earlier one is a key
     too; ``__time - __chunk`` spans one chunk where ``__time`` spans the whole input).
+    Without ``stable`` the rows of a group may come in any order (and ``first`` is some
+    row of it): what every aggregate but ``list`` allows.
     """
     parts: list[tuple[np.ndarray, int]] = []
     for i, arr in enumerate(columns):
@@ -176,7 +191,7 @@ def group(columns: list[pa.Array], n: int, relative: dict[int, int] | None = Non
         order = np.arange(n, dtype=np.int64)
         ks = key
     else:
-        order = np.argsort(key, kind="stable")
+        order = _order(key, stable)
         ks = key[order]
     starts = np.flatnonzero(ks[1:] != ks[:-1]) + 1
     starts = np.concatenate([np.zeros(min(n, 1), dtype=np.int64), starts])

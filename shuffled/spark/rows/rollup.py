@@ -90,25 +90,28 @@ def _sorted_group(table: pa.Table, keys: list[str], aggs: list[tuple[str | None,
     if cols is None:
         return None
     relative = {keys.index(TIME): keys.index(CHUNK)} if CHUNK in keys and TIME in keys else None
-    g = group(cols, table.num_rows, relative)
+    # Only a list aggregate (a sketch's rows) needs each group's rows in input order.
+    g = group(cols, table.num_rows, relative, stable=any(how == "list" for _, how in aggs))
     out = take_keys(cols, g)
     out += [aggregate(table.column(src) if src else None, how, g) for src, how in aggs]
     return pa.Table.from_arrays(out, names=keys + names)
 
 
 def rollup_input(batch: pa.Table, layout: Layout, extra_keys: list[str],
-                 dictionaries: bool = False) -> pa.Table:
+                 dictionaries: bool = False, group: bool = True) -> pa.Table:
     """Phase-1 rollup of raw input rows: ``extra_keys`` (chunk, bucket) + layout keys.
 
     Input metric columns are ``layout.metrics[i][4]``; ``count`` needs none. Returns the
     extra keys followed by :meth:`Layout.schema` columns (sorted by the first key when
     :mod:`.grouping` grouped them; rolled-up string dimensions as dictionary<int32, string>
-    if ``dictionaries``).
+    if ``dictionaries``). Without ``group`` each row becomes its own rolled-up row (in the
+    combining form phase 2 merges), as for a layout without rollup: what a combiner does
+    with input whose keys do not fold.
     """
     keys = extra_keys + layout.keys
     names = [m[0] for m in layout.metrics]
     time_of = dict(layout.times)
-    if not layout.rollup:
+    if not layout.rollup or not group:
         cols = [batch.column(k) for k in keys]
         for name, agg, _, typ, src in layout.metrics:
             if agg == "count":
@@ -123,9 +126,10 @@ def rollup_input(batch: pa.Table, layout: Layout, extra_keys: list[str],
             for name, size, tgt in layout.sketches:
                 i = len(keys) + names_at[name]
                 cols[i] = sketches.build(layout.metrics[names_at[name]][2], size, tgt, cols[i], each)
-        # Nothing groups these rows: dictionaries would only be unified (copied) again.
+        # Nothing groups these rows: dictionaries would only be unified (copied) again
+        # (kept when asked: a combiner's held tables are concatenated, one schema).
         return _cast(pa.Table.from_arrays(cols, names=keys + names + layout.hidden), layout,
-                     extra_keys)
+                     extra_keys, dictionaries and layout.rollup)
     pickers = {m[0]: Picker(batch.column(time_of[m[0]]), batch.column(m[4] or ""), m[1] == "last")
                for m in layout.metrics if m[1] in FIRST_LAST}
     return _grouped(batch, layout, extra_keys, pickers, dictionaries,
