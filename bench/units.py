@@ -78,8 +78,11 @@ def _bucket(stack: str) -> tuple[str, str]:
 
 
 def _idle(leaf: str) -> bool:
+    # py-spy shows a thread in a blocking C call by its Python frame: the ones known to
+    # wait (py4j's finalizer thread sleeps a second at clientserver.py:58).
     return any(w in leaf for w in ("thread.py:81", "(threading.py", "select", "wait (",
-                                   "_recv_into", "readinto", "poll (", "sleep"))
+                                   "_recv_into", "readinto", "poll (", "sleep",
+                                   "py4j/clientserver.py:58"))
 
 
 def profile(shape: str, rows: int, work: Path) -> tuple[dict[str, Any], Counter[tuple[str, str]]]:

@@ -20,6 +20,7 @@ from shuffled.spark.phase2 import durable
 from shuffled.spark.phase2.merge import (
     Assignment, assign, balance, batches, merge_partition, merge_partitions, merge_tasks,
 )
+from shuffled.protocol import Interval
 from shuffled.spark.phase2.publish import publish, read_manifest
 from shuffled.spark.rows.rollup import Layout, combine, from_ipc, rollup_input, split_by, to_ipc
 from tests.helpers.spec_changes import TUTORIAL, with_change
@@ -264,3 +265,24 @@ def test_without_rollup_rows_are_kept_and_count_is_one() -> None:
     out = rollup_input(raw, layout, ["__chunk", "__bucket"])
     assert out.column("n").to_pylist() == [1, 1] and out.column("s").to_pylist() == [2, 3]
     assert merge_partition([out.drop_columns(["__chunk", "__bucket"])], layout).num_rows == 2
+
+
+def test_publish_plan_drops_exactly_the_old_segments_a_new_interval_covers() -> None:
+    """The covering test is a bisection over the new intervals (it scanned them all per
+    old segment): a wider new interval drops every old one inside it, none straddling it."""
+    from shuffled.spark.phase2.publish import _plan
+
+    day = 86_400_000
+    old = [{"interval": str(Interval(d * day, (d + 1) * day)), "version": "v1",
+            "partitionNum": 0, "path": f"p{d}"} for d in range(10)]
+    old.append({"interval": str(Interval(8 * day + day // 2, 9 * day + day // 2)),
+                "version": "v1", "partitionNum": 0, "path": "straddles"})
+    staged = [Segment(start=s, end=e, partition=0, rows=1, rows_in=1, bytes=1,
+                      path=f"/r/{s}", attempt=1)
+              for s, e in ((2 * day, 5 * day), (5 * day, 6 * day), (8 * day, 9 * day))]
+    shard = lambda s, off: {}  # noqa: E731
+    _, keep, dropped = _plan(old, "ds", "v2", staged, shard, False, "/r")
+    assert sorted(s["path"] for s in dropped) == ["p2", "p3", "p4", "p5", "p8"]
+    assert len(keep) == len(old) - 5 and {"straddles", "p9", "p0"} <= {s["path"] for s in keep}
+    _, keep, dropped = _plan(old, "ds", "v2", staged, shard, True, "/r")
+    assert not dropped and len(keep) == len(old)

@@ -24,6 +24,9 @@ serialised by an exclusive lock on ``.lock``.
 
 from __future__ import annotations
 
+import bisect
+import itertools
+
 import fcntl
 import json
 import os
@@ -104,18 +107,28 @@ def _plan(old: list[dict[str, Any]], data_source: str, version: str,
     """Each written segment's (local path, descriptor) pair, the old segments kept and those
     the new version replaces. ``root``: the local directory the paths are relative to."""
     new_ivs = sorted({(s.start, s.end) for s in staged})
+    starts = [s for s, _ in new_ivs]
+    # The latest end among the new intervals starting at or before each one: an old
+    # segment lies inside a new interval iff the one found by bisection reaches its end
+    # (a scan of every new interval per old segment was quadratic: 7,304 x 3,652 on a
+    # rerun of comparison 7).
+    reach = list(itertools.accumulate((e for _, e in new_ivs), max))
     keep: list[dict[str, Any]] = []
     dropped: list[dict[str, Any]] = []
     for seg in old:
         iv = _interval(seg)
-        inside = any(s <= iv.start and iv.end <= e for s, e in new_ivs)
+        at = bisect.bisect_right(starts, iv.start) - 1
+        inside = at >= 0 and reach[at] >= iv.end
         (dropped if inside and not append else keep).append(seg)
+    kept_at: dict[str, list[dict[str, Any]]] = {}
+    for k in keep:
+        kept_at.setdefault(k["interval"], []).append(k)
     moves = []
     for s in sorted(staged, key=lambda x: (x.start, x.partition)):
         iv = Interval(s.start, s.end)
         seg_version, offset = version, 0
         if append:
-            same = [k for k in keep if k["interval"] == str(iv)]
+            same = kept_at.get(str(iv), [])
             if same:
                 seg_version = max(k["version"] for k in same)
                 offset = 1 + max(k["partitionNum"] for k in same if k["version"] == seg_version)
