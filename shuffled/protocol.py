@@ -62,10 +62,11 @@ _ID_RE = re.compile(r"[A-Za-z0-9_\-.:]{1,255}")
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
-@lru_cache(maxsize=65536)
+@lru_cache(maxsize=16384)
 def _id_ok(value: str) -> bool:
     """Whether ``value`` is a valid id. Cached: a bulk upload or read names the same few
-    subtask ids thousands of times (the regex was a visible share of each partial)."""
+    subtask ids thousands of times (the regex was a visible share of each partial); at most
+    a few MiB whatever the ids sent."""
     return (0 < len(value) <= MAX_ID_LENGTH and _ID_RE.fullmatch(value) is not None
             and not value.startswith("."))
 
