@@ -1,14 +1,16 @@
 """Daemon CPU per small partial, received and served (``python -m bench.partials_cpu``).
 
 One ``shuffled serve`` on loopback (fsync on, a temp dir). Each repeat uploads
-``--uploads`` bulk uploads of ``--per-upload`` ~8 KB partials sharing one schema, sent as
-phase 1 sends a flush (``put_flush``: schema message + batch bodies), then reads them back
+``--uploads`` bulk uploads of ``--per-upload`` 4-12 KB partials sharing one schema, sent as
+phase 1 sends a flush (``put_flush`` of a generator: schema message + batch bodies, one
+HTTP chunk per partial), then reads them back
 as phase 2 does (``get_partitions``, 128 partitions of 3 partials per request). The
 daemon's CPU (utime + stime from /proc/<pid>/stat, so exited threads count too) is read
 around each half; the median over the repeats is printed in us per partial.
 
-``--profile DIR`` runs py-spy (raw format) over the daemon during each half of the first
-repeat.
+``--profile DIR`` runs py-spy (raw format; ``SPY_RATE``, ``SPY_ARGS=--gil``) over the
+daemon during each half of the first repeat; ``--threads`` prints the received CPU per
+daemon thread and the group commits.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import pyarrow as pa
@@ -44,8 +47,19 @@ def cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def threads(pid: int) -> dict[str, float]:
+    """CPU seconds per live thread of ``pid`` (name/tid), for ``--threads``."""
+    out: dict[str, float] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/stat", encoding="ascii") as fh:
+            name, _, rest = fh.read().partition("(")[2].rpartition(")")
+        fields = rest.split()
+        out[f"{name}/{tid}"] = (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return out
+
+
 def flush(rows: int, count: int, seed: int) -> tuple[bytes, pa.Buffer, list[tuple[int, int]]]:
-    """One IPC stream of ``count`` batches of ``rows`` rows (~8 bytes a row): its schema
+    """One IPC stream of ``count`` batches of about ``rows`` rows (8 bytes a row): its schema
     message, the stream, and each batch's (offset, length), as phase 1's encode_flush."""
     schema = pa.schema([("v", pa.int64())])
     head = schema.serialize().to_pybytes()
@@ -53,8 +67,11 @@ def flush(rows: int, count: int, seed: int) -> tuple[bytes, pa.Buffer, list[tupl
     ends: list[int] = []
     with pa.ipc.new_stream(sink, schema) as writer:
         for n in range(count):
-            start = seed * count * rows + n * rows
-            writer.write_batch(pa.record_batch([pa.array(range(start, start + rows),
+            # Sizes vary (rows/2 to 3*rows/2) as real partials' do: no cache keyed by a
+            # length is flattered by partials all of one size.
+            size = rows // 2 + (n * 7919 + seed) % (rows + 1)
+            start = (seed * count + n) * 2 * rows
+            writer.write_batch(pa.record_batch([pa.array(range(start, start + size),
                                                          pa.int64())], schema=schema))
             ends.append(sink.tell())
     starts = [len(head), *ends[:-1]]
@@ -77,7 +94,7 @@ class Spy:
         if out is not None:
             spy = Path(sys.executable).with_name("py-spy")
             self.proc = subprocess.Popen([str(spy), "record", "--pid", str(pid), "--rate",
-                                          os.environ.get("SPY_RATE", "200"), "--format", "raw", "-o", str(out)],
+                                          os.environ.get("SPY_RATE", "200"), "--format", "raw", "-o", str(out), *os.environ.get("SPY_ARGS", "").split()],
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1.0)  # py-spy attaches before the load starts
 
@@ -94,16 +111,27 @@ def repeat(d: Daemon, pid: int, n: int, args: argparse.Namespace,
     client = ShuffleClient(d.url)
     flushes = [flush(args.rows, args.per_upload, u) for u in range(args.uploads)]
     spy = Spy(pid, profile / "recv.raw" if profile else None)
-    before = cpu(pid)
+    before, per_thread = cpu(pid), threads(pid)
     for u, (head, data, parts) in enumerate(flushes):
         view = memoryview(data)
-        bodies = [(key_of(sup, u, i, args.per_upload), view[at: at + length])
-                  for i, (at, length) in enumerate(parts)]
+        # A generator, as phase 1 passes (tasks.py): the client sends each partial as it
+        # is made (one HTTP chunk each), not 1 MiB chunks of a ready list.
+        bodies = ((key_of(sup, u, i, args.per_upload), view[at: at + length])
+                  for i, (at, length) in enumerate(parts))
         answers = client.put_flush(sup, head, bodies)
-        assert len(answers) == len(bodies), answers[:3]
+        assert len(answers) == len(parts), answers[:3]
     received = cpu(pid) - before
     spy.stop()
     total = args.uploads * args.per_upload
+    if args.threads:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        print(f"  daemon so far: utime {int(fields[11]) / CLK_TCK:.2f} s, stime "
+              f"{int(fields[12]) / CLK_TCK:.2f} s, minor faults {fields[7]}")
+        for name, seconds in sorted(threads(pid).items()):
+            spent = seconds - per_thread.get(name, 0.0)
+            if spent:
+                print(f"  {name}: {spent / total * 1e6:.0f} us/partial received")
     per_chunk = args.per_upload // CHUNKS
     wanted: list[tuple[PartitionKey, list[str]]] = []
     for group in range(0, args.uploads, FANIN):
@@ -117,10 +145,14 @@ def repeat(d: Daemon, pid: int, n: int, args: argparse.Namespace,
     before = cpu(pid)
     got = 0
     for at in range(0, len(wanted), PER_READ):
-        bodies = client.get_partitions(sup, wanted[at: at + PER_READ])
-        got += sum(len(b) for b in bodies)
+        read = client.get_partitions(sup, wanted[at: at + PER_READ])
+        got += sum(len(b) for b in read)
     served = cpu(pid) - before
     spy.stop()
+    if args.threads:  # how many partials each group commit made durable
+        with urllib.request.urlopen(f"{d.url}/metrics") as fh:
+            print("  " + " ".join(line for line in fh.read().decode().splitlines()
+                                  if line.startswith("shuffled_commit_")))
     client.close()
     assert got > 0
     return received / total * 1e6, served / total * 1e6
@@ -132,6 +164,7 @@ def main() -> None:
     p.add_argument("--per-upload", type=int, default=1000)
     p.add_argument("--rows", type=int, default=1000, help="int64 rows per partial (~8 KB)")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", action="store_true", help="received CPU per daemon thread")
     p.add_argument("--profile", type=Path, default=None, help="py-spy raw output directory")
     args = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="partials_cpu."))
@@ -151,8 +184,9 @@ def main() -> None:
                 print(f"repeat {n}: {r:.0f} us/partial received, {s:.0f} us/partial served",
                       flush=True)
             print(f"median: {statistics.median(recv):.0f} us/partial received, "
-                  f"{statistics.median(serve):.0f} us/partial served "
-                  f"({args.uploads} x {args.per_upload} partials, {os.cpu_count()} cpus)")
+                  f"{statistics.median(serve):.0f} us/partial served; min {min(recv):.0f} "
+                  f"and {min(serve):.0f} ({args.uploads} x {args.per_upload} partials, "
+                  f"{os.cpu_count()} cpus)")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
