@@ -301,7 +301,10 @@ class BulkSession:
             pending.bytes -= nbytes
             pending.partials -= count
         future.add_done_callback(landed)
-        committing = iter(_Committing(meta, future, i) for i, meta in enumerate(metas))
+        made = [_Committing(meta, future, i) for i, meta in enumerate(metas)]
+        if checked is None:  # none refused (the usual case): one per partial, in order
+            return list(made)
+        committing = iter(made)
         return [next(committing) if r is None else r for r in refused]
 
     # -- the outcome ------------------------------------------------------------------------
