@@ -57,6 +57,11 @@ class Frame:
     fixed: bytes
 
 
+# json.dumps with separators builds an encoder per call; one shared encoder writes the
+# same bytes (a frame header per partial sent, per partition served).
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+
+
 def _header(fixed: bytes, header: bytes) -> bytes:
     """The whole frame head: fixed part, its CRC32C (over fixed part + header), header."""
     return fixed + crc32c(header, crc32c(fixed)).to_bytes(4, "little") + header
@@ -64,17 +69,17 @@ def _header(fixed: bytes, header: bytes) -> bytes:
 
 def encode(key: PartialKey, body_len: int, body_crc: int) -> bytes:
     """The fixed part and header of a data frame (its body follows)."""
-    header = json.dumps({
+    header = _COMPACT.encode({
         "subTaskId": key.sub_task_id, "start": key.interval.start_iso,
         "end": key.interval.end_iso, "partitionId": key.partition_id,
         "crc32c": crc_hex(body_crc),
-    }, separators=(",", ":")).encode()
+    }).encode()
     return _header(FIXED.pack(MAGIC, 0, b"\0\0\0", len(header), body_len), header)
 
 
 def encode_end(count: int) -> bytes:
     """The END frame closing a batch of ``count`` data frames."""
-    header = json.dumps({"count": count}, separators=(",", ":")).encode()
+    header = _COMPACT.encode({"count": count}).encode()
     return _header(FIXED.pack(MAGIC, FLAG_END, b"\0\0\0", len(header), 0), header)
 
 
@@ -154,14 +159,19 @@ def encode_partition(key: PartitionKey, body_len: int, body_crc: int, partials: 
     """The fixed part and header of one partition's frame in a bulk read's answer; its
     body (``body_len`` bytes) is the partition's aggregate Arrow IPC stream. ``fallback``
     says why the body is empty and the partition must be read with the single GET."""
-    fields: dict[str, Any] = {
-        "start": key.interval.start_iso, "end": key.interval.end_iso,
-        "partitionId": key.partition_id, "partials": partials, "rows": rows,
-        "crc32c": crc_hex(body_crc),
-    }
-    if fallback is not None:
-        fields["fallback"] = fallback
-    header = json.dumps(fields, separators=(",", ":")).encode()
+    interval = key.interval
+    if fallback is None:
+        # The JSON the encoder would write, formatted directly (one frame per partition
+        # served): every value is an int or an ISO instant / hex digest, none needs escaping.
+        header = (f'{{"start":"{interval.start_iso}","end":"{interval.end_iso}",'
+                  f'"partitionId":{int(key.partition_id)},"partials":{int(partials)},'
+                  f'"rows":{int(rows)},"crc32c":"{crc_hex(body_crc)}"}}').encode()
+    else:
+        header = _COMPACT.encode({
+            "start": interval.start_iso, "end": interval.end_iso,
+            "partitionId": key.partition_id, "partials": partials, "rows": rows,
+            "crc32c": crc_hex(body_crc), "fallback": fallback,
+        }).encode()
     return _header(FIXED.pack(MAGIC, 0, b"\0\0\0", len(header), body_len), header)
 
 

@@ -32,12 +32,12 @@ them; docs/bulk-upload.md has the contract.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from shuffled.crc import crc32c
 from shuffled.errors import BadRequest
 from shuffled.framing import FIXED, FIXED_LEN, MAX_HEADER, FramingError
-from shuffled.protocol import Interval, PartialKey, parse_partition_id, validate_id
+from shuffled.protocol import PartialKey, interval_of, parse_partition_id, validate_id
 
 MAGIC = b"SHB2"
 SCHEMA, PARTIAL, END = 1, 2, 3
@@ -50,9 +50,10 @@ MAX_SCHEMA = 1 << 20  # bytes of one schema message
 WHOLE = 0xFFFFFFFF
 
 
-@dataclass(frozen=True, slots=True)
-class Frame:
-    """A frame's fixed part, checked; its header bytes follow (``header_len`` of them)."""
+class Frame(NamedTuple):
+    """A frame's fixed part, checked; its header bytes follow (``header_len`` of them). A
+    tuple: one is built per partial received, and a frozen dataclass cost several times
+    more."""
 
     kind: int
     header_len: int
@@ -125,7 +126,7 @@ def partial_of(supervisor_task_id: str, header: bytes) -> tuple[PartialKey, int,
     schema_id, start, end, pid, crc = _PARTIAL.unpack_from(header)
     try:
         sub = validate_id(header[_PARTIAL.size:].decode("utf-8"), "subTaskId")
-        key = PartialKey(supervisor_task_id, sub, Interval(start, end), parse_partition_id(pid))
+        key = PartialKey(supervisor_task_id, sub, interval_of(start, end), parse_partition_id(pid))
     except UnicodeDecodeError as exc:
         raise FramingError("frame header: subTaskId is not UTF-8", field="subTaskId") from exc
     except BadRequest as exc:

@@ -24,6 +24,7 @@ land while a body is on its way: what the seal committed never changes.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shuffled.errors import QuotaExceeded, SealedConflict
@@ -139,6 +140,14 @@ class Admission:
             held = (entry.bytes if entry else 0) + pending.bytes
             if held > quota.bytes:
                 raise _over_bytes(sup, held, quota.bytes)
+
+    def may_commit_all(self, sup: str, keys: Sequence[PartialKey],
+                       ) -> list[SealedConflict | None] | None:
+        """:meth:`may_commit` of each of ``keys`` (all of task ``sup``), or None when no
+        seal or fail of the task could refuse any: checked once for a whole submission."""
+        if not self.seals.refuses_uploads(sup) and not self.seals.sealed.get(sup):
+            return None
+        return [self.may_commit(key) for key in keys]
 
     def may_commit(self, key: PartialKey) -> SealedConflict | None:
         """The refusal for a written partial about to commit, if a seal or fail landed

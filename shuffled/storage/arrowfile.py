@@ -15,6 +15,7 @@ import os
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import pyarrow as pa
 
@@ -26,9 +27,9 @@ EOS = CONTINUATION + b"\x00\x00\x00\x00"  # Arrow IPC end-of-stream marker (form
 EOS_CRC = crc32c(EOS)
 
 
-@dataclass(frozen=True, slots=True)
-class ArrowFacts:
-    """What the store keeps about a stream to serve it without decoding it again."""
+class ArrowFacts(NamedTuple):
+    """What the store keeps about a stream to serve it without decoding it again (a tuple:
+    one is built per partial received)."""
 
     rows: int
     batches: int
@@ -178,9 +179,8 @@ class SchemaMessage:
         return combine(combine(self.crc, body_crc, body_len), EOS_CRC, len(EOS))
 
     def facts(self, rows: int, batches: int, body_crc: int) -> ArrowFacts:
-        return ArrowFacts(rows=rows, batches=batches, schema_len=len(self.data),
-                          schema_crc=self.crc, body_crc=body_crc,
-                          has_dictionaries=self.has_dictionaries)
+        return ArrowFacts(rows, batches, len(self.data), self.crc, body_crc,
+                          self.has_dictionaries)
 
 
 def split_stream(data: memoryview) -> tuple[bytes, memoryview]:

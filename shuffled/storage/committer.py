@@ -49,10 +49,11 @@ class Committer:
                ) -> tuple[list[PartialMeta], Landing]:
         """Submit partials written to one pack to the location's group commit; the future
         gives, per partial, the size of the one it replaced (None if new) once durable."""
-        metas = []
         now = time.time()
-        for key, w in written:
-            metas.append(w.meta(key, self.horizon.next(), loc.index, now))
+        index = loc.index
+        metas = [w.meta(key, generation, index, now)
+                 for (key, w), generation in zip(written, self.horizon.take(len(written)),
+                                                   strict=True)]
         sup = metas[0].key.supervisor_task_id
         self.horizon.hold([m.generation for m in metas])
         self.uploads.committing(sup)
@@ -79,23 +80,29 @@ class Committer:
             return
         entry = self.book.ensure(sup)
         olds: list[int | None] = []
+        # One submission is one location's: its figures are summed, then added once.
+        index = metas[0].location
+        loc = self.locations[index]
+        stored = size = here = added = 0
         for meta, landed in zip(metas, future.result(), strict=True):
-            index = meta.location
-            loc = self.locations[index]
             old = landed.old
-            entry.pack_bytes[index] = entry.pack_bytes.get(index, 0) + meta.stored
-            loc.used_bytes += meta.stored
+            stored += meta.stored
             if old is None:
-                if landed.elsewhere is not None:
+                if landed.elsewhere is not None:  # another location's (see _forget)
                     old = self._forget(entry, *landed.elsewhere)
-                entry.files_at[index] = entry.files_at.get(index, 0) + 1
-                loc.files += 1
-            entry.files += old is None
+                here += 1
+            added += old is None
+            size += meta.size
             entry.bytes += meta.size - (old or 0)
             entry.slots.add(meta.slot_key)
-            entry.received_bytes += meta.size
-            entry.received_partials += 1
             olds.append(old)
+        entry.pack_bytes[index] = entry.pack_bytes.get(index, 0) + stored
+        loc.used_bytes += stored
+        entry.files_at[index] = entry.files_at.get(index, 0) + here
+        loc.files += here
+        entry.files += added
+        entry.received_bytes += size
+        entry.received_partials += len(metas)
         entry.last_access = self.book.clock()
         entry.accesses += 1
         outcome.set_result(olds)

@@ -32,6 +32,13 @@ class Horizon:
         self.last = max(time.time_ns(), self.last + 1)
         return self.last
 
+    def take(self, count: int) -> range:
+        """``count`` generations at once, as many :meth:`next` calls within one clock
+        reading would give (one reading per submission, not one per partial)."""
+        first = max(time.time_ns(), self.last + 1)
+        self.last = first + count - 1
+        return range(first, first + count)
+
     @property
     def horizon(self) -> int | None:
         """The lowest generation still being committed (None: none is): every partial below

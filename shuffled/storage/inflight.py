@@ -80,6 +80,12 @@ class Uploads:
             writes.idle.set()
             self._forget(sup)
 
+    def deleting(self, sup: str) -> bool:
+        """Whether a DELETE (or seal) of ``sup`` holds its lock: checked per partial of a
+        bulk upload without a coroutine each (only then is :meth:`wait_for_delete` awaited)."""
+        lock = self._locks.get(sup)
+        return lock is not None and lock.locked()
+
     async def wait_for_delete(self, sup: str) -> None:
         """Return once no DELETE (or seal) of ``sup`` holds its lock."""
         lock = self._locks.get(sup)

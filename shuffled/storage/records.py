@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shuffled.protocol import Interval, PartialKey, crc_hex
+from shuffled.protocol import PartialKey, crc_hex, interval_of
 
 EOS_LEN = 8  # the Arrow IPC end-of-stream marker, which a stream ends with and packs omit
 
@@ -105,7 +105,7 @@ class PartialMeta:
          schema_crc, body_crc, dicts, created, schema_at) = row
         # PartialKey validates the ids again: a catalog edited by hand must not smuggle a
         # path component through.
-        key = PartialKey(sup, sub, Interval(start, end), pid)
+        key = PartialKey(sup, sub, interval_of(start, end), pid)
         return cls(key=key, generation=generation, location=location,
                    path=pack_path(root, sup, pack), offset=offset, size=size, rows=rows,
                    crc=crc, schema_len=schema_len, schema_crc=schema_crc, body_crc=body_crc,

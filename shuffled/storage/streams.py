@@ -22,7 +22,7 @@ import mmap
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import pyarrow as pa
 
@@ -58,8 +58,9 @@ def byte_range(meta: PartialMeta, start: int, count: int) -> list[Range]:
     return out
 
 
-@dataclass(frozen=True, slots=True)
-class Piece:
+class Piece(NamedTuple):
+    """One byte range of a plan (a tuple: one is built per partial served)."""
+
     file: int  # index into the partials (and their opened packs)
     offset: int
     length: int

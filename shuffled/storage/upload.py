@@ -127,7 +127,8 @@ class BulkSession:
         if whole is not None and whole > limit:
             raise TooLarge(f"partial segment of {whole} bytes exceeds the limit of {limit} "
                            f"bytes (max_partial_bytes)", limit=limit)
-        await self.parts.uploads.wait_for_delete(self.sup)
+        if self.parts.uploads.deleting(self.sup):
+            await self.parts.uploads.wait_for_delete(self.sup)
         if self.cancelled:
             raise deleted(self.sup)
         self.parts.admission.admit(key, whole, self._pending)  # sealed, failed, quotas
@@ -287,8 +288,10 @@ class BulkSession:
         if self.cancelled:
             return [deleted(self.sup) for _ in written]
         # A seal or a fail may have landed while these were on their way (see .admission).
-        refused = [self.parts.admission.may_commit(key) for key, _ in written]
-        kept = [w for w, r in zip(written, refused, strict=True) if r is None]
+        checked = self.parts.admission.may_commit_all(self.sup, [key for key, _ in written])
+        refused = checked if checked is not None else [None] * len(written)
+        kept = ([w for w, r in zip(written, refused, strict=True) if r is None]
+                if checked is not None else written)
         if not kept:
             return [r for r in refused if r is not None]
         metas, future = self.parts.committer.submit(loc, kept)
@@ -298,7 +301,10 @@ class BulkSession:
             pending.bytes -= nbytes
             pending.partials -= count
         future.add_done_callback(landed)
-        committing = iter(_Committing(meta, future, i) for i, meta in enumerate(metas))
+        made = [_Committing(meta, future, i) for i, meta in enumerate(metas)]
+        if checked is None:  # none refused (the usual case): one per partial, in order
+            return list(made)
+        committing = iter(made)
         return [next(committing) if r is None else r for r in refused]
 
     # -- the outcome ------------------------------------------------------------------------
@@ -310,23 +316,31 @@ class BulkSession:
         await self._drain_writes()
         self._submit_deferred()
         out: list[Outcome] = []
+        # Partials of one submission share its future: wait on each future once (a shield
+        # per partial was a visible share of a small partial's cost).
+        landed: dict[int, list[int | None] | OSError | ShuffleError] = {}
         for result in self._results:
             assert result is not None, "gathered partials were flushed above"
             if isinstance(result, ShuffleError):
                 out.append(Rejected(result))
                 continue
             meta, future, index = result
-            try:
-                old = (await asyncio.shield(future))[index]
-            except OSError as exc:
+            got = landed.get(id(future))
+            if got is None:
+                try:
+                    got = await asyncio.shield(future)
+                except (OSError, ShuffleError) as exc:
+                    got = exc
+                landed[id(future)] = got
+            if isinstance(got, OSError):
                 loc = self.parts.locations[meta.location]
-                if marks_unhealthy(exc):
-                    self.parts.packs.take_out(loc, f"{exc.strerror} while committing")
-                out.append(Rejected(translate(exc, str(loc.path), f"committing {meta.key}")))
+                if marks_unhealthy(got):
+                    self.parts.packs.take_out(loc, f"{got.strerror} while committing")
+                out.append(Rejected(translate(got, str(loc.path), f"committing {meta.key}")))
                 continue
-            except ShuffleError as exc:
-                out.append(Rejected(exc))
+            if isinstance(got, ShuffleError):
+                out.append(Rejected(got))
                 continue
-            out.append(PutResult(meta, PartialStatus.CREATED if old is None
+            out.append(PutResult(meta, PartialStatus.CREATED if got[index] is None
                                  else PartialStatus.REPLACED))
         return out
