@@ -72,10 +72,10 @@ class Placer:
                 server, token=self._token, ca_file=self._ca_file, retry=self._retry)
         return client
 
-    def put(self, sup: str, make: Callable[[], Iterator[tuple[PartialKey, Body]]],
+    def put(self, sup: str, make: Callable[[], Iterable[tuple[PartialKey, Body]]],
             schema: bytes | None = None) -> Placed:
-        """Send one flush: ``make()`` cuts it, lazily, as the upload streams (again after a
-        failover): whole streams, or with ``schema`` the bodies of streams of that schema
+        """Send one flush: ``make()`` gives its partials (again after a failover; a list
+        goes out in large chunks, an iterator a partial at a time as it comes): whole streams, or with ``schema`` the bodies of streams of that schema
         (:meth:`ShuffleClient.put_flush`); with replicas, the bodies the first upload cut
         are kept and sent as they are to the others."""
         held: list[tuple[PartialKey, Body]] | None = [] if self.replicas > 1 else None

@@ -296,11 +296,13 @@ class _Task:
         made: list[tuple[PartialKey, int, int]] = []  # key, rows, stream bytes
         sent = len(flush.schema)  # on the wire: the schema message once, then the bodies
 
-        def partials() -> Iterator[tuple[PartialKey, memoryview]]:
-            # Consumed by the bulk upload as it streams (again after a failover).
-            for chunk, bucket, rows, body in flush.bodies():
-                key = PartialKey(sup, sub, Interval(chunk, bucket_end(chunk, gran)), bucket)
-                yield key, body
+        def partials() -> list[tuple[PartialKey, memoryview]]:
+            # Taken by the bulk upload (again after a failover). A list, not a generator:
+            # the bodies are views of the encoded flush, ready at once, so the upload
+            # gathers them into large chunks instead of sending each the moment it is made
+            # (one HTTP chunk per partial for the daemon to parse).
+            return [(PartialKey(sup, sub, Interval(chunk, bucket_end(chunk, gran)), bucket), body)
+                    for chunk, bucket, rows, body in flush.bodies()]
 
         for chunk, bucket, rows, body in flush.bodies():
             key = PartialKey(sup, sub, Interval(chunk, bucket_end(chunk, gran)), bucket)
