@@ -61,6 +61,9 @@ Bucketing = Callable[[pa.Table], np.ndarray]
 UNFOLDABLE = 0.8
 #: Once input does not fold, one full raw buffer in this many is rolled up to check it again.
 RECHECK = 8
+#: A combine of held tables keeping at least this share of their rows folded nothing worth
+#: its cost: later flushes ship held tables side by side, and raw rows pass ungrouped.
+SCATTERED = 0.95
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,7 @@ class _Task:
         self.pending_rows = 0
         self.unfoldable = False  # keys do not fold: held tables are no longer combined
         self.buffers = 0  # full raw buffers rolled up (or passed through)
+        self.scattered = False  # the last combine of held tables kept nearly every row
         self.flushes = 0
         self.uploads: list[Partial] = []
         self.stats = {"rows_in": 0, "processed": 0, "unparseable": 0, "thrown_away": 0,
@@ -219,11 +223,12 @@ class _Task:
         if self.raw:
             full = self.raw_rows >= self.cfg.max_rows or self.raw_bytes >= self.cfg.raw_limit
             # Trino's adaptive partial aggregation: once a full buffer keeps nearly every
-            # row, the combiner stops combining held tables and passes rows through
-            # ungrouped, rolling up one full buffer in RECHECK to see whether the input
-            # folds again (sketches are always grouped: a sketch per row is dear).
+            # row, the combiner stops combining held tables; once a flush's combine showed
+            # that keys do not fold across buffers either (``scattered``), it passes rows
+            # through ungrouped, rolling up one full buffer in RECHECK to see whether the
+            # input folds again (sketches are always grouped: a sketch per row is dear).
             self.buffers += full
-            group = (not self.unfoldable or bool(self.cfg.layout.sketches)
+            group = (not (self.unfoldable and self.scattered) or bool(self.cfg.layout.sketches)
                      or self.buffers % RECHECK == 0)
             # String dimensions stay dictionary-encoded (row groups read natively carry
             # their own dictionaries; grouping unifies them) until the partials are cut.
@@ -255,12 +260,20 @@ class _Task:
         self._rollup_raw_only()
         if not self.pending:
             return
-        # Keys that do not fold within a buffer do not fold across buffers: the held
-        # tables go out side by side (the partials are cut by (chunk, partition) anyway),
-        # not combined (a third of a Druid-shaped task's rollup time, bench.units).
-        side_by_side = (self.unfoldable and len(self.pending) > 1
+        # Held tables are combined as the flush goes out (keys that do not fold within a
+        # buffer may fold across buffers: 10M rows of comparison 5 fold to 2.4M that way),
+        # unless an earlier flush's combine kept nearly every row: then they go out side
+        # by side (the partials are cut by (chunk, partition) anyway), a combine in RECHECK
+        # checking again (it was a third of a Druid-shaped task's rollup time).
+        many = len(self.pending) > 1
+        side_by_side = (many and self.scattered and self.flushes % RECHECK != 0
                         and all(t.schema.equals(self.pending[0].schema) for t in self.pending))
-        table = pa.concat_tables(self.pending) if side_by_side else self._pending_table()
+        if side_by_side:
+            table = pa.concat_tables(self.pending)
+        else:
+            table = self._pending_table()
+            if many:
+                self.scattered = table.num_rows >= SCATTERED * self.pending_rows
         self.pending, self.pending_rows = [], 0
         sub = f"p{self.partition}-a{self.attempt}-f{self.flushes}"
         self.flushes += 1
