@@ -2,8 +2,8 @@
 
 One ``shuffled serve`` on loopback (fsync on, a temp dir). Each repeat uploads
 ``--uploads`` bulk uploads of ``--per-upload`` 4-12 KB partials sharing one schema, sent as
-phase 1 sends a flush (``put_flush`` of a generator: schema message + batch bodies, one
-HTTP chunk per partial), then reads them back
+phase 1 sends a flush (``put_flush`` of a list: schema message + batch bodies in ~1 MiB
+HTTP chunks; ``--lazy``: a generator, one HTTP chunk per partial), then reads them back
 as phase 2 does (``get_partitions``, 128 partitions of 3 partials per request). The
 daemon's CPU (utime + stime from /proc/<pid>/stat, so exited threads count too) is read
 around each half; the median over the repeats is printed in us per partial.
@@ -114,10 +114,11 @@ def repeat(d: Daemon, pid: int, n: int, args: argparse.Namespace,
     before, per_thread = cpu(pid), threads(pid)
     for u, (head, data, parts) in enumerate(flushes):
         view = memoryview(data)
-        # A generator, as phase 1 passes (tasks.py): the client sends each partial as it
-        # is made (one HTTP chunk each), not 1 MiB chunks of a ready list.
-        bodies = ((key_of(sup, u, i, args.per_upload), view[at: at + length])
-                  for i, (at, length) in enumerate(parts))
+        # A list, as phase 1 passes (tasks.py): the client gathers ~1 MiB HTTP chunks;
+        # --lazy passes a generator (one HTTP chunk per partial, as phase 1 did before).
+        made = ((key_of(sup, u, i, args.per_upload), view[at: at + length])
+                for i, (at, length) in enumerate(parts))
+        bodies = made if args.lazy else list(made)
         answers = client.put_flush(sup, head, bodies)
         assert len(answers) == len(parts), answers[:3]
     received = cpu(pid) - before
@@ -165,6 +166,8 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=1000, help="int64 rows per partial (~8 KB)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", action="store_true", help="received CPU per daemon thread")
+    p.add_argument("--lazy", action="store_true",
+                   help="send each upload's partials from a generator (a chunk each)")
     p.add_argument("--profile", type=Path, default=None, help="py-spy raw output directory")
     args = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="partials_cpu."))
