@@ -19,7 +19,12 @@ together; rolled-up rows are kept, across buffers, up to a quarter of ``max_byte
 (maxBytesInMemory; a combine of them peaks at about three times their size), then
 compacted, and flushed as additional partial segments (new flush number) only if still
 more than half that. So a task whose distinct keys fit ships each key once, as one node's
-full rollup of its input would. A flush being uploaded is held until its answer.
+full rollup of its input would. A flush takes only the time chunks the input has moved
+past when the reader says how far that is (:mod:`.timeorder`), so time-ordered input ships
+each chunk once per task. On input that does not fold (Trino's adaptive partial
+aggregation) held tables stop being compacted, and once a flush's combine shows that keys
+do not fold across buffers either, held tables go out side by side and raw rows pass
+ungrouped. A flush being uploaded is held until its answer.
 This module runs on executors: it imports shuffled.client/protocol, the native reader,
 pyarrow and pyspark's data source API.
 """
@@ -31,25 +36,24 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import groupby
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-
 from shuffled.protocol import Interval, PartialKey
-from shuffled.spark.hooks import NONE, Hooks
 from shuffled.spark.records import Partial, Record, TaskStats, dump
 from shuffled.spark.spec.granularity import bucket_end
 from shuffled.spark.phase1.native import NativeInput, Split, read_split
 from shuffled.spark.phase1.partials import EOS, Encoder, encode_flush
 from shuffled.spark.phase1.ring import Placer
+from shuffled.spark.phase1.config import Phase1Config
+from shuffled.spark.phase1.keep import only_keys
 from shuffled.spark.phase1.timeorder import AT_ONCE, TimeOrdered
 from shuffled.spark.rows.multivalue import has_multi
 from shuffled.spark.rows.memory import peak_rss, release_free_memory, reset_peak_rss, rss
-from shuffled.spark.rows.rollup import BAD, BUCKET, CHUNK, Layout, combine, rollup_input
+from shuffled.spark.rows.rollup import BAD, BUCKET, CHUNK, combine, rollup_input
 
 
 #: The native reader's partitioning of a table's rows (``native.Bucketer`` for hashed,
@@ -64,45 +68,6 @@ RECHECK = 8
 #: A combine of held tables keeping at least this share of their rows folded nothing worth
 #: its cost: later flushes ship held tables side by side, and raw rows pass ungrouped.
 SCATTERED = 0.95
-
-
-@dataclass(frozen=True)
-class Phase1Config:
-    """Everything a phase-1 task needs; pickled into the Spark closure."""
-
-    supervisor_task_id: str
-    servers: tuple[str, ...]
-    layout: Layout
-    segment_granularity: str
-    max_rows: int
-    max_saved_bad: int
-    token: str | None = None
-    ca_file: str | None = None
-    hooks: Hooks = NONE  # test seams (shuffled.spark.hooks): none in production
-    compression: str = "none"  # Arrow IPC buffer compression of partials (tuningConfig)
-    max_bytes: int = 256 << 20  # maxBytesInMemory (0: unbounded): bounds rolled-up rows held
-    replicas: int = 1  # shuffleReplicas: distinct daemons each flush is written to
-    # A recompute (docs/failover.md): the Spark partition each task stands for, by the
-    # task's own partition index (None: itself), and per partition the only (chunk start,
-    # partitionId) keys to upload (the ones lost); None uploads every key.
-    partition_ids: tuple[int, ...] | None = None
-    only_keys: dict[int, frozenset[tuple[int, int]]] | None = None
-    # String dimensions that may carry multi-values (rows.multivalue's one-string form):
-    # the task reports which of them did, so phase 2 stores those as list<string>.
-    multi_value: tuple[str, ...] = ()
-
-    @property
-    def pending_limit(self) -> int:
-        """Bytes of rolled-up rows held before they are compacted (and maybe flushed)."""
-        return self.max_bytes // 4 if self.max_bytes else 1 << 62
-
-    @property
-    def raw_limit(self) -> int:
-        """Bytes of raw rows gathered before they are rolled up (besides maxRowsInMemory):
-        a rollup's working set is a few times its input, and on input that does not fold
-        its output is a flush, so this bounds both by the budget whatever a row weighs (at
-        least 1 MiB: rolling up smaller slices only adds per-call work)."""
-        return max(self.max_bytes // 16, 1 << 20) if self.max_bytes else 1 << 62
 
 
 class _Task:
@@ -301,7 +266,7 @@ class _Task:
         self.multi.update(d for d in self.cfg.multi_value
                           if d not in self.multi and has_multi(table.column(d)))
         if self.keep is not None:  # a recompute: only the keys that were lost
-            table, buckets = _only(table, buckets, self.keep)
+            table, buckets = only_keys(table, buckets, self.keep)
         sup, gran = self.cfg.supervisor_task_id, self.cfg.segment_granularity
         raw = self.encoder.raw_bytes
         flush = encode_flush(table, self.cfg.layout, buckets, self.encoder)
@@ -337,27 +302,6 @@ class _Task:
                 partition=key.partition_id, rows=rows, bytes=size,
                 crc32c=crc if isinstance(crc, str) else None))
             self.cfg.hooks.phase1_uploaded(self.partition, self.attempt_number, len(self.uploads))
-
-
-def _only(table: pa.Table, buckets: Any, keep: frozenset[tuple[int, int]]) -> tuple[pa.Table, Any]:
-    """The rows of ``table`` whose (chunk, partition) is in ``keep`` (vectorised: a
-    recompute may keep thousands of keys of millions of rows)."""
-    import numpy as np
-
-    chunks = table.column(CHUNK).to_numpy()
-    of = np.asarray(buckets if buckets is not None else table.column(BUCKET).to_numpy())
-    kept_chunks = np.array(sorted({c for c, _ in keep}), dtype=chunks.dtype)
-    width = int(max(int(of.max(initial=0)), max(b for _, b in keep))) + 1 if keep else 1
-    # (chunk, partition) as one integer: the chunk's rank among the kept chunks, times width.
-    rank = np.searchsorted(kept_chunks, chunks)
-    known = (rank < len(kept_chunks)) & (kept_chunks[np.minimum(rank, len(kept_chunks) - 1)]
-                                          == chunks) if len(kept_chunks) else np.zeros(
-                                              len(chunks), dtype=bool)
-    codes = rank.astype(np.int64) * width + of.astype(np.int64)
-    wanted = np.array([int(np.searchsorted(kept_chunks, c)) * width + b for c, b in keep],
-                      dtype=np.int64)
-    mask = known & np.isin(codes, wanted)
-    return table.filter(pa.array(mask)), (of[mask] if buckets is not None else None)
 
 
 def run_native_task(cfg: Phase1Config, native: NativeInput, splits: Iterator[Split]) -> list[str]:
