@@ -62,11 +62,11 @@ _ID_RE = re.compile(r"[A-Za-z0-9_\-.:]{1,255}")
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
-@lru_cache(maxsize=16384)
+@lru_cache(maxsize=4096)
 def _id_ok(value: str) -> bool:
     """Whether ``value`` is a valid id. Cached: a bulk upload or read names the same few
     subtask ids thousands of times (the regex was a visible share of each partial); at most
-    a few MiB whatever the ids sent."""
+    about a MiB whatever the ids sent."""
     return (0 < len(value) <= MAX_ID_LENGTH and _ID_RE.fullmatch(value) is not None
             and not value.startswith("."))
 
@@ -105,7 +105,7 @@ def parse_instant(text: str, name: str = "instant") -> int:
     return _parse_instant_uncached(text, name)
 
 
-@lru_cache(maxsize=16384)
+@lru_cache(maxsize=4096)
 def _parse_instant(text: str, name: str) -> int:
     """Cached: a bulk read names the same few thousand interval bounds over and over
     (datetime parsing was ~10% of serving a small partial). Refusals are not cached."""
@@ -128,7 +128,7 @@ def _parse_instant_uncached(text: str, name: str) -> int:
     return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
 
 
-@lru_cache(maxsize=16384)
+@lru_cache(maxsize=4096)
 def format_instant(millis: int) -> str:
     """Canonical form: UTC with milliseconds, e.g. ``2018-01-01T00:00:00.000Z``.
 
@@ -193,7 +193,7 @@ class Interval:
         return f"{self.start_iso}/{self.end_iso}"
 
 
-@lru_cache(maxsize=16384)
+@lru_cache(maxsize=4096)
 def interval_of(start: int, end: int) -> Interval:
     """``Interval(start, end)``, one shared object per bounds: frames and catalog rows name
     the same few intervals thousands of times (an Interval is immutable)."""
