@@ -88,9 +88,8 @@ class Uploads:
 
     async def wait_for_delete(self, sup: str) -> None:
         """Return once no DELETE (or seal) of ``sup`` holds its lock."""
-        lock = self._locks.get(sup)
-        if lock is not None and lock.locked():
-            async with lock:
+        if self.deleting(sup):
+            async with self._locks[sup]:
                 pass
 
     async def refuse(self, sup: str) -> None:

@@ -288,12 +288,11 @@ class BulkSession:
         if self.cancelled:
             return [deleted(self.sup) for _ in written]
         # A seal or a fail may have landed while these were on their way (see .admission).
-        checked = self.parts.admission.may_commit_all(self.sup, [key for key, _ in written])
-        refused = checked if checked is not None else [None] * len(written)
-        kept = ([w for w, r in zip(written, refused, strict=True) if r is None]
-                if checked is not None else written)
+        refused = self.parts.admission.may_commit_all(self.sup, [key for key, _ in written])
+        kept = (written if refused is None  # none refused: the usual case
+                else [w for w, r in zip(written, refused, strict=True) if r is None])
         if not kept:
-            return [r for r in refused if r is not None]
+            return [r for r in refused or () if r is not None]
         metas, future = self.parts.committer.submit(loc, kept)
         pending, nbytes, count = self._pending, sum(m.size for m in metas), len(metas)
 
@@ -301,9 +300,10 @@ class BulkSession:
             pending.bytes -= nbytes
             pending.partials -= count
         future.add_done_callback(landed)
-        made = [_Committing(meta, future, i) for i, meta in enumerate(metas)]
-        if checked is None:  # none refused (the usual case): one per partial, in order
-            return list(made)
+        made: list[_Pending] = [
+            _Committing(meta, future, i) for i, meta in enumerate(metas)]
+        if refused is None:  # one per partial, in order
+            return made
         committing = iter(made)
         return [next(committing) if r is None else r for r in refused]
 
