@@ -17,7 +17,9 @@ EXIT_OK = 0
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the daemon until SIGTERM/SIGINT; a bad setting raises ConfigError (exit 2)."""
-    from shuffled.server.runner import serve
+    from shuffled.server.runner import serve, tune_malloc
+
+    tune_malloc()
 
     overrides: dict[str, Any] = {spec.name: getattr(args, spec.name) for spec in FIELDS}
     settings = load_settings(args.config, os.environ, overrides)

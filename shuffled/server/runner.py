@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import errno
 import logging
 import resource
@@ -37,6 +39,33 @@ def raise_open_file_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
         except (ValueError, OSError):
             pass
+
+
+# glibc mallopt parameters (malloc.h).
+M_MMAP_THRESHOLD = -3
+M_ARENA_MAX = -8
+MMAP_THRESHOLD = 128 << 10  # glibc's initial value, kept fixed
+ARENA_MAX = 2
+
+
+def tune_malloc() -> bool:
+    """Keep the daemon's heap from holding freed body buffers (glibc only; best effort).
+
+    glibc raises its mmap threshold to the largest block freed (up to 32 MiB), after which
+    upload-sized buffers come from the heap and stay there once freed, and it gives each of
+    the I/O threads an arena of its own. Under load the two held 10-40 MiB the daemon no
+    longer used: the soak peaked at 113 MiB (once 152, over its 150 MiB bound) and at 103
+    with the threshold fixed. Called by ``shuffled serve`` before any thread starts, never
+    by an embedded daemon (the process is its host's). Returns whether both were set.
+    """
+    name = ctypes.util.find_library("c")
+    if not name:
+        return False
+    try:
+        mallopt = ctypes.CDLL(name).mallopt
+    except (OSError, AttributeError):  # not glibc
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) & bool(mallopt(M_ARENA_MAX, ARENA_MAX))
 
 
 def ssl_context(settings: Settings) -> ssl.SSLContext | None:
