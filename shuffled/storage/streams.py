@@ -85,17 +85,24 @@ def fast_plan(metas: Sequence[PartialMeta]) -> FastPlan | None:
         return None
     pieces = [Piece(0, first.schema_at, first.schema_len)]
     crc, length = first.schema_crc, first.schema_len
+    # The current run of adjacent bodies (same pack file, each starting where the last
+    # ended), kept in locals: this loop runs once per partial of every aggregate GET.
+    run_file, run_at, run_end, run_path = -1, 0, -1, None
+    eos_len = len(EOS)
     for i, meta in enumerate(metas):
-        body_len = meta.body_len
-        last = pieces[-1]
-        if (len(pieces) > 1 and metas[last.file].path == meta.path
-                and last.offset + last.length == meta.offset):
-            pieces[-1] = Piece(last.file, last.offset, last.length + body_len)  # adjacent
+        body_len = meta.size - meta.schema_len - eos_len
+        path = meta.path
+        if run_end == meta.offset and (path is run_path or path == run_path):
+            run_end += body_len
         else:
-            pieces.append(Piece(i, meta.offset, body_len))
+            if run_file >= 0:
+                pieces.append(Piece(run_file, run_at, run_end - run_at))
+            run_file, run_at, run_end, run_path = i, meta.offset, meta.offset + body_len, path
         crc = combine(crc, meta.body_crc, body_len)
         length += body_len
-    return FastPlan(pieces, length + len(EOS), combine(crc, EOS_CRC, len(EOS)),
+    if run_file >= 0:
+        pieces.append(Piece(run_file, run_at, run_end - run_at))
+    return FastPlan(pieces, length + eos_len, combine(crc, EOS_CRC, eos_len),
                     sum(m.rows for m in metas))
 
 
