@@ -41,22 +41,26 @@ def raise_open_file_limit() -> None:
             pass
 
 
-# glibc mallopt parameters (malloc.h).
+# glibc mallopt parameters (malloc.h) and the values shuffled serve sets.
+M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 M_ARENA_MAX = -8
-MMAP_THRESHOLD = 128 << 10  # glibc's initial value, kept fixed
-ARENA_MAX = 2
+MALLOPTS = ((M_ARENA_MAX, 2), (M_MMAP_THRESHOLD, 4 << 20), (M_TRIM_THRESHOLD, 16 << 20))
 
 
 def tune_malloc() -> bool:
-    """Keep the daemon's heap from holding freed body buffers (glibc only; best effort).
+    """Fix glibc's heap behaviour for a daemon that moves bodies (glibc only; best effort).
 
-    glibc raises its mmap threshold to the largest block freed (up to 32 MiB), after which
-    upload-sized buffers come from the heap and stay there once freed, and it gives each of
-    the I/O threads an arena of its own. Under load the two held 10-40 MiB the daemon no
-    longer used: the soak peaked at 113 MiB (once 152, over its 150 MiB bound) and at 103
-    with the threshold fixed. Called by ``shuffled serve`` before any thread starts, never
-    by an embedded daemon (the process is its host's). Returns whether both were set.
+    By default glibc gives each I/O thread an arena of its own and raises its mmap
+    threshold to the largest block freed (up to 32 MiB), so what the daemon kept grew with
+    the load it had seen: the soak peaked at 113-120 MiB, once at 152 (its bound is 150).
+    Two arenas and a fixed threshold bring that to 106-111 MiB. The threshold is 4 MiB,
+    not glibc's initial 128 KiB: at 128 KiB every 256 KiB socket read was a fresh mapping,
+    943k page faults for 9,000 partials of 64 KiB against 17k at 4 MiB, and 363 against
+    203 us of daemon CPU per partial received (python -m bench.partials_cpu --rows 8000);
+    up to 16 MiB free at the heap's top is kept rather than trimmed and faulted in again.
+    Called by ``shuffled serve`` before any thread starts, never by an embedded daemon
+    (the process is its host's). Returns whether every setting was taken.
     """
     name = ctypes.util.find_library("c")
     if not name:
@@ -65,7 +69,7 @@ def tune_malloc() -> bool:
         mallopt = ctypes.CDLL(name).mallopt
     except (OSError, AttributeError):  # not glibc
         return False
-    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) & bool(mallopt(M_ARENA_MAX, ARENA_MAX))
+    return all([bool(mallopt(param, value)) for param, value in MALLOPTS])
 
 
 def ssl_context(settings: Settings) -> ssl.SSLContext | None:

@@ -1,0 +1,45 @@
+"""``shuffled serve`` sets glibc's allocator (server.runner.tune_malloc): observed, not assumed.
+
+With the mmap threshold fixed at 4 MiB, every 8 MiB buffer is a fresh mapping (its pages
+fault in each time); glibc's default raises the threshold after the first such buffer is
+freed and then reuses heap pages. Each side runs in a fresh interpreter so the test
+process's own allocator is left alone.
+"""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+import sys
+
+import pytest
+
+from shuffled.server.runner import MALLOPTS
+
+PROBE = """
+import resource, sys
+from shuffled.server.runner import tune_malloc
+took = tune_malloc() if sys.argv[1] == "tuned" else None
+bytearray(8 << 20)  # the first one: glibc's default raises its threshold after it
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(20):
+    bytearray(8 << 20)  # zero-filled: every page is touched
+print(took, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def _faults(mode: str) -> tuple[str, int]:
+    out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.split()
+    return out[0], int(out[1])
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+def test_tuned_heap_maps_large_buffers_afresh_and_default_reuses_them() -> None:
+    took, tuned = _faults("tuned")
+    _, default = _faults("default")
+    assert took == "True"
+    pages = 20 * (8 << 20) // 4096
+    assert tuned >= pages * 0.9, (tuned, default)  # mmap threshold fixed below 8 MiB
+    assert default < pages * 0.5, (tuned, default)  # the probe tells the two apart
+    assert dict(MALLOPTS)[-3] == 4 << 20
