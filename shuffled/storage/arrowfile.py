@@ -11,9 +11,10 @@ size of the partial segments being uploaded).
 from __future__ import annotations
 
 import itertools
+import mmap
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -49,13 +50,8 @@ def schema_has_dictionaries(schema: pa.Schema) -> bool:
     return any(_has_dictionary(f.type) for f in schema)
 
 
-def _view(source: pa.MemoryMappedFile, offset: int, length: int) -> pa.Buffer:
-    """Bytes [offset, offset+length) of a memory map, zero-copy."""
-    source.seek(offset)
-    return source.read_buffer(length)
-
-
 _CRC_CHUNK = 1 << 20
+DROP_STEP = 2 << 20  # validated bytes dropped from the mapping at a time
 
 
 def _crc_range(path: str, offset: int, length: int) -> int:
@@ -77,9 +73,11 @@ def _crc_range(path: str, offset: int, length: int) -> int:
     return crc
 
 
-def _validate(buf: pa.Buffer) -> tuple[int, int, int, bool]:
+def _validate(buf: pa.Buffer, done_to: Callable[[int], None] | None = None,
+              ) -> tuple[int, int, int, bool]:
     """Check that ``buf`` is exactly one complete Arrow IPC stream: (rows, batches,
-    schema_len, has_dictionaries), or InvalidBody."""
+    schema_len, has_dictionaries), or InvalidBody. ``done_to(n)``, if given, is told after
+    each batch that bytes before ``n`` will not be read again."""
     size = buf.size
     if size < 16:
         raise InvalidBody(f"body of {size} bytes is not an Arrow IPC stream")
@@ -107,6 +105,9 @@ def _validate(buf: pa.Buffer) -> tuple[int, int, int, bool]:
             batch.validate()
             rows += batch.num_rows
             batches += 1
+            del batch
+            if done_to is not None:
+                done_to(source.tell())
         end = source.tell()
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OSError) as exc:
         raise InvalidBody(f"body is not a valid Arrow IPC stream: {exc}") from exc
@@ -123,8 +124,30 @@ def inspect(path: str, size: int, body_crc: int | None = None, offset: int = 0) 
     """
     if size < 16:
         raise InvalidBody(f"body of {size} bytes is not an Arrow IPC stream")
-    with pa.memory_map(path, "r") as source:
-        rows, batches, schema_len, dicts = _validate(_view(source, offset, size))
+    with open(path, "rb") as fh:
+        mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    # A pack just written sits in the page cache as large folios, and a fault maps the
+    # whole folio: validating a 256 MiB partial (its metadata, every few MiB) mapped 50-100
+    # MiB of them for a few ms, the daemon's peak RSS though none of it was the daemon's
+    # own. What was validated is dropped from the mapping as it goes (the page cache keeps
+    # it), so about DROP_STEP and a batch are mapped at once.
+    dropped = offset - offset % mmap.PAGESIZE
+
+    def drop(upto: int) -> None:
+        nonlocal dropped
+        end = offset + upto - (offset + upto) % mmap.PAGESIZE
+        if end - dropped >= DROP_STEP:
+            mapped.madvise(mmap.MADV_DONTNEED, dropped, end - dropped)
+            dropped = end
+    view = memoryview(mapped)[offset: offset + size]
+    try:
+        rows, batches, schema_len, dicts = _validate(pa.py_buffer(view), drop)
+    finally:
+        try:
+            view.release()
+            mapped.close()
+        except BufferError:
+            pass  # an error's traceback still holds a buffer: unmapped when it is freed
     return ArrowFacts(
         rows=rows,
         batches=batches,
