@@ -8,6 +8,8 @@ power-of-two steps (below).
 
 from __future__ import annotations
 
+import threading
+
 import crc32c as _crc32c
 
 
@@ -27,6 +29,7 @@ _ZEROS = memoryview(bytes(_HW_SHIFT_MAX))
 # bytes each took 14 ms for 64 KiB partials, the tables take about 3 (bench/serve_small).
 _Tables = tuple[list[int], list[int], list[int], list[int]]
 _SHIFTS: list[_Tables] = []
+_GROWING = threading.Lock()
 
 
 def _apply(t: _Tables, c: int) -> int:
@@ -46,15 +49,19 @@ def _tables(images: list[int]) -> _Tables:
 
 
 def _shift(k: int) -> _Tables:
-    """L_(2^k), built on first use from L_(2^(k-1)) applied twice."""
-    while len(_SHIFTS) <= k:
-        if not _SHIFTS:
-            zero = _crc32c.crc32c(b"\0", 0)
-            images = [_crc32c.crc32c(b"\0", 1 << i) ^ zero for i in range(32)]
-        else:
-            half = _SHIFTS[-1]
-            images = [_apply(half, _apply(half, 1 << i)) for i in range(32)]
-        _SHIFTS.append(_tables(images))
+    """L_(2^k), built on first use from L_(2^(k-1)) applied twice. The event loop and the
+    I/O threads combine: a level is appended whole and under the lock, so no two threads
+    append the same one (which would shift every level after it)."""
+    if len(_SHIFTS) <= k:
+        with _GROWING:
+            while len(_SHIFTS) <= k:
+                if not _SHIFTS:
+                    zero = _crc32c.crc32c(b"\0", 0)
+                    images = [_crc32c.crc32c(b"\0", 1 << i) ^ zero for i in range(32)]
+                else:
+                    half = _SHIFTS[-1]
+                    images = [_apply(half, _apply(half, 1 << i)) for i in range(32)]
+                _SHIFTS.append(_tables(images))
     return _SHIFTS[k]
 
 

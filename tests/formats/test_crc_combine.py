@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -38,3 +39,23 @@ def test_combine_over_512_mib(len2: int) -> None:
         whole = crc.crc32c(memoryview(zeros)[:step], whole)
         left -= step
     assert crc.combine(crc.crc32c(head), tail_crc, len2) == whole
+
+
+def test_tables_built_by_threads_at_once_stay_right() -> None:
+    """The shift tables grow on first use from any thread (the event loop, the I/O
+    threads): levels built twice at once must not shift the levels after them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    a, b = os.urandom(37), os.urandom(3 << 20)
+    want = crc.crc32c(a + b)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch inside a level's build, not only between
+    crc._SHIFTS.clear()
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(lambda _: crc.combine(crc.crc32c(a), crc.crc32c(b), len(b)),
+                                range(32)))
+    finally:
+        sys.setswitchinterval(interval)
+    assert got == [want] * 32
+    assert len(crc._SHIFTS) == len(b).bit_length()
