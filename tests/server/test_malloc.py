@@ -39,7 +39,8 @@ def test_tuned_heap_maps_large_buffers_afresh_and_default_reuses_them() -> None:
     took, tuned = _faults("tuned")
     _, default = _faults("default")
     assert took == "True"
-    pages = 20 * (8 << 20) // 4096
-    assert tuned >= pages * 0.9, (tuned, default)  # mmap threshold fixed below 8 MiB
-    assert default < pages * 0.5, (tuned, default)  # the probe tells the two apart
+    # Every buffer a fresh mapping faults at least once (2,048 times with 4 KiB pages, a
+    # few with transparent huge pages set to "always"); reused heap pages do not fault.
+    assert tuned >= 20, (tuned, default)  # mmap threshold fixed below 8 MiB
+    assert default * 4 < tuned, (tuned, default)  # the probe tells the two apart
     assert dict(MALLOPTS)[-3] == 4 << 20
