@@ -88,9 +88,8 @@ def fast_plan(metas: Sequence[PartialMeta]) -> FastPlan | None:
     # The current run of adjacent bodies (same pack file, each starting where the last
     # ended), kept in locals: this loop runs once per partial of every aggregate GET.
     run_file, run_at, run_end, run_path = -1, 0, -1, None
-    eos_len = len(EOS)
     for i, meta in enumerate(metas):
-        body_len = meta.size - meta.schema_len - eos_len
+        body_len = meta.body_len
         path = meta.path
         if run_end == meta.offset and (path is run_path or path == run_path):
             run_end += body_len
@@ -102,7 +101,7 @@ def fast_plan(metas: Sequence[PartialMeta]) -> FastPlan | None:
         length += body_len
     if run_file >= 0:
         pieces.append(Piece(run_file, run_at, run_end - run_at))
-    return FastPlan(pieces, length + eos_len, combine(crc, EOS_CRC, eos_len),
+    return FastPlan(pieces, length + len(EOS), combine(crc, EOS_CRC, len(EOS)),
                     sum(m.rows for m in metas))
 
 
