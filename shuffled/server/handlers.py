@@ -237,7 +237,7 @@ async def get_task(request: web.Request) -> web.Response:
 async def delete_task(request: web.Request) -> web.Response:
     state = state_of(request)
     sup = validate_id(request.match_info["sup"], "supervisorTaskId")
-    state.store.fail(sup, deleted=True)  # paged reads of it answer "failed" from now on, never "empty"
+    state.store.mark_deleted(sup)  # paged reads answer "failed" from now on, never "empty"
     # The supervisor ends the task: every daemon's copy in deep storage goes too, a lost
     # peer's included (an expiry removes only this daemon's).
     removed = await state.store.delete_task(sup, everyone=True)

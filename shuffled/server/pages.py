@@ -107,6 +107,9 @@ async def get_pages(request: web.Request) -> web.StreamResponse:
     # An empty answer is an empty Arrow stream body too: no schema, no batches.
     headers = {PAGE_TOKEN_HEADER: str(token), "Content-Type": ARROW_STREAM}
     if state.store.failed(sup):
+        # A read keeps a failed task held like any other: its verdict lives as long as
+        # its data (a reader told "failed" before expiry is told so after it too).
+        state.store.touch(sup)
         await asyncio.sleep(state.settings.failed_read_delay)
         return _failed(headers, token)
     changed = watch.event(sup)  # before looking: a commit in between still wakes us
@@ -188,7 +191,7 @@ async def put_seal(request: web.Request) -> web.Response:
 
 async def post_fail(request: web.Request) -> web.Response:
     sup = validate_id(request.match_info["sup"], "supervisorTaskId")
-    state_of(request).store.fail(sup)
+    await state_of(request).store.fail(sup)
     return web.json_response({"supervisorTaskId": sup, "failed": True})
 
 

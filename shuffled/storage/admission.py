@@ -24,7 +24,7 @@ land while a body is on its way: what the seal committed never changes.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from shuffled.errors import QuotaExceeded, SealedConflict
@@ -67,8 +67,10 @@ class Pending:
 class Admission:
     """The rules above, over the seals, the task book and the operator's quota."""
 
-    def __init__(self, *, seals: Seals, book: TaskBook, quota: Quota) -> None:
+    def __init__(self, *, seals: Seals, book: TaskBook, quota: Quota,
+                 deleting: Callable[[str], bool] = lambda sup: False) -> None:
         self.seals = seals
+        self.deleting = deleting
         self.book = book
         self.quota = quota
         self._asked: OrderedDict[str, Quota] = OrderedDict()
@@ -101,6 +103,10 @@ class Admission:
         if self.seals.refuses_uploads(sup):
             raise SealedConflict(f"{sup} was marked failed by its supervisor: it takes no "
                                  "more uploads; nothing was stored", supervisorTaskId=sup)
+        if self.deleting(sup):
+            raise SealedConflict(f"a DELETE of {sup} is not finished here (a location could "
+                                 "not remove its data yet): it takes no uploads until it is; "
+                                 "retry the DELETE; nothing was stored", supervisorTaskId=sup)
         sealed = self.seals.sealed.get(sup)
         if sealed is not None and key.sub_task_id in sealed:
             raise SealedConflict(
@@ -145,7 +151,8 @@ class Admission:
                        ) -> list[SealedConflict | None] | None:
         """:meth:`may_commit` of each of ``keys`` (all of task ``sup``), or None when no
         seal or fail of the task could refuse any: checked once for a whole submission."""
-        if not self.seals.refuses_uploads(sup) and not self.seals.sealed.get(sup):
+        if (not self.seals.refuses_uploads(sup) and not self.seals.sealed.get(sup)
+                and not self.deleting(sup)):
             return None
         return [self.may_commit(key) for key in keys]
 

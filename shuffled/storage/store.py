@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, IO, Any, TypeVar
 
 from shuffled.config import Settings
-from shuffled.errors import InvalidBody, NotFound, ReadAgain
+from shuffled.errors import Conflict, InvalidBody, NotFound, ReadAgain
 from shuffled.protocol import PartialKey, PartitionKey, TaskDataState
 from shuffled.storage import startup
 from shuffled.storage.admission import Admission, Quota
@@ -106,12 +106,13 @@ class Store:
         self.removal = Removal(locations=self.locations, catalogs=self.catalogs,
                                threads=self.threads, book=self.book, uploads=self.uploads,
                                packs=self.packs, seals=self._seals, notify=self._notify,
-                               deep=self.deep)
+                               fsync=settings.fsync, deep=self.deep)
         self.reader = Reader(self.locations, self.catalogs, self.book, self.threads,
                              deep=self.deep)
         self.admission = Admission(seals=self._seals, book=self.book,
                                    quota=Quota(settings.task_quota_bytes,
-                                               settings.task_quota_partials))
+                                               settings.task_quota_partials),
+                                   deleting=self.removal.deleting)
         # The driver's lost-daemon verdicts per task (memory only, bounded like failed marks).
         self.verdicts = Verdicts(ttl=settings.expiry_timeout)
         self.evictor: Evictor | None = None
@@ -137,6 +138,9 @@ class Store:
         """Lock every location, check its format, reconcile packs and catalog, load figures."""
         await startup.open_locations(self.locations, self.catalogs, self.threads,
                                      self.settings.fsync)
+        # A removal a crash interrupted is finished before anything is loaded or served.
+        for sup in await self.removal.resume():
+            self._seals.mark_deleted(sup)  # never complete while its leftovers stand
         kept = None
         if self.deep is not None:  # packs evicted to the tier: their rows are kept
             from shuffled.storage.deep.evict import kept as evicted
@@ -187,6 +191,9 @@ class Store:
 
     async def seal(self, supervisor_task_id: str, sub_task_ids: Sequence[str]) -> bool:
         """:meth:`.seals.Seals.seal`; readers waiting on the task hear of it."""
+        if self.removal.deleting(supervisor_task_id):
+            raise Conflict(f"a DELETE of {supervisor_task_id} is not finished here: it "
+                           "cannot be sealed", supervisorTaskId=supervisor_task_id)
         new = await self._seals.seal(supervisor_task_id, sub_task_ids)
         self._notify(supervisor_task_id)
         if self.deep is not None:
@@ -195,11 +202,18 @@ class Store:
             self.deep.offload(supervisor_task_id)
         return new
 
-    def fail(self, supervisor_task_id: str, *, deleted: bool = False) -> None:
-        """Mark the task failed (its supervisor's verdict, or ``deleted``: its DELETE):
-        paged reads of it answer empty and never complete, and it cannot be sealed; its
-        waiters hear of it. A verdict also refuses its uploads (:mod:`.admission`)."""
-        self._seals.mark_failed(supervisor_task_id, deleted=deleted)
+    async def fail(self, supervisor_task_id: str) -> bool:
+        """Its supervisor's fail verdict, durable (:meth:`.seals.Seals.fail`): paged reads
+        of the task answer empty and never complete, its uploads and seals are refused
+        (:mod:`.admission`), until it is deleted; its waiters hear of it. True if new."""
+        new = await self._seals.fail(supervisor_task_id)
+        self._notify(supervisor_task_id)
+        return new
+
+    def mark_deleted(self, supervisor_task_id: str) -> None:
+        """Its DELETE has begun: paged reads answer "failed" (for a while, in memory) and
+        it cannot be sealed; its waiters hear of it."""
+        self._seals.mark_deleted(supervisor_task_id)
         self._notify(supervisor_task_id)
 
     def failed(self, supervisor_task_id: str) -> bool:
