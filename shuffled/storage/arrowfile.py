@@ -22,8 +22,9 @@ import pyarrow as pa
 
 from shuffled.crc import combine, crc32c
 from shuffled.errors import InvalidBody
+from shuffled.storage import ipcshape
 
-CONTINUATION = b"\xff\xff\xff\xff"
+CONTINUATION = ipcshape.CONTINUATION
 EOS = CONTINUATION + b"\x00\x00\x00\x00"  # Arrow IPC end-of-stream marker (format >= 1.0)
 EOS_CRC = crc32c(EOS)
 
@@ -101,7 +102,13 @@ def _validate(buf: pa.Buffer, done_to: Callable[[int], None] | None = None,
     try:
         reader = pa.ipc.open_stream(source)
         schema = reader.schema
-        for batch in reader:
+        walker = ipcshape.Walker(memoryview(buf), schema_len, size - len(EOS), schema)
+        while True:
+            walker.next_batch()  # what the batch declares, before pyarrow believes it
+            try:
+                batch = reader.read_next_batch()
+            except StopIteration:
+                break
             batch.validate()
             rows += batch.num_rows
             batches += 1
@@ -242,6 +249,8 @@ def validate_bodies(schema: SchemaMessage, bodies: Sequence[memoryview],
         rows = batches = 0
         try:
             reader = pa.ipc.open_stream(source)
+            ipcshape.Walker(memoryview(joined), len(schema.data), len(joined) - len(EOS),
+                            reader.schema).all()
             while len(out) < len(bodies):
                 at = ends[len(out)]
                 if source.tell() == at:  # a body without record batches
@@ -257,9 +266,9 @@ def validate_bodies(schema: SchemaMessage, bodies: Sequence[memoryview],
             else:
                 if source.tell() == len(joined) - len(EOS):
                     return out
-        except (StopIteration, pa.ArrowInvalid, pa.ArrowTypeError,
+        except (StopIteration, InvalidBody, pa.ArrowInvalid, pa.ArrowTypeError,
                 pa.ArrowNotImplementedError, OSError):
-            pass
+            pass  # read alone, each body is refused or kept by itself
     return [_alone(schema, body) for body in bodies]
 
 

@@ -244,9 +244,16 @@ class _ChunkSink:
         return data
 
 
+#: Rows re-encoded at a time: a batch is conformed to the unified schema in slices, so a
+#: column filled with nulls or cast costs at most this many rows of it, whatever a batch
+#: declares (an int64 column: 512 KiB).
+SLICE_ROWS = 1 << 16
+
+
 class Reencoder:
-    """Re-encodes several partials into one stream with ``schema``, one batch per
-    :meth:`next`. Every method blocks; the handler calls them on the I/O threads."""
+    """Re-encodes several partials into one stream with ``schema``, at most
+    :data:`SLICE_ROWS` rows per :meth:`next`. Every method blocks; the handler calls them
+    on the I/O threads."""
 
     def __init__(self, metas: Sequence[PartialMeta], schema: pa.Schema) -> None:
         self._metas = list(metas)
@@ -255,6 +262,8 @@ class Reencoder:
         self._writer = pa.ipc.new_stream(self._sink, schema)
         self._reader: pa.ipc.RecordBatchStreamReader | None = None
         self._source: pa.NativeFile | None = None
+        self._batch: pa.RecordBatch | None = None
+        self._at = 0
         self._done = False
         self.rows = 0
 
@@ -263,6 +272,14 @@ class Reencoder:
         if self._done:
             return None
         while True:
+            if self._batch is not None:
+                piece = self._batch.slice(self._at, SLICE_ROWS)
+                self._at += SLICE_ROWS
+                if self._at >= self._batch.num_rows:
+                    self._batch = None
+                self._writer.write_batch(_conform(piece, self._schema))
+                self.rows += piece.num_rows
+                return self._sink.take()
             if self._reader is None:
                 if not self._metas:
                     self._writer.close()
@@ -277,9 +294,11 @@ class Reencoder:
                 if self._source is not None:
                     self._source.close()
                 continue
-            self._writer.write_batch(_conform(batch, self._schema))
-            self.rows += batch.num_rows
-            return self._sink.take()
+            self._batch, self._at = batch, 0
+            if not batch.num_rows:
+                self._batch = None
+                self._writer.write_batch(_conform(batch, self._schema))
+                return self._sink.take()
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,132 @@
+"""What an upload declares cannot make a read cost more than its bytes carry (issue 34).
+
+Found by an adversarial probe: a 224-byte partial whose null-type column declared 2^24
+rows made the next aggregate GET allocate +519 MiB (2^34 rows: the daemon OOM-killed at
+24 GB); a record batch with more field nodes than its schema was stored and read back as
+other columns' bytes. Against a real daemon process (its peak memory read from
+/proc/<pid>/status) and the raw HTTP API.
+"""
+
+from __future__ import annotations
+
+import struct
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from shuffled.storage.ipcshape import ROWS_FREE, ROWS_PER_BYTE
+from tests.conftest import PREFIX, arrow_bytes
+from tests.helpers.procs import DaemonProcess, http_get
+
+QUERY = "start=2018-01-01&end=2018-01-02&partitionId=0"
+
+
+def _put(url: str, sup: str, sub: str, body: bytes) -> tuple[int, bytes]:
+    request = urllib.request.Request(
+        f"{url}{PREFIX}/tasks/{sup}/{sub}/partition?{QUERY}", data=body, method="PUT",
+        headers={"Content-Type": "application/vnd.apache.arrow.stream"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def _hwm_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+def _null_rows_stream(rows: int) -> bytes:
+    """A stream of one batch of ``rows`` rows of a single null-type column, which has no
+    buffers: a few hundred bytes, whatever ``rows`` declares."""
+    table = pa.table({"n": pa.nulls(rows)})
+    return arrow_bytes(table)
+
+
+def _messages(stream: bytes) -> list[bytes]:
+    """The raw IPC messages of a stream (schema, batches), without the end marker."""
+    out = []
+    for message in pa.ipc.MessageReader.open_stream(pa.py_buffer(stream)):
+        sink = pa.BufferOutputStream()
+        message.serialize_to(sink)
+        out.append(sink.getvalue().to_pybytes())
+    return out
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> DaemonProcess:
+    base = tmp_path_factory.mktemp("hostile")
+    with DaemonProcess([base / "a"], log_path=base / "daemon.log") as proc:
+        yield proc
+
+
+def test_a_batch_declaring_more_rows_than_its_body_can_carry_is_refused(
+        daemon: DaemonProcess) -> None:
+    body = _null_rows_stream(1 << 24)
+    assert len(body) < 400
+    status, answer = _put(daemon.url, "hostile", "s0", body)
+    assert status == 400, answer
+    assert b"declares 16777216 rows" in answer
+    # ...and 2^34 rows (more than pyarrow writes: the batch's and the node's lengths are
+    # rewritten in the message's metadata, as a hostile client would)
+    odd = 0xABCDEF  # a length whose bytes occur nowhere else in the stream
+    small = _null_rows_stream(odd)
+    huge = small.replace(struct.pack("<q", odd), struct.pack("<q", (1 << 34) + odd))
+    assert huge.count(struct.pack("<q", (1 << 34) + odd)) == 3  # length; node length, nulls
+    status, answer = _put(daemon.url, "hostile", "s1", huge)
+    assert status == 400 and f"declares {(1 << 34) + odd} rows".encode() in answer, answer
+    # what a body of that size may declare is still taken
+    status, answer = _put(daemon.url, "hostile", "s2", _null_rows_stream(ROWS_FREE))
+    assert status == 201, answer
+
+
+def test_a_batch_written_for_another_schema_is_refused(daemon: DaemonProcess) -> None:
+    """A record batch of (x: float64, y: int64) behind the schema (x: int64): pyarrow
+    would read x's float bits as int64 and ignore the extra node."""
+    declared = arrow_bytes(pa.table({"x": pa.array([1, 2], pa.int64())}))
+    other = arrow_bytes(pa.table({"x": pa.array([1.5, 2.5]), "y": pa.array([3, 4])}))
+    schema_message = _messages(declared)[0]
+    batch_message = _messages(other)[1]
+    body = schema_message + batch_message + b"\xff\xff\xff\xff\x00\x00\x00\x00"
+    status, answer = _put(daemon.url, "hostile", "nodes", body)
+    assert status == 400, answer
+    assert b"field nodes" in answer
+
+
+def test_a_read_that_fills_a_missing_column_is_bounded_in_memory(
+        tmp_path: Path) -> None:
+    """Two partials of one partition: 8M rows whose column ``n`` is null-typed (carried by
+    a 1 MiB boolean column: within what the body allows), and one whose ``n`` is int64.
+    The aggregate GET unifies them: ``n`` becomes 64 MiB of int64 nulls if filled at
+    once; it is re-encoded in bounded slices instead."""
+    rows = 8 << 20
+    assert rows <= ROWS_PER_BYTE * (rows // 8) + ROWS_FREE
+    wide = pa.table({"flag": pa.array(np.ones(rows, dtype=bool)),
+                     "n": pa.nulls(rows)})
+    narrow = pa.table({"flag": pa.array([True, False]), "n": pa.array([1, 2], pa.int64())})
+    with DaemonProcess([tmp_path / "a"], log_path=tmp_path / "daemon.log") as daemon:
+        assert _put(daemon.url, "wide", "s0", arrow_bytes(wide))[0] == 201
+        assert _put(daemon.url, "wide", "s1", arrow_bytes(narrow))[0] == 201
+        before = _hwm_kib(daemon.pid)
+        received = 0
+        request = urllib.request.Request(
+            f"{daemon.url}{PREFIX}/tasks/wide/partition?{QUERY}")
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            assert resp.status == 200
+            reader = pa.ipc.open_stream(resp)
+            for batch in reader:
+                assert batch.schema.field("n").type == pa.int64()
+                received += batch.num_rows
+        grown_mib = (_hwm_kib(daemon.pid) - before) / 1024
+        assert received == rows + 2
+        # filled at once: 64 MiB for n alone, more for the cast and the encoded copy
+        assert grown_mib < 32, f"the read grew the daemon's peak by {grown_mib:.0f} MiB"
+        status, _, _ = http_get(f"{daemon.url}/status/health")
+        assert status == 200
