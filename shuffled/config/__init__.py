@@ -95,6 +95,20 @@ FIELDS: tuple[Field, ...] = (
     Field("upload_idle_timeout", parse_duration,
           "an upload whose body sends nothing for this long is abandoned (408) and its "
           "slot freed", "--upload-idle-timeout", "DURATION"),
+    Field("max_lost_marks_bytes", parse_size,
+          "memory the lost-daemon verdicts of every task may take (PUT .../lost past it: "
+          "503 until older ones lapse)", "--max-lost-marks-bytes", "SIZE"),
+    Field("max_bulk_schema_bytes", parse_size,
+          "bytes of SCHEMA frames one bulk upload (format 2) may send (413 past it)",
+          "--max-bulk-schema-bytes", "SIZE"),
+    Field("request_head_timeout", parse_duration,
+          "a connection must send a whole request head within this long of opening or of "
+          "its previous answer (idle and slowloris connections are closed)",
+          "--request-head-timeout", "DURATION"),
+    Field("send_idle_timeout", parse_duration,
+          "a reader that takes nothing of an answer for this long (16 MiB at the most is "
+          "sent per wait) is cut off and its download slot freed",
+          "--send-idle-timeout", "DURATION"),
     Field("shutdown_timeout", parse_duration,
           "on SIGTERM, how long in-flight requests may take to finish",
           "--shutdown-timeout", "DURATION"),
@@ -162,6 +176,10 @@ class Settings:
     max_concurrent_uploads: int = 64
     max_concurrent_downloads: int = 256
     upload_idle_timeout: float = 60.0
+    max_lost_marks_bytes: int = 4 << 20
+    max_bulk_schema_bytes: int = 4 << 20
+    request_head_timeout: float = 30.0
+    send_idle_timeout: float = 60.0
     shutdown_timeout: float = 30.0
     long_poll_max: float = 30.0
     long_poll_waiters: int = 1000
@@ -184,8 +202,10 @@ class Settings:
             raise ConfigError("locations: the same path is listed twice", setting="locations")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("tls_cert: --tls-cert and --tls-key go together", setting="tls_cert")
-        if self.sweep_period <= 0:
-            raise ConfigError("sweep_period: must be > 0", setting="sweep_period")
+        for name in ("sweep_period", "request_head_timeout", "send_idle_timeout",
+                     "upload_idle_timeout"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name}: must be > 0", setting=name)
         if self.max_age < self.expiry_timeout:
             raise ConfigError("max_age: must be >= expiry_timeout", setting="max_age")
         if self.deep_storage_orphan_seconds <= 0:

@@ -1,6 +1,6 @@
 """Prometheus metrics on an injected registry, with scrape-time collectors for disk state."""
 
 from shuffled.metrics.collectors import StoreCollector
-from shuffled.metrics.families import LongPoll, Metrics, OverlordOutcome, Served
+from shuffled.metrics.families import Cut, LongPoll, Metrics, OverlordOutcome, Served
 
-__all__ = ["LongPoll", "Metrics", "OverlordOutcome", "Served", "StoreCollector"]
+__all__ = ["Cut", "LongPoll", "Metrics", "OverlordOutcome", "Served", "StoreCollector"]

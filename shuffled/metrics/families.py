@@ -29,6 +29,14 @@ class LongPoll(StrEnum):
     TIMEOUT = "timeout"  # maxWait passed
 
 
+class Cut(StrEnum):
+    """The ``reason`` label of shuffled_connections_cut_total: why the daemon aborted a
+    connection in the middle of an answer."""
+
+    SEND_TIMEOUT = "send_timeout"  # the reader took nothing for send_idle_timeout
+    ERROR_AFTER_HEADERS = "error_after_headers"  # a failure once the 200 headers went out
+
+
 class Served(StrEnum):
     """The ``route`` label of shuffled_served_bytes_total and shuffled_served_requests_total."""
 
@@ -110,6 +118,9 @@ class Metrics:
         self.long_poll_waiters = Gauge(
             "shuffled_long_poll_waiters", "Requests waiting for news right now.",
             registry=registry)
+        self.connections_cut = Counter(
+            "shuffled_connections_cut", "Connections aborted in the middle of an answer, by "
+            "reason.", ["reason"], registry=registry)
         self.page_acks = Counter(
             "shuffled_page_acks", "Paged-read tokens acknowledged by readers.",
             registry=registry)
@@ -120,6 +131,8 @@ class Metrics:
             self.long_polls.labels(how)
         for reason in sorted(set(error_codes()) | set(OTHER_REASONS)):
             self.rejected.labels(reason)
+        for reason in Cut:
+            self.connections_cut.labels(reason)
         for outcome in OverlordOutcome:
             self.overlord_requests.labels(outcome)
         for route in Served:

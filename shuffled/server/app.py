@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from shuffled.cleanup import Sweeper
 from shuffled.cleanup.scheduler import sweeper_ctx
 from shuffled.config import Settings
-from shuffled.metrics import Metrics, StoreCollector
+from shuffled.metrics import Cut, Metrics, StoreCollector
 from shuffled.protocol import API_PREFIX
 from shuffled.server import bulk, handlers, heartbeat, pages, partitions, ui
 from shuffled.server.errors import error_middleware
@@ -45,7 +45,8 @@ def make_app(settings: Settings, *, registry: CollectorRegistry | None = None,
     if settings.auth_token or settings.signing_secrets:
         access = Access(settings.auth_token, settings.signing_secrets)
         middlewares.append(access_middleware(access, settings.metrics_require_auth))
-    middlewares.append(error_middleware)
+    middlewares.append(error_middleware(
+        metrics.connections_cut.labels(Cut.ERROR_AFTER_HEADERS).inc))
     # Uploads stream to disk; client_max_size only bounds bodies read whole (none here).
     app = web.Application(middlewares=middlewares, client_max_size=1 << 20)
     app.on_response_prepare.append(add_request_id)

@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import ClientPayloadError, web
 
-from shuffled.errors import BadRequest, RequestTimeout, ShuffleError
+from shuffled.errors import BadRequest, RequestTimeout, ShuffleError, TooLarge
 from shuffled import framing2
 from shuffled.framing import (
     FIXED_LEN, MEDIA_TYPE, FramingError, data_key, end_count, parse_fixed, parse_header,
@@ -136,10 +136,12 @@ def _rejected(key: PartialKey, error: ShuffleError) -> dict[str, Any]:
 class _Batch:
     """One request's frames: what was added to the store and what was refused at once."""
 
-    def __init__(self, sup: str, session: BulkSession, reader: _Reader) -> None:
+    def __init__(self, sup: str, session: BulkSession, reader: _Reader,
+                 max_schema_bytes: int) -> None:
         self.sup = sup
         self.session = session
         self.reader = reader
+        self.max_schema_bytes = max_schema_bytes  # SCHEMA frames' bytes one request may send
         self.items: list[dict[str, Any] | None] = []  # None: outcome from finish()
         self.pending: list[tuple[int, PartialKey]] = []
         self.count = 0
@@ -167,6 +169,7 @@ class _Batch:
         """Bulk format 2: SCHEMA frames, then PARTIAL frames referring to them, then END."""
         reader = self.reader
         schemas: dict[int, SchemaMessage] = {}
+        schema_bytes = 0
         while True:
             frame = framing2.parse_fixed(raw)
             header = bytes(await reader.exactly(frame.header_len))
@@ -181,6 +184,13 @@ class _Batch:
                 await self._add(key, crc, frame.body_len, schema)
             elif frame.kind == framing2.SCHEMA:
                 schema_id = framing2.number(frame, header)
+                # Each is kept (partials refer to it) until the request ends: bounded.
+                schema_bytes += frame.body_len
+                if schema_bytes > self.max_schema_bytes:
+                    raise TooLarge(f"this upload sent {schema_bytes} bytes of SCHEMA frames, "
+                                   f"over max_bulk_schema_bytes ({self.max_schema_bytes}): "
+                                   "send a flush's schema once", field="body",
+                                   limit=self.max_schema_bytes)
                 try:
                     schemas[schema_id] = SchemaMessage.parse(
                         bytes(await reader.exactly(frame.body_len)))
@@ -235,7 +245,7 @@ async def post_partials(request: web.Request) -> web.Response:
     reader = _Reader(request, state.settings.upload_idle_timeout)
     with state.uploads.slot():
         async with state.store.bulk(sup) as session:
-            batch = _Batch(sup, session, reader)
+            batch = _Batch(sup, session, reader, state.settings.max_bulk_schema_bytes)
             try:
                 await batch.read()
             except ShuffleError as exc:  # framing, a cut, a stall: the batch stops here

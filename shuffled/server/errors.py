@@ -29,29 +29,54 @@ def error_response(err: ShuffleError) -> web.Response:
     return web.json_response(err.to_json(), status=err.status, headers=headers)
 
 
-@web.middleware
-async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Turn domain errors and aiohttp's own HTTP errors into JSON error bodies."""
-    try:
-        return await handler(request)
-    except ShuffleError as err:
-        request[REJECT_REASON] = err.code
-        if request.get(RESPONSE_STARTED):
-            raise  # headers already sent: the only honest signal left is a dropped connection
-        return error_response(err)
-    except web.HTTPException as exc:
-        if exc.status < 400:
+def cut(request: web.Request) -> None:
+    """Drop the request's connection at once: an answer that cannot be finished must reach
+    its reader as a cut stream, never as a whole response (aiohttp would otherwise write a
+    500 response into a body whose headers it still buffered)."""
+    transport = request.transport
+    if transport is not None:
+        transport.abort()
+
+
+def error_middleware(on_cut: Callable[[], None]) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Turn domain errors and aiohttp's own HTTP errors into JSON error bodies; once an
+    answer's headers went out (RESPONSE_STARTED), cut the connection instead (``on_cut``
+    counts it)."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except (ConnectionResetError, ConnectionError):
             raise
+        except Exception as exc:
+            if not request.get(RESPONSE_STARTED):
+                return _error_answer(request, exc)
+            request[REJECT_REASON] = getattr(exc, "code", "internal")
+            log.error("%s %s failed after its answer began (%s): connection cut",
+                      request.method, request.path, exc,
+                      exc_info=not isinstance(exc, ShuffleError))
+            cut(request)
+            on_cut()
+            raise ConnectionResetError("answer cut: " + str(exc)) from exc
+
+    return middleware
+
+
+def _error_answer(request: web.Request, exc: Exception) -> web.StreamResponse:
+    if isinstance(exc, ShuffleError):
+        request[REJECT_REASON] = exc.code
+        return error_response(exc)
+    if isinstance(exc, web.HTTPException):
+        if exc.status < 400:
+            raise exc
         request[REJECT_REASON] = exc.reason.lower().replace(" ", "_")
         return web.json_response(
             {"error": exc.text or exc.reason, "code": request[REJECT_REASON]},
             status=exc.status, headers={k: v for k, v in exc.headers.items()
                                         if k.lower() in ("allow", "retry-after")},
         )
-    except (ConnectionResetError, ConnectionError):
-        raise
-    except Exception:
-        log.exception("unexpected error serving %s %s", request.method, request.path)
-        request[REJECT_REASON] = "internal"
-        return web.json_response({"error": "internal server error", "code": "internal"},
-                                 status=500)
+    log.error("unexpected error serving %s %s", request.method, request.path, exc_info=exc)
+    request[REJECT_REASON] = "internal"
+    return web.json_response({"error": "internal server error", "code": "internal"},
+                             status=500)

@@ -19,11 +19,9 @@ from shuffled.protocol import (
     ARROW_STREAM, CONTENT_DIGEST, GENERATION_HEADER, REPR_DIGEST, ROWS_HEADER, Interval,
     PartialKey, PartitionKey, format_crc32c, parse_crc32c, parse_partition_id, validate_id,
 )
-from shuffled.server.errors import RESPONSE_STARTED
 from shuffled.server.middleware import SENT_BYTES
 from shuffled.server.peers import reads_of
 from shuffled.server.ranges import if_range_allows, parse_range
-from shuffled.server.sendfile import send_ranges
 from shuffled.server.state import state_of
 from shuffled.server.views import disk_usages, task_detail, task_summary
 from shuffled.storage import EOS, Reencoder, byte_range, fast_plan, unified_schema
@@ -118,17 +116,15 @@ async def get_partial(request: web.Request) -> web.StreamResponse:
                 offset, count = 0, meta.size
                 response.headers[CONTENT_DIGEST] = format_crc32c(meta.crc)
             response.content_length = count
-            await response.prepare(request)
-            request[RESPONSE_STARTED] = True
+            out = await state.answer(request, response)
             if request.method != "HEAD":
-                await send_ranges(request, response,
-                                  [r if isinstance(r, bytes) else (fobj, *r)
-                                   for r in byte_range(meta, offset, count)], state.store.run)
+                await out.ranges([r if isinstance(r, bytes) else (fobj, *r)
+                                  for r in byte_range(meta, offset, count)])
                 request[SENT_BYTES] = count
                 state.metrics.served_bytes.labels(Served.PARTIAL).inc(count)
                 state.metrics.served_requests.labels(Served.PARTIAL).inc()
                 state.store.record_served(key.supervisor_task_id, count)
-            await response.write_eof()
+            await out.write_eof()
             return response
         finally:
             fobj.close()
@@ -153,29 +149,26 @@ async def get_partition(request: web.Request) -> web.StreamResponse:
                 headers[CONTENT_DIGEST] = format_crc32c(plan.crc)
                 response = web.StreamResponse(headers=headers)
                 response.content_length = plan.length
-                await response.prepare(request)
-                request[RESPONSE_STARTED] = True
+                out = await state.answer(request, response)
                 sent = 0
                 if request.method != "HEAD":
-                    await send_ranges(request, response,
-                                      [(files[p.file], p.offset, p.length) for p in plan.pieces],
-                                      state.store.run)
-                    await response.write(EOS)
+                    await out.ranges([(files[p.file], p.offset, p.length)
+                                      for p in plan.pieces])
+                    await out.write(EOS)
                     sent = plan.length
             else:
                 schema = await state.store.run(unified_schema, files, metas)
                 headers[ROWS_HEADER] = str(sum(m.rows for m in metas))
                 response = web.StreamResponse(headers=headers)
                 response.enable_chunked_encoding()
-                await response.prepare(request)
-                request[RESPONSE_STARTED] = True
+                out = await state.answer(request, response)
                 sent = 0
                 if request.method != "HEAD":
                     encoder = Reencoder(metas, schema)
                     while (data := await state.store.run(encoder.next)) is not None:
-                        await response.write(data)
+                        await out.write(data)
                         sent += len(data)
-            await response.write_eof()
+            await out.write_eof()
             if request.method != "HEAD":
                 request[SENT_BYTES] = sent
                 state.metrics.served_bytes.labels(Served.PARTITION).inc(sent)

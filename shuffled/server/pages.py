@@ -31,12 +31,10 @@ from shuffled.protocol import (
 )
 from shuffled.metrics import LongPoll, Served
 from shuffled.server.handlers import _partition_key
-from shuffled.server.errors import RESPONSE_STARTED
 from shuffled.server.middleware import SENT_BYTES
 from shuffled.server.peers import Reads, reads_of
 from shuffled.server.state import DaemonState, state_of
 from shuffled.server.waiters import WATCH, TaskWatch
-from shuffled.server.sendfile import send_ranges
 from shuffled.storage import MAX_TOKEN, SEALED_FLAG, Page, PartialMeta, page_crc, plan_page
 
 DEFAULT_PAGE_BYTES = 8 << 20
@@ -136,12 +134,10 @@ async def get_pages(request: web.Request) -> web.StreamResponse:
             headers[CONTENT_DIGEST] = format_crc32c(await state.store.run(page_crc, files, page))
             response = web.StreamResponse(headers=headers)
             response.content_length = page.length
-            await response.prepare(request)
-            request[RESPONSE_STARTED] = True
-            await send_ranges(request, response,
-                              [p if isinstance(p, bytes) else (files[p[0]], p[1], p[2])
-                               for p in page.pieces], state.store.run)
-            await response.write_eof()
+            out = await state.answer(request, response)
+            await out.ranges([p if isinstance(p, bytes) else (files[p[0]], p[1], p[2])
+                              for p in page.pieces])
+            await out.write_eof()
         finally:
             for fh in opened:
                 fh.close()

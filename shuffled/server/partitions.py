@@ -23,10 +23,9 @@ from shuffled.errors import BadRequest
 from shuffled.framing import PARTITIONS_MEDIA_TYPE, encode_end, encode_partition
 from shuffled.metrics import Served
 from shuffled.protocol import Interval, PartitionKey, parse_partition_id, validate_id
-from shuffled.server.errors import RESPONSE_STARTED
 from shuffled.server.middleware import SENT_BYTES
 from shuffled.server.peers import reads_of
-from shuffled.server.sendfile import Piece, send_ranges
+from shuffled.server.sendfile import Piece
 from shuffled.server.state import state_of
 from shuffled.storage import EOS, FastPlan, PartialMeta, fast_plan
 
@@ -95,8 +94,7 @@ async def read_partitions(request: web.Request) -> web.StreamResponse:
         state.store.touch(sup)
         response = web.StreamResponse(headers={"Content-Type": PARTITIONS_MEDIA_TYPE})
         response.content_length = total + len(end)
-        await response.prepare(request)
-        request[RESPONSE_STARTED] = True
+        out = await state.answer(request, response)
         for at in range(0, len(planned), OPEN_GROUP):
             group = planned[at: at + OPEN_GROUP]
             # One executor call opens every pack the group reads (mostly the same few).
@@ -114,12 +112,12 @@ async def read_partitions(request: web.Request) -> web.StreamResponse:
                     pieces += [(mine[p.file], p.offset, p.length) for p in plan.pieces]
                     pieces.append(EOS)
                     sent += plan.length
-                await send_ranges(request, response, pieces, state.store.run)
+                await out.ranges(pieces)
             finally:
                 for fh in {id(f): f for f in files}.values():
                     fh.close()
-        await response.write(end)
-    await response.write_eof()
+        await out.write(end)
+    await out.write_eof()
     request[SENT_BYTES] = sent
     state.metrics.served_bytes.labels(Served.PARTITION).inc(sent)
     state.metrics.served_requests.labels(Served.PARTITION).inc(len(wanted))

@@ -147,10 +147,14 @@ async def serve(settings: Settings, *, registry: CollectorRegistry | None = None
     try:
         app = make_app(settings, registry=registry,
                        clock=time.time if clock is None else clock)
+        # aiohttp's keep-alive timer runs from a connection's start and from each answer
+        # until a whole request head arrives, and is not reset by a partial one: it is
+        # the request-head timeout (idle and slowloris connections are closed).
         runner = web.AppRunner(app, handle_signals=False,
                                access_log=access_log if settings.access_log else None,
                                access_log_class=AccessLog,
-                               shutdown_timeout=settings.shutdown_timeout)
+                               shutdown_timeout=settings.shutdown_timeout,
+                               keepalive_timeout=settings.request_head_timeout)
         await runner.setup()
     except BaseException:
         for sock in sockets:

@@ -12,9 +12,11 @@ from aiohttp import web
 
 from shuffled.cleanup import Sweeper
 from shuffled.config import Settings
-from shuffled.metrics import Metrics
+from shuffled.metrics import Cut, Metrics
+from shuffled.server.errors import RESPONSE_STARTED
 from shuffled.server.limits import Limiter
 from shuffled.server.middleware import Drain
+from shuffled.server.sendfile import Sender
 from shuffled.storage import Store
 
 
@@ -32,6 +34,15 @@ class DaemonState:
     background: set[asyncio.Task[Any]] = field(default_factory=set)
     # This process's identity: a heartbeat answer with another one means a restart.
     instance: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    async def answer(self, request: web.Request, response: web.StreamResponse) -> Sender:
+        """Send ``response``'s head; its body goes out through the returned Sender, each
+        wait for the reader bounded by ``send_idle_timeout``. From here on a failure can
+        only cut the connection (:func:`.errors.error_middleware`)."""
+        await response.prepare(request)
+        request[RESPONSE_STARTED] = True
+        return Sender(request, response, self.store.run, self.settings.send_idle_timeout,
+                      self.metrics.connections_cut.labels(Cut.SEND_TIMEOUT).inc)
 
 
 STATE = web.AppKey("state", DaemonState)

@@ -4,8 +4,12 @@
 ...]}``: the supervisor (the Spark driver) declared these daemons of its task lost (its
 heartbeats found them gone, docs/failover.md) and tells every surviving daemon. The
 addresses are added to what the daemon keeps for the task (idempotent: the same PUT again
-changes nothing, ``new`` false); kept in memory only, bounded and forgotten after the
-expiry timeout (:mod:`shuffled.storage.verdicts`).
+changes nothing, ``new`` false); kept in memory only, bounded in bytes
+(``max_lost_marks_bytes``: 503 past it) and forgotten after the expiry timeout
+(:mod:`shuffled.storage.verdicts`). It is taken for a task this daemon holds nothing of
+yet: the driver tells every survivor as soon as it declares a daemon lost, before phase 1
+may have reached them, and their readers must find the verdict when they come (a 404
+would be taken by the driver for "told").
 
 ``GET`` of the same path answers the addresses declared lost so far (empty if none). A
 merge task whose reads from a daemon fail asks a survivor this between its retries, and

@@ -62,7 +62,7 @@ class Seals:
         self.book = book
         self.fsync = fsync
         self.sealed: dict[str, frozenset[str]] = {}
-        self.verdicts: set[str] = set()  # failed by their supervisor: durable
+        self.failed_tasks: set[str] = set()  # failed by their supervisor: durable
         self.mark_ttl = mark_ttl
         self.clock = clock
         self._deleted: OrderedDict[str, float] = OrderedDict()
@@ -78,7 +78,7 @@ class Seals:
 
     def refuses_uploads(self, sup: str) -> bool:
         """Whether ``sup`` was failed by its supervisor's verdict (not only deleted)."""
-        return sup in self.verdicts
+        return sup in self.failed_tasks
 
     def revive(self, sup: str) -> None:
         """An upload to a deleted task: the id lives again (its reads are no longer
@@ -86,7 +86,7 @@ class Seals:
         self._deleted.pop(sup, None)
 
     def failed(self, sup: str) -> bool:
-        if sup in self.verdicts:
+        if sup in self.failed_tasks:
             return True
         marked = self._deleted.get(sup)
         if marked is None:
@@ -119,10 +119,10 @@ class Seals:
         complete, and its uploads and seals are refused; it is held (even empty) so that
         expiry and DELETE remove the verdict like any data."""
         async with self.uploads.lock(sup):
-            if sup in self.verdicts:
+            if sup in self.failed_tasks:
                 return False
             await self._write_everywhere(marks.FAILED, sup, {}, "failing")
-            self.verdicts.add(sup)
+            self.failed_tasks.add(sup)
             self.book.ensure(sup)
             self.book.touch(sup)
         return True
@@ -136,7 +136,7 @@ class Seals:
                 self.sealed[sup] = self.sealed.get(sup, frozenset()) | subs
                 self.book.ensure(sup)
             for sup in await self.threads.run(marks.read_all, loc.path, marks.FAILED):
-                self.verdicts.add(sup)
+                self.failed_tasks.add(sup)
                 self.book.ensure(sup)
 
     async def seal(self, sup: str, sub_task_ids: Sequence[str]) -> bool:
@@ -158,7 +158,7 @@ class Seals:
                                    "subtasks", sealed=sorted(known)[:100])
                 if known == subs:
                     return False
-            if sup in self.verdicts:  # a verdict that landed while we waited for the lock
+            if sup in self.failed_tasks:  # a verdict that landed while we waited for the lock
                 raise Conflict(f"{sup} was marked failed: it cannot be sealed")
             await self._write_everywhere(marks.SEALS, sup, {"subTaskIds": sorted(subs)},
                                          "sealing")
@@ -171,4 +171,4 @@ class Seals:
         """Forget the task's seal and verdict (its removal is under way: :mod:`.removal`
         removes their files with its data; the caller holds its lock)."""
         self.sealed.pop(sup, None)
-        self.verdicts.discard(sup)
+        self.failed_tasks.discard(sup)

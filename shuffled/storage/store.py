@@ -113,8 +113,9 @@ class Store:
                                    quota=Quota(settings.task_quota_bytes,
                                                settings.task_quota_partials),
                                    deleting=self.removal.deleting)
-        # The driver's lost-daemon verdicts per task (memory only, bounded like failed marks).
-        self.verdicts = Verdicts(ttl=settings.expiry_timeout)
+        # The driver's lost-daemon verdicts per task (memory only, bounded in bytes).
+        self.verdicts = Verdicts(ttl=settings.expiry_timeout,
+                                 max_bytes=settings.max_lost_marks_bytes)
         self.evictor: Evictor | None = None
         if self.deep is not None:
             from shuffled.storage.deep.evict import Evictor as Evicting

@@ -9,6 +9,7 @@ other columns' bytes. Against a real daemon process (its peak memory read from
 
 from __future__ import annotations
 
+import json
 import struct
 import urllib.error
 import urllib.request
@@ -18,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from shuffled import framing2
 from shuffled.storage.ipcshape import ROWS_FREE, ROWS_PER_BYTE
 from tests.conftest import PREFIX, arrow_bytes
 from tests.helpers.procs import DaemonProcess, http_get
@@ -130,3 +132,58 @@ def test_a_read_that_fills_a_missing_column_is_bounded_in_memory(
         assert grown_mib < 32, f"the read grew the daemon's peak by {grown_mib:.0f} MiB"
         status, _, _ = http_get(f"{daemon.url}/status/health")
         assert status == 200
+
+
+def _post_bulk(url: str, sup: str, body: bytes) -> tuple[int, dict]:
+    request = urllib.request.Request(
+        f"{url}{PREFIX}/tasks/{sup}/partials", data=body, method="POST",
+        headers={"Content-Type": "application/vnd.shuffled.partials"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_schema_frames_of_one_bulk_upload_are_bounded(tmp_path: Path) -> None:
+    """Format-2 SCHEMA frames (up to 1 MiB each) are kept until the request ends: 400 of
+    them held +403 MiB. Past ``max_bulk_schema_bytes`` the request is refused (413)."""
+    schema = pa.schema([(f"c{i}", pa.int64()) for i in range(2000)])
+    message = schema.serialize().to_pybytes()
+    assert 64 << 10 < len(message) < framing2.MAX_SCHEMA
+    frames = b"".join(framing2.encode_schema(i, len(message)) + message for i in range(400))
+    body = frames + framing2.encode_end(0)
+    with DaemonProcess([tmp_path / "a"], "--max-bulk-schema-bytes", "1MiB",
+                       log_path=tmp_path / "daemon.log") as daemon:
+        before = _hwm_kib(daemon.pid)
+        status, answer = _post_bulk(daemon.url, "schemas", body)
+        assert status == 413 and answer["code"] == "too_large", answer
+        assert "max_bulk_schema_bytes" in answer["error"]
+        assert (_hwm_kib(daemon.pid) - before) / 1024 < 32
+        # a flush's one schema is taken as ever
+        ok = framing2.encode_schema(0, len(message)) + message + framing2.encode_end(0)
+        assert _post_bulk(daemon.url, "schemas", ok)[0] == 200
+
+
+def test_lost_verdicts_are_bounded_in_bytes(tmp_path: Path) -> None:
+    """``PUT /tasks/{sup}/lost`` kept up to 1,000 addresses for each of 10,000 tasks
+    (~5.6 GiB). Now every verdict kept counts against ``max_lost_marks_bytes``: past it,
+    503 with Retry-After, and what was kept stays."""
+    addresses = [f"http://daemon-{i}.example:8091/" + "x" * 400 for i in range(1000)]
+    with DaemonProcess([tmp_path / "a"], "--max-lost-marks-bytes", "2MiB",
+                       log_path=tmp_path / "daemon.log") as daemon:
+        statuses = []
+        for task in range(20):  # ~0.47 MB a task: the fifth is refused
+            request = urllib.request.Request(
+                f"{daemon.url}{PREFIX}/tasks/t{task}/lost", method="PUT",
+                data=json.dumps({"lost": addresses}).encode(),
+                headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=30) as resp:
+                    statuses.append(resp.status)
+            except urllib.error.HTTPError as err:
+                statuses.append(err.code)
+                assert err.headers["Retry-After"]
+        assert statuses[:4] == [200] * 4 and set(statuses[4:]) == {503}, statuses
+        status, _, body = http_get(f"{daemon.url}{PREFIX}/tasks/t0/lost")
+        assert status == 200 and len(json.loads(body)["lost"]) == 1000

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from shuffled.errors import Overloaded
 from pyspark import cloudpickle
 
 from shuffled.client import RetryPolicy, ShuffleClient, ShuffleUnavailable
@@ -83,15 +85,26 @@ async def test_lost_route_needs_the_token(start_daemon: Any, make_settings: Any,
 
 
 def test_verdicts_are_bounded_and_expire() -> None:
+    """Bounded in bytes (a declaration past the budget is refused, no other task's verdict
+    is forgotten for it) and in addresses per task; forgotten after the ttl."""
     now = [0.0]
-    v = Verdicts(ttl=10.0, max_tasks=3, max_lost=4, clock=lambda: now[0])
-    for i in range(5):
+    one = 200 + len("http://d0") + 60  # what a task with one such address costs
+    v = Verdicts(ttl=10.0, max_bytes=3 * one + 2 * (len("http://e0") + 60), max_lost=4,
+                 clock=lambda: now[0])
+    for i in range(3):
         v.declare(f"t{i}", [f"http://d{i}"])
-    assert len(v) == 3 and v.lost("t0") == frozenset() and v.lost("t4") == {"http://d4"}
-    lost, new = v.declare("t4", [f"http://e{i}" for i in range(10)])
-    assert len(lost) == 4 and "http://d4" in lost and new
+    with pytest.raises(Overloaded):
+        v.declare("t3", ["http://d3"])
+    assert len(v) == 3 and v.lost("t0") == {"http://d0"} and v.lost("t3") == frozenset()
+    lost, new = v.declare("t2", [f"http://e{i}" for i in range(2)])
+    assert len(lost) == 3 and new
+    with pytest.raises(Overloaded):  # the bytes, before the per-task cap of 4
+        v.declare("t2", [f"http://e{i}" for i in range(10)])
     now[0] = 10.5
-    assert v.lost("t4") == frozenset() and len(v) == 2  # forgotten after the ttl
+    assert v.lost("t2") == frozenset() and len(v) == 2  # forgotten after the ttl
+    lost, new = v.declare("t3", [f"http://f{i}" for i in range(10)])
+    assert len(lost) == 4 and new  # the per-task cap
+    assert v.bytes <= v.max_bytes
 
 
 def test_a_read_gives_up_once_a_survivor_names_the_daemon(daemon_url: str) -> None:
