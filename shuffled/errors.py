@@ -53,6 +53,14 @@ class InvalidBody(BadRequest):
     code = "invalid_body"
 
 
+class UnsupportedEncoding(ShuffleError):
+    """An upload with a ``Content-Encoding``: its Content-Length and Content-Digest would
+    describe the encoded bytes, not the partial stored (RFC 9110 section 15.5.16)."""
+
+    status = 415
+    code = "unsupported_encoding"
+
+
 class DigestMismatch(BadRequest):
     """The bytes do not match the CRC32C the sender (or the store) declared."""
 

@@ -124,9 +124,12 @@ def verify(secrets: Sequence[bytes], token: str, *, now: float | None = None) ->
         raise Unauthorized("task token signature does not verify (tampered, or signed with "
                            "a secret this daemon does not have)")
     try:
-        sup, scope, expires = str(claims["sup"]), Scope(claims["scope"]), float(claims["exp"])
+        sup, scope, expires = str(claims["sup"]), Scope(claims["scope"]), claims["exp"]
     except (KeyError, TypeError, ValueError):
         raise Unauthorized("malformed task token claims") from None
+    if type(expires) is not int:  # "inf", NaN or 1e400 would never expire
+        raise Unauthorized("malformed task token claims: exp must be an integer (unix "
+                           "seconds)")
     if expires <= (time.time() if now is None else now):
         raise Unauthorized(f"task token for {sup} expired; the driver mints a new one per "
                            "ingestion (tuningConfig shuffleTokenSeconds)")

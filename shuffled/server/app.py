@@ -18,7 +18,9 @@ from shuffled.server import bulk, handlers, heartbeat, pages, partitions, ui
 from shuffled.server.errors import error_middleware
 from shuffled.server.limits import Limiter
 from shuffled.server.access import Access, access_middleware
-from shuffled.server.middleware import Drain, add_request_id, metrics_middleware
+from shuffled.server.middleware import (
+    Drain, add_request_id, metrics_middleware, single_valued_query,
+)
 from shuffled.server.state import STATE, DaemonState
 from shuffled.server.waiters import TaskWatch
 from shuffled.server import peers, verdict
@@ -47,6 +49,7 @@ def make_app(settings: Settings, *, registry: CollectorRegistry | None = None,
         middlewares.append(access_middleware(access, settings.metrics_require_auth))
     middlewares.append(error_middleware(
         metrics.connections_cut.labels(Cut.ERROR_AFTER_HEADERS).inc))
+    middlewares.append(single_valued_query)  # inside the error middleware: a JSON 400
     # Uploads stream to disk; client_max_size only bounds bodies read whole (none here).
     app = web.Application(middlewares=middlewares, client_max_size=1 << 20)
     app.on_response_prepare.append(add_request_id)

@@ -18,12 +18,15 @@ from typing import Any
 
 from aiohttp import ClientPayloadError, web
 
-from shuffled.errors import BadRequest, RequestTimeout, ShuffleError, TooLarge
+from shuffled.errors import (
+    BadRequest, RequestTimeout, ShuffleError, TooLarge, UnsupportedEncoding,
+)
 from shuffled import framing2
 from shuffled.framing import (
     FIXED_LEN, MEDIA_TYPE, FramingError, data_key, end_count, parse_fixed, parse_header,
 )
 from shuffled.protocol import PartialKey, PartialStatus, crc_hex, validate_id
+from shuffled.server.bodies import refuse_encoded
 from shuffled.server.errors import REJECT_REASON
 from shuffled.server.state import state_of
 from shuffled.storage import SMALL, BulkSession, PutResult, Rejected, SchemaMessage
@@ -240,7 +243,8 @@ async def post_partials(request: web.Request) -> web.Response:
         media = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
         if media != MEDIA_TYPE:
             raise BadRequest(f"Content-Type {media!r} is not {MEDIA_TYPE}", field="Content-Type")
-    except BadRequest as exc:  # every 400 of this route has the batch fields (none done)
+        refuse_encoded(request)
+    except (BadRequest, UnsupportedEncoding) as exc:  # every 400 of this route has the batch fields (none done)
         return _answer(request, sup, 0, [], exc)
     reader = _Reader(request, state.settings.upload_idle_timeout)
     with state.uploads.slot():

@@ -7,7 +7,12 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from shuffled.errors import Overloaded, RangeNotSatisfiable, ShuffleError
+from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
+
+from shuffled.errors import (
+    InvalidBody, Overloaded, RangeNotSatisfiable, ShuffleError,
+)
 
 log = logging.getLogger("shuffled.server")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -63,7 +68,24 @@ def error_middleware(on_cut: Callable[[], None]) -> Callable[..., Awaitable[web.
     return middleware
 
 
+def _body_fault(exc: Exception) -> InvalidBody | None:
+    """The client's fault in a body aiohttp could not decode (a corrupt gzip or deflate
+    stream, bad chunked coding), as a 400; None for anything else."""
+    if not isinstance(exc, (RequestPayloadError, HttpProcessingError)):
+        return None
+    chain: BaseException | None = exc
+    while chain is not None and not isinstance(chain, ContentEncodingError):
+        chain = chain.__cause__ or chain.__context__
+    if chain is not None:
+        return InvalidBody("the body's Content-Encoding could not be decoded: the "
+                           "compressed stream is corrupt", field="Content-Encoding")
+    return InvalidBody(f"the request body is malformed: {exc}", field="body")
+
+
 def _error_answer(request: web.Request, exc: Exception) -> web.StreamResponse:
+    fault = _body_fault(exc)
+    if fault is not None:
+        exc = fault
     if isinstance(exc, ShuffleError):
         request[REJECT_REASON] = exc.code
         return error_response(exc)

@@ -5,20 +5,19 @@ Errors are raised as domain exceptions; :mod:`shuffled.server.errors` maps them.
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterator
 
-from aiohttp import ClientPayloadError, web
+from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from shuffled import __version__
-from shuffled.errors import BadRequest, InvalidBody, NotFound, RequestTimeout
+from shuffled.errors import BadRequest, NotFound
 from shuffled.metrics import Served
 from shuffled.protocol import (
     ARROW_STREAM, CONTENT_DIGEST, GENERATION_HEADER, REPR_DIGEST, ROWS_HEADER, Interval,
     PartialKey, PartitionKey, format_crc32c, parse_crc32c, parse_partition_id, validate_id,
 )
+from shuffled.server.bodies import refuse_encoded, upload_body
 from shuffled.server.middleware import SENT_BYTES
 from shuffled.server.peers import reads_of
 from shuffled.server.ranges import if_range_allows, parse_range
@@ -42,35 +41,17 @@ def _partial_key(request: web.Request) -> PartialKey:
     return PartialKey(part.supervisor_task_id, sub, part.interval, part.partition_id)
 
 
-async def _body(request: web.Request, idle: float) -> AsyncIterator[bytes]:
-    """The upload body as it arrives; a body silent for ``idle`` seconds is abandoned so a
-    stalled client cannot hold an upload slot (and its temp file) for ever."""
-    content = request.content
-    try:
-        while True:
-            try:
-                async with asyncio.timeout(idle):
-                    chunk = await content.readany()
-            except TimeoutError:
-                raise RequestTimeout(f"upload body stalled: nothing received for {idle:g} s; "
-                                     f"the upload was abandoned, send it again") from None
-            if not chunk:
-                return
-            yield chunk
-    except (ClientPayloadError, asyncio.IncompleteReadError, ConnectionError) as exc:
-        raise InvalidBody(f"upload body ended early: {exc}") from exc
-
-
 async def put_partial(request: web.Request) -> web.Response:
     state = state_of(request)
     key = _partial_key(request)
+    refuse_encoded(request)
     media = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
     if media not in ACCEPTED_TYPES:
         raise BadRequest(f"Content-Type {media!r} is not {ARROW_STREAM}", field="Content-Type")
     expected = parse_crc32c(request.headers.get(CONTENT_DIGEST)
                             or request.headers.get(REPR_DIGEST))
     with state.uploads.slot():
-        result = await state.store.put(key, _body(request, state.settings.upload_idle_timeout),
+        result = await state.store.put(key, upload_body(request, state.settings.upload_idle_timeout),
                                        request.content_length, expected)
     meta = result.meta
     state.metrics.received_bytes.inc(meta.size)

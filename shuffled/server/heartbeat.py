@@ -21,17 +21,18 @@ from aiohttp import web
 
 from shuffled.errors import InvalidBody
 from shuffled.protocol import validate_id
+from shuffled.server.bodies import read_json
 from shuffled.server.state import state_of
 from shuffled.storage import Quota
 
 MAX_QUOTA = 1 << 62
 
 
-async def _asked(request: web.Request) -> Quota | None:
+async def _asked(request: web.Request, idle: float) -> Quota | None:
     if not request.body_exists:
         return None
     try:
-        body = await request.json()
+        body = await read_json(request, idle)
         if not isinstance(body, dict) or set(body) - {"quota"}:
             raise ValueError
         if "quota" not in body:
@@ -53,7 +54,7 @@ async def _asked(request: web.Request) -> Quota | None:
 async def heartbeat(request: web.Request) -> web.Response:
     state = state_of(request)
     sup = validate_id(request.match_info["sup"], "supervisorTaskId")
-    asked = await _asked(request)
+    asked = await _asked(request, state.settings.upload_idle_timeout)
     quota = (state.store.admission.ask(sup, asked) if asked is not None
              else state.store.admission.of(sup))
     state.store.touch(sup)

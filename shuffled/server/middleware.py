@@ -15,7 +15,7 @@ from aiohttp.abc import AbstractAccessLogger
 from aiohttp.typedefs import Middleware
 from aiohttp.web_request import BaseRequest
 
-from shuffled.errors import Overloaded, ShuffleError
+from shuffled.errors import BadRequest, Overloaded, ShuffleError
 from shuffled.metrics import Metrics
 from shuffled.protocol import Interval
 from shuffled.server.errors import REJECT_REASON, Handler, error_response
@@ -168,3 +168,20 @@ def metrics_middleware(metrics: Metrics) -> Middleware:
                 metrics.rejected.labels(reason).inc()
 
     return middleware
+
+
+#: The query parameters a request may repeat (a read of several named subtasks); every
+#: other one is single-valued, and a repetition is refused rather than "first one wins".
+MULTI_VALUED = frozenset({"subTaskId"})
+
+
+@web.middleware
+async def single_valued_query(request: web.Request, handler: Handler) -> web.StreamResponse:
+    query = request.query
+    if len(query) != len(set(query)):
+        for name in dict.fromkeys(query):
+            count = len(query.getall(name))
+            if count > 1 and name not in MULTI_VALUED:
+                raise BadRequest(f"query parameter {name!r} is given {count} times: give it "
+                                 "once", field=name)
+    return await handler(request)

@@ -33,6 +33,7 @@ from shuffled.metrics import LongPoll, Served
 from shuffled.server.handlers import _partition_key
 from shuffled.server.middleware import SENT_BYTES
 from shuffled.server.peers import Reads, reads_of
+from shuffled.server.bodies import read_json
 from shuffled.server.state import DaemonState, state_of
 from shuffled.server.waiters import WATCH, TaskWatch
 from shuffled.storage import MAX_TOKEN, SEALED_FLAG, Page, PartialMeta, page_crc, plan_page
@@ -168,7 +169,7 @@ async def put_seal(request: web.Request) -> web.Response:
     state = state_of(request)
     sup = validate_id(request.match_info["sup"], "supervisorTaskId")
     try:
-        body = await request.json()
+        body = await read_json(request, state.settings.upload_idle_timeout)
         subs = body["subTaskIds"]
         if not isinstance(subs, list) or len(subs) > MAX_SEAL_IDS:
             raise TypeError

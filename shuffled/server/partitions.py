@@ -26,6 +26,7 @@ from shuffled.protocol import Interval, PartitionKey, parse_partition_id, valida
 from shuffled.server.middleware import SENT_BYTES
 from shuffled.server.peers import reads_of
 from shuffled.server.sendfile import Piece
+from shuffled.server.bodies import read_json
 from shuffled.server.state import state_of
 from shuffled.storage import EOS, FastPlan, PartialMeta, fast_plan
 
@@ -74,7 +75,7 @@ async def read_partitions(request: web.Request) -> web.StreamResponse:
     state = state_of(request)
     sup = validate_id(request.match_info["sup"], "supervisorTaskId")
     try:
-        body = await request.json()
+        body = await read_json(request, state.settings.upload_idle_timeout)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BadRequest(f"the body is not JSON: {exc}", field="partitions") from exc
     wanted = parse_request(sup, body)

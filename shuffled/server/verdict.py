@@ -29,6 +29,7 @@ from aiohttp import web
 
 from shuffled.errors import InvalidBody
 from shuffled.protocol import validate_id
+from shuffled.server.bodies import read_json
 from shuffled.server.state import state_of
 from shuffled.storage import MAX_LOST
 
@@ -49,7 +50,7 @@ async def put_lost(request: web.Request) -> web.Response:
     state = state_of(request)
     sup = validate_id(request.match_info["sup"], "supervisorTaskId")
     try:
-        body = await request.json()
+        body = await read_json(request, state.settings.upload_idle_timeout)
     except ValueError:
         raise InvalidBody('the body must be JSON {"lost": [daemon base URLs...]}') from None
     lost, new = state.store.verdicts.declare(sup, _addresses(body))

@@ -13,10 +13,11 @@ In WAL mode a reader never waits for the writer and sees only committed transact
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -76,6 +77,25 @@ def _disk_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+@contextlib.contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``, rolled back on failure. SQLite rolls a
+    transaction back by itself on some errors (SQLITE_FULL among them): the ROLLBACK is
+    then skipped, so the error raised is the disk's ("database or disk is full"), not
+    "cannot rollback - no transaction is active"."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass  # the first error is the one to report
+        raise
+
+
 def _connect(path: Path, fsync: bool) -> sqlite3.Connection:
     # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT).
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
@@ -131,8 +151,7 @@ class Catalog:
         it replaced (None if new). Durable on return when fsync is on."""
         conn = self.writer
         old: list[int | None] = [None] * len(rows)
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with _transaction(conn):
             before = conn.total_changes
             conn.executemany(_INSERT_NEW, rows)
             if conn.total_changes - before != len(rows):
@@ -144,10 +163,6 @@ class Catalog:
                     if held is not None and held[0] != row[5]:
                         old[i] = held[1]
                         conn.execute(_INSERT, row)
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
         return old
 
     def connect_reader(self) -> sqlite3.Connection:
@@ -195,13 +210,8 @@ class Catalog:
     def insert_many(self, rows: Iterable[Row]) -> None:
         """Bulk insert in one transaction (migration)."""
         conn = self.writer
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with _transaction(conn):
             conn.executemany(_INSERT, rows)
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
 
     # -- recovery (writer thread, before serving) ----------------------------------------
 
@@ -231,15 +241,10 @@ class Catalog:
     def forget_many(self, rows: Sequence[Row]) -> None:
         """:meth:`forget` each of ``rows`` in one transaction."""
         conn = self.writer
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with _transaction(conn):
             conn.executemany(
                 f"DELETE FROM partials WHERE {_KEY} AND sub = ? AND generation = ?",
                 [(*r[:5], r[5]) for r in rows])
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
 
     def packs(self) -> set[tuple[str, int]]:
         return set(self.writer.execute("SELECT DISTINCT sup, pack FROM partials").fetchall())

@@ -33,6 +33,8 @@ class Location:
         self.reserved_bytes = 0
         self.files = 0
         self.healthy = True
+        self.full = False  # out of service for want of space (not a failing disk)
+        self.probed_at = 0.0  # when a placement last probed it (monotonic)
         self.last_error: str | None = None
         self._lock_fd: int | None = None
 
@@ -89,12 +91,14 @@ class Location:
             return True
         return self.used_bytes + self.reserved_bytes + size <= self.max_bytes
 
-    def mark_unhealthy(self, reason: str) -> None:
+    def mark_unhealthy(self, reason: str, *, full: bool = False) -> None:
         self.healthy = False
+        self.full = full
         self.last_error = reason
 
     def mark_healthy(self) -> None:
         self.healthy = True
+        self.full = False
         self.last_error = None
 
     # -- disk facts (blocking) ----------------------------------------------------------

@@ -149,7 +149,10 @@ def ready(loc: Location, sup: str, pack: Pack | None, number: int, fsync: bool,
         if st.f_flag & os.ST_RDONLY:
             raise OSError(errno.EROFS, "Read-only file system")
         free = st.f_bavail * st.f_frsize
-        if size and free - size < loc.reserve_bytes:
+        # reserved_bytes: this write's size and every other placement under way at this
+        # location (read on another thread: a snapshot is enough), so that concurrent
+        # uploads cannot each see the same free space and together run into ENOSPC.
+        if size and free - max(size, loc.reserved_bytes) < loc.reserve_bytes:
             raise InsufficientStorage(
                 f"location {loc.path} would drop below its free-space reserve "
                 f"({loc.reserve_bytes} bytes)", location=str(loc.path))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ from shuffled.storage.roundrobin import RoundRobin
 from shuffled.storage.threads import IoThreads
 
 log = logging.getLogger("shuffled.storage")
+REPROBE_EVERY = 1.0  # seconds between on-demand probes of a full location
 
 
 def _close_pack(pack: packs.Pack) -> None:
@@ -57,13 +59,33 @@ class PackSource:
         if extra is not None:
             self.close_later(extra)
 
-    def take_out(self, loc: Location, reason: str) -> None:
-        """An I/O error on ``loc``: out of service, its idle packs closed."""
+    def take_out(self, loc: Location, reason: str, *, full: bool = False) -> None:
+        """An I/O error on ``loc`` (``full``: for want of space): out of service, its idle
+        packs closed."""
         if loc.healthy:
             log.error("location %s taken out of service: %s", loc.path, reason)
-        loc.mark_unhealthy(reason)
+        loc.mark_unhealthy(reason, full=full)
         for pack in self.pool.drop_location(loc.index):
             self.close_later(pack)
+
+    async def reprobe_full(self) -> bool:
+        """Probe the locations out of service for want of space now, each at most once per
+        :data:`REPROBE_EVERY` seconds: space freed since (a DELETE, an expiry) counts for
+        the next upload, not only at the sweeper's next probe. True if one came back."""
+        back = False
+        now = time.monotonic()
+        for loc in self.locations:
+            if loc.healthy or not loc.full or now - loc.probed_at < REPROBE_EVERY:
+                continue
+            loc.probed_at = now
+            try:
+                await self.threads.run(loc.probe)
+            except OSError:
+                continue
+            loc.mark_healthy()
+            log.warning("location %s has room again: back in service", loc.path)
+            back = True
+        return back
 
     def close_later(self, pack: packs.Pack) -> None:
         self.background(self.threads.run(pack.close))

@@ -14,7 +14,6 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shuffled.crc import crc32c
 from shuffled.errors import ConfigError
 from shuffled.storage import layout
 from shuffled.storage.catalog import Catalog

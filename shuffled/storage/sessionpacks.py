@@ -21,7 +21,7 @@ from shuffled.storage.admission import Admission
 from shuffled.storage.committer import Committer
 from shuffled.storage.inflight import Uploads
 from shuffled.storage.location import Location
-from shuffled.storage.oserrors import marks_unhealthy, translate
+from shuffled.storage.oserrors import FULL_ERRNOS, marks_unhealthy, translate
 from shuffled.storage.packs import Pack
 from shuffled.storage.packsource import PackSource
 from shuffled.storage.threads import IoThreads
@@ -90,7 +90,8 @@ class SessionPacks:
         """Writing at ``loc`` failed with ``exc``: take the location out of service when the
         disk is at fault, never use the pack there again; the domain error to report."""
         if marks_unhealthy(exc):
-            self.parts.packs.take_out(loc, f"{exc.strerror} while {doing}")
+            self.parts.packs.take_out(loc, f"{exc.strerror} while {doing}",
+                                      full=exc.errno in FULL_ERRNOS)
         dead = self._held.get(loc.index)
         if dead is not None:
             dead.dead = True  # released (closed) when the session ends
@@ -116,12 +117,18 @@ class SessionPacks:
         fsync = self.parts.settings.fsync
         tried: set[int] = set()
         make_room, made_room = self.parts.make_room, False
+        reprobed = False
         while True:
             if self.cancelled:
                 raise deleted(self.sup)
             try:
                 loc = source.placement.choose(size, frozenset(tried))
             except InsufficientStorage:
+                if not reprobed:
+                    reprobed = True  # once: a full location may have room again
+                    if await source.reprobe_full():
+                        tried.clear()
+                        continue
                 if make_room is None or made_room or not await make_room(size):
                     raise
                 made_room = True  # once: then every location is tried again
@@ -155,7 +162,8 @@ class SessionPacks:
                 tried.add(loc.index)
                 cause = exc.cause
                 if isinstance(cause, OSError) and marks_unhealthy(cause):
-                    source.take_out(loc, f"{cause.strerror} preparing a write")
+                    source.take_out(loc, f"{cause.strerror} preparing a write",
+                                    full=cause.errno in FULL_ERRNOS)
                 continue
             except packs.WriteFailed as exc:
                 self._keep(loc.index, exc.pack)

@@ -7,6 +7,8 @@ cuts the connection (issue 34). A real daemon process on loopback, raw sockets.
   freed: four of them no longer starve every other read of ``--max-concurrent-downloads 4``.
 - An error after the 200 headers went out aborts the connection: the client sees a cut
   stream, never a 500 response written inside the body.
+- A JSON body (seal, heartbeat, lost verdicts, bulk reads) that stops arriving is a 408
+  after ``upload_idle_timeout``, like an upload's.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     base = tmp_path_factory.mktemp("timeouts")
     with DaemonProcess([base / "a"], "--request-head-timeout", "1",
                        "--send-idle-timeout", "1", "--max-concurrent-downloads", "4",
+                       "--upload-idle-timeout", "1",
                        log_path=base / "daemon.log") as proc:
         yield proc
 
@@ -149,8 +152,26 @@ def test_an_error_after_the_headers_cuts_the_connection(daemon: DaemonProcess) -
         else:
             raise AssertionError(f"the connection stayed open: {received[:300]!r}")
     assert received.startswith(b"HTTP/1.1 200"), received[:200]
-    assert received.count(b"HTTP/1.1") == 1, f"a second response in the body: {received!r}"
-    assert not received.endswith(b"0\r\n\r\n"), "the chunked body was ended as if whole"
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert b"transfer-encoding: chunked" in head.lower(), head
+    assert b"HTTP/1.1" not in body, f"a second response in the body: {received!r}"
+    assert not body.endswith(b"0\r\n\r\n"), "the chunked body was ended as if whole"
     metrics = http_get(f"{daemon.url}/metrics")[2].decode()
     assert metric_value(metrics, "shuffled_connections_cut_total",
                         reason="error_after_headers") == 1
+
+
+@pytest.mark.parametrize("method, path", [
+    ("PUT", "/tasks/j/seal"), ("POST", "/tasks/j/heartbeat"), ("PUT", "/tasks/j/lost"),
+    ("POST", "/tasks/j/partitions")])
+def test_a_json_body_that_stops_arriving_is_a_408(daemon: DaemonProcess, method: str,
+                                                  path: str) -> None:
+    host, port = _host_port(daemon.url)
+    with socket.create_connection((host, port), timeout=10) as sock:
+        sock.sendall(f"{method} {PREFIX}{path} HTTP/1.1\r\nHost: {host}\r\n"
+                     "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+                     '{"subTask'.encode())
+        started = time.monotonic()
+        answer = sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+        assert time.monotonic() - started < 8

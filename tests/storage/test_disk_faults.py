@@ -17,6 +17,8 @@ import json
 import shlex
 import socket
 import subprocess
+import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -231,3 +233,94 @@ def test_full_location_is_taken_out_then_returns(start_ns_daemon: Any, tmp_path:
     assert daemon.stop() == 0
     assert sum(p.stat().st_size for p in pack_files(b, "sup")) == sum(
         committed_bytes(loc, "sup") for loc in (b,))
+
+
+def test_concurrent_uploads_cannot_overrun_the_free_space(namespaces: None,
+                                                          tmp_path: Path) -> None:
+    """Sixteen 3 MiB uploads at once to the only location, a 24 MiB file system with a
+    2 MiB reserve: each is stored or refused with a plain 507, the free-space check counts
+    the writes under way (before, they each saw the same free space, ran into ENOSPC and
+    took the location out of service until the next sweep). Space a DELETE frees takes
+    uploads again at once, with the sweeper an hour away."""
+    a = tmp_path / "a"
+    a.mkdir()
+    setup = f"mount -t tmpfs -o size=24m shuffled-test {shlex.quote(str(a))}"
+    daemon = DaemonProcess(
+        [a], "--free-space-reserve", str(2 << 20), "--sweep-period", "3600",
+        "--max-concurrent-uploads", "32",
+        wrapper=["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+                 setup + ' && exec "$@"', "sh"],
+        log_path=tmp_path / "daemon.log")
+    daemon.start()
+    try:
+        watch = Watch(daemon.url, a)
+        body = arrow_bytes(sample_table(120_000, seed=3))
+        assert 2 << 20 < len(body) < 4 << 20
+        outcomes: list[Any] = [None] * 16
+
+        def put(i: int) -> None:
+            with ShuffleClient(daemon.url, retry=NO_RETRY) as c:
+                try:
+                    outcomes[i] = "created" if c.put_partial(key(f"c{i}"), body)["bytes"] else None
+                except ShuffleError as exc:
+                    outcomes[i] = (exc.status, exc.code)
+
+        threads = [threading.Thread(target=put, args=(i,)) for i in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert all(o is not None for o in outcomes), outcomes
+        stored = [o for o in outcomes if o == "created"]
+        assert stored and len(stored) < 16, outcomes
+        assert {o for o in outcomes if o != "created"} == {(507, "insufficient_storage")}, \
+            outcomes
+        assert watch.healthy(), watch.status()
+        with ShuffleClient(daemon.url) as c:
+            c.delete_task("sup")
+            assert c.put_partial(key("after"), body)["bytes"] == len(body)
+    finally:
+        daemon.kill()
+
+
+_FULL_CATALOG = """
+import errno, os, sys
+from pathlib import Path
+from shuffled.storage.catalog import Catalog
+root = Path(sys.argv[1])
+catalog = Catalog(root, fsync=True)
+catalog.open()
+row = ("sup", 0, 1, 0, "s{}", 1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+with open(root / "filler", "wb") as fh:  # the file system full, to the last block
+    try:
+        while True:
+            fh.write(b"\\0" * 65536)
+    except OSError:
+        pass
+try:
+    for i in range(2000):
+        catalog.commit([(row[0], row[1], row[2], row[3], f"s{i}" * 40, i, *row[6:])])
+except OSError as exc:
+    print(exc.errno == errno.ENOSPC, exc)
+else:
+    print("no error")
+"""
+
+
+def test_a_full_disk_under_the_catalog_is_reported_as_full(namespaces: None,
+                                                           tmp_path: Path) -> None:
+    """SQLite rolls a transaction back by itself on SQLITE_FULL; the catalog's own ROLLBACK
+    then failed and its "cannot rollback - no transaction is active" (EIO) hid the cause."""
+    from shuffled.storage.catalog import COLUMNS
+    assert len(COLUMNS) == 17  # the row the script writes
+    root = tmp_path / "cat"
+    root.mkdir()
+    script = (f"mount -t tmpfs -o size=256k shuffled-test {shlex.quote(str(root))} && "
+              f'exec "$@"')
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh",
+         sys.executable, "-c", _FULL_CATALOG, str(root)],
+        capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("True"), done.stdout
+    assert "full" in done.stdout and "cannot rollback" not in done.stdout, done.stdout
