@@ -14,16 +14,17 @@ from shuffled.cleanup.scheduler import sweeper_ctx
 from shuffled.config import Settings
 from shuffled.metrics import Cut, Metrics, StoreCollector
 from shuffled.protocol import API_PREFIX
-from shuffled.server import bulk, handlers, heartbeat, pages, partitions, ui
 from shuffled.server.errors import error_middleware
 from shuffled.server.limits import Limiter
-from shuffled.server.access import Access, access_middleware
+from shuffled.server.access.rights import Access, access_middleware
 from shuffled.server.middleware import (
     Drain, add_request_id, metrics_middleware, single_valued_query,
 )
 from shuffled.server.state import STATE, DaemonState
 from shuffled.server.waiters import TaskWatch
-from shuffled.server import peers, verdict
+from shuffled.server.routes import (
+    bulk, heartbeat, lost, pages, partials, partitions, peers, ui,
+)
 from shuffled.storage import Store
 
 CleanupCtx = Callable[[web.Application], AsyncIterator[None]]
@@ -59,33 +60,33 @@ def make_app(settings: Settings, *, registry: CollectorRegistry | None = None,
 
     sup = r"{sup}"
     task = f"{API_PREFIX}/tasks/{sup}"
-    app.router.add_put(f"{task}/{{sub}}/partition", handlers.put_partial)
+    app.router.add_put(f"{task}/{{sub}}/partition", partials.put_partial)
     app.router.add_post(f"{task}/partials", bulk.post_partials)
     app.router.add_post(f"{task}/partitions", partitions.read_partitions)
-    app.router.add_get(f"{task}/{{sub}}/partition", handlers.get_partial)
-    app.router.add_get(f"{task}/partition", handlers.get_partition)
-    app.router.add_get(f"{API_PREFIX}/tasks", handlers.list_tasks)
-    app.router.add_get(task, handlers.get_task)
-    app.router.add_delete(task, handlers.delete_task)
+    app.router.add_get(f"{task}/{{sub}}/partition", partials.get_partial)
+    app.router.add_get(f"{task}/partition", partials.get_partition)
+    app.router.add_get(f"{API_PREFIX}/tasks", partials.list_tasks)
+    app.router.add_get(task, partials.get_task)
+    app.router.add_delete(task, partials.delete_task)
     app.router.add_post(f"{task}/heartbeat", heartbeat.heartbeat)
     watch = TaskWatch(settings.long_poll_waiters)
     store.listeners.append(watch.notify)
     drain.on_drain.append(watch.wake_all)
     metrics.long_poll_waiters.set_function(lambda: watch.waiting)
     pages.install(app, task, watch)
-    verdict.install(app, task)  # the driver's lost-daemon verdicts (PUT/GET .../lost)
+    lost.install(app, task)  # the driver's lost-daemon verdicts (PUT/GET .../lost)
     # A lost peer's share from deep storage: the read routes under /peers/{instance}.
     peers.install(app, task, {
         ("POST", "/partitions"): partitions.read_partitions,
-        ("GET", "/partition"): handlers.get_partition,
-        ("GET", "/{sub}/partition"): handlers.get_partial,
+        ("GET", "/partition"): partials.get_partition,
+        ("GET", "/{sub}/partition"): partials.get_partial,
         ("GET", "/partition/pages"): pages.get_pages,
         ("DELETE", "/partition/pages"): pages.ack_pages,  # a reader's acknowledge
         ("POST", "/warm"): peers.warm,  # fetch the share now: the driver declared it lost
     })
-    app.router.add_get("/status/health", handlers.health)
-    app.router.add_get("/status", handlers.status)
-    app.router.add_get("/metrics", handlers.metrics)
+    app.router.add_get("/status/health", partials.health)
+    app.router.add_get("/status", partials.status)
+    app.router.add_get("/metrics", partials.metrics)
     app.router.add_get("/ui", ui.page)  # the status page; same auth as /status
     app.router.add_get("/", ui.page)
 

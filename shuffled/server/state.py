@@ -16,7 +16,7 @@ from shuffled.metrics import Cut, Metrics
 from shuffled.server.errors import RESPONSE_STARTED
 from shuffled.server.limits import Limiter
 from shuffled.server.middleware import Drain
-from shuffled.server.sendfile import Sender
+from shuffled.server.streaming.sendfile import Sender
 from shuffled.storage import Store
 
 

@@ -26,7 +26,7 @@ from shuffled.errors import DigestMismatch, NotFound
 from shuffled.protocol import Interval, PartialKey, PartitionKey
 from shuffled.server import make_app
 from shuffled.server.embedded import EmbeddedDaemon
-from shuffled.server.partitions import MAX_PARTITIONS
+from shuffled.server.routes.partitions import MAX_PARTITIONS
 from tests.conftest import PREFIX, arrow_bytes, pack_files, sample_table
 from tests.helpers.clients import FAST, in_thread
 from tests.helpers.cutting_proxy import CuttingProxy

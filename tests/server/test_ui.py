@@ -111,7 +111,7 @@ def test_page_names_its_daemon_and_shows_the_file_system_apart_from_ours(
 
 
 def test_a_full_disk_of_other_files_does_not_look_empty() -> None:
-    from shuffled.server.ui import fill
+    from shuffled.server.routes.ui import fill
     from shuffled.storage import Location
 
     gib = 1 << 30

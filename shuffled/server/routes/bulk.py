@@ -26,7 +26,7 @@ from shuffled.framing import (
     FIXED_LEN, MEDIA_TYPE, FramingError, data_key, end_count, parse_fixed, parse_header,
 )
 from shuffled.protocol import PartialKey, PartialStatus, crc_hex, validate_id
-from shuffled.server.bodies import refuse_encoded
+from shuffled.server.streaming.bodies import refuse_encoded
 from shuffled.server.errors import REJECT_REASON
 from shuffled.server.state import state_of
 from shuffled.storage import SMALL, BulkSession, PutResult, Rejected, SchemaMessage

@@ -30,9 +30,9 @@ from aiohttp.typedefs import Middleware
 from shuffled.errors import Forbidden, ShuffleError, Unauthorized
 from shuffled.protocol import API_PREFIX
 from shuffled.server.errors import REJECT_REASON, Handler, error_response
-from shuffled.server.login import login_page
+from shuffled.server.access.login import login_page
 from shuffled.server.middleware import HEALTH_PATH, METRICS_PATH
-from shuffled.server.peers import PEER_PREFIX
+from shuffled.server.routes.peers import PEER_PREFIX
 from shuffled.tokens import ANY_TASK, Grant, Scope, is_scoped, verify
 
 TASK_PATH = f"{API_PREFIX}/tasks/{{sup}}"

@@ -30,10 +30,10 @@ from shuffled.protocol import (
     validate_id,
 )
 from shuffled.metrics import LongPoll, Served
-from shuffled.server.handlers import _partition_key
+from shuffled.server.routes.partials import _partition_key
 from shuffled.server.middleware import SENT_BYTES
-from shuffled.server.peers import Reads, reads_of
-from shuffled.server.bodies import read_json
+from shuffled.server.routes.peers import Reads, reads_of
+from shuffled.server.streaming.bodies import read_json
 from shuffled.server.state import DaemonState, state_of
 from shuffled.server.waiters import WATCH, TaskWatch
 from shuffled.storage import MAX_TOKEN, SEALED_FLAG, Page, PartialMeta, page_crc, plan_page

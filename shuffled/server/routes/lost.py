@@ -29,7 +29,7 @@ from aiohttp import web
 
 from shuffled.errors import InvalidBody
 from shuffled.protocol import validate_id
-from shuffled.server.bodies import read_json
+from shuffled.server.streaming.bodies import read_json
 from shuffled.server.state import state_of
 from shuffled.storage import MAX_LOST
 

@@ -17,12 +17,12 @@ from shuffled.protocol import (
     ARROW_STREAM, CONTENT_DIGEST, GENERATION_HEADER, REPR_DIGEST, ROWS_HEADER, Interval,
     PartialKey, PartitionKey, format_crc32c, parse_crc32c, parse_partition_id, validate_id,
 )
-from shuffled.server.bodies import refuse_encoded, upload_body
+from shuffled.server.streaming.bodies import refuse_encoded, upload_body
 from shuffled.server.middleware import SENT_BYTES
-from shuffled.server.peers import reads_of
-from shuffled.server.ranges import if_range_allows, parse_range
+from shuffled.server.routes.peers import reads_of
+from shuffled.server.streaming.ranges import if_range_allows, parse_range
 from shuffled.server.state import state_of
-from shuffled.server.views import disk_usages, task_detail, task_summary
+from shuffled.server.routes.views import disk_usages, task_detail, task_summary
 from shuffled.storage import EOS, Reencoder, byte_range, fast_plan, unified_schema
 
 ACCEPTED_TYPES = (ARROW_STREAM, "application/octet-stream", "")

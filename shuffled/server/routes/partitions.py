@@ -24,9 +24,9 @@ from shuffled.framing import PARTITIONS_MEDIA_TYPE, encode_end, encode_partition
 from shuffled.metrics import Served
 from shuffled.protocol import Interval, PartitionKey, parse_partition_id, validate_id
 from shuffled.server.middleware import SENT_BYTES
-from shuffled.server.peers import reads_of
-from shuffled.server.sendfile import Piece
-from shuffled.server.bodies import read_json
+from shuffled.server.routes.peers import reads_of
+from shuffled.server.streaming.sendfile import Piece
+from shuffled.server.streaming.bodies import read_json
 from shuffled.server.state import state_of
 from shuffled.storage import EOS, FastPlan, PartialMeta, fast_plan
 

@@ -23,7 +23,7 @@ from shuffled import __version__
 from shuffled.cleanup.sweeper import SweepRecord
 from shuffled.protocol import TaskDataState
 from shuffled.server.state import DaemonState, state_of
-from shuffled.server.views import disk_usages
+from shuffled.server.routes.views import disk_usages
 from shuffled.storage import Location, Quota, TaskEntry
 
 MAX_TASKS = 200
