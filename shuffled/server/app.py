@@ -23,7 +23,7 @@ from shuffled.server.middleware import (
 from shuffled.server.state import STATE, DaemonState
 from shuffled.server.waiters import TaskWatch
 from shuffled.server.routes import (
-    bulk, heartbeat, lost, pages, partials, partitions, peers, ui,
+    bulk, heartbeat, lost, pages, partials, partitions, peers, status, tasks, ui,
 )
 from shuffled.storage import Store
 
@@ -64,10 +64,10 @@ def make_app(settings: Settings, *, registry: CollectorRegistry | None = None,
     app.router.add_post(f"{task}/partials", bulk.post_partials)
     app.router.add_post(f"{task}/partitions", partitions.read_partitions)
     app.router.add_get(f"{task}/{{sub}}/partition", partials.get_partial)
-    app.router.add_get(f"{task}/partition", partials.get_partition)
-    app.router.add_get(f"{API_PREFIX}/tasks", partials.list_tasks)
-    app.router.add_get(task, partials.get_task)
-    app.router.add_delete(task, partials.delete_task)
+    app.router.add_get(f"{task}/partition", partitions.get_partition)
+    app.router.add_get(f"{API_PREFIX}/tasks", tasks.list_tasks)
+    app.router.add_get(task, tasks.get_task)
+    app.router.add_delete(task, tasks.delete_task)
     app.router.add_post(f"{task}/heartbeat", heartbeat.heartbeat)
     watch = TaskWatch(settings.long_poll_waiters)
     store.listeners.append(watch.notify)
@@ -78,15 +78,15 @@ def make_app(settings: Settings, *, registry: CollectorRegistry | None = None,
     # A lost peer's share from deep storage: the read routes under /peers/{instance}.
     peers.install(app, task, {
         ("POST", "/partitions"): partitions.read_partitions,
-        ("GET", "/partition"): partials.get_partition,
+        ("GET", "/partition"): partitions.get_partition,
         ("GET", "/{sub}/partition"): partials.get_partial,
         ("GET", "/partition/pages"): pages.get_pages,
         ("DELETE", "/partition/pages"): pages.ack_pages,  # a reader's acknowledge
         ("POST", "/warm"): peers.warm,  # fetch the share now: the driver declared it lost
     })
-    app.router.add_get("/status/health", partials.health)
-    app.router.add_get("/status", partials.status)
-    app.router.add_get("/metrics", partials.metrics)
+    app.router.add_get("/status/health", status.health)
+    app.router.add_get("/status", status.status)
+    app.router.add_get("/metrics", status.metrics)
     app.router.add_get("/ui", ui.page)  # the status page; same auth as /status
     app.router.add_get("/", ui.page)
 

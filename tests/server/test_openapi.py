@@ -20,7 +20,7 @@ from aiohttp.test_utils import TestClient
 
 from shuffled.crc import crc32c
 from shuffled.protocol import format_crc32c
-from shuffled.server.routes import partials
+from shuffled.server.routes import tasks
 from shuffled.server.state import STATE
 from tests.conftest import DAY, PREFIX, arrow_bytes, sample_table
 from tests.helpers.openapi_checker import ROUTE_PARAMS, SPEC, Checker, schema_errors
@@ -153,7 +153,7 @@ async def test_round_trip_statuses_headers_and_bodies(daemon: TestClient, monkey
         _, err = await check(method, template, expect=400, **kwargs)
         assert err["code"] == code, err
     # A task too large for one unpaged answer: 400 naming limit (threshold made small).
-    monkeypatch.setattr(partials, "UNPAGED_MAX", 5)
+    monkeypatch.setattr(tasks, "UNPAGED_MAX", 5)
     _, err = await check("GET", TASK, expect=400)
     assert err["field"] == "limit" and "limit" in err["error"], err
     monkeypatch.undo()

@@ -42,7 +42,7 @@ from shuffled.crc import crc32c
 from shuffled.errors import ConfigError
 from shuffled.protocol import Interval, PartialKey, PartitionKey
 from shuffled.server import make_app
-from shuffled.server.routes import partials
+from shuffled.server.routes import tasks
 from shuffled.server.state import STATE
 from shuffled.storage import arrowfile, layout, migrate
 from shuffled.storage.migrate import migrate_location
@@ -508,11 +508,11 @@ async def test_the_listing_pages_in_key_order_across_locations(daemon: TestClien
         err = await resp.json()
         assert resp.status == 400 and err["field"] == field, (params, err)
     # Unpaged: answered whole up to the threshold, refused above it with a pointer to limit.
-    monkeypatch.setattr(partials, "UNPAGED_MAX", 2502)  # the task now holds 2,502
+    monkeypatch.setattr(tasks, "UNPAGED_MAX", 2502)  # the task now holds 2,502
     whole = await (await daemon.get(f"{PREFIX}/tasks/pg")).json()
     assert whole["nextCursor"] is None
     assert sum(len(p["subTasks"]) for p in whole["partitions"]) == 2502
-    monkeypatch.setattr(partials, "UNPAGED_MAX", 2501)
+    monkeypatch.setattr(tasks, "UNPAGED_MAX", 2501)
     refused = await daemon.get(f"{PREFIX}/tasks/pg")
     err = await refused.json()
     assert refused.status == 400 and err["field"] == "limit" and "limit" in err["error"], err

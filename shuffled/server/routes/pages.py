@@ -30,7 +30,7 @@ from shuffled.protocol import (
     validate_id,
 )
 from shuffled.metrics import LongPoll, Served
-from shuffled.server.routes.partials import _partition_key
+from shuffled.server.routes.params import partition_key, sub_task_ids
 from shuffled.server.middleware import SENT_BYTES
 from shuffled.server.routes.peers import Reads, reads_of
 from shuffled.server.streaming.bodies import read_json
@@ -95,14 +95,12 @@ async def _plan(state: DaemonState, reads: Reads, key: PartitionKey, subs: list[
 async def get_pages(request: web.Request) -> web.StreamResponse:
     state = state_of(request)
     watch = request.app[WATCH]
-    key = _partition_key(request)
+    key = partition_key(request)
     sup = key.supervisor_task_id
     token = _int(request, "token", 0, 0, MAX_TOKEN)
     max_bytes = _int(request, "maxBytes", DEFAULT_PAGE_BYTES, 1, MAX_PAGE_BYTES)
     wait = _wait(request, state)
-    subs = request.query.getall("subTaskId", None)
-    if subs is not None:
-        subs = [validate_id(s, "subTaskId") for s in subs]
+    subs = sub_task_ids(request)
     # An empty answer is an empty Arrow stream body too: no schema, no batches.
     headers = {PAGE_TOKEN_HEADER: str(token), "Content-Type": ARROW_STREAM}
     if state.store.failed(sup):
@@ -159,7 +157,7 @@ def _failed(headers: dict[str, str], token: int) -> web.Response:
 async def ack_pages(request: web.Request) -> web.Response:
     """Presto's acknowledge: nothing is held per reader, so nothing is released; counted
     and logged (the access log names the token) so a reader's progress can be followed."""
-    _partition_key(request)
+    partition_key(request)
     _int(request, "token", 0, 0, MAX_TOKEN)
     state_of(request).metrics.page_acks.inc()
     return web.Response(status=204)

@@ -1,6 +1,8 @@
-"""``POST /tasks/{sup}/partitions``: many partitions of one task read with one request.
+"""Whole partitions: the seed's aggregate GET (``GET /tasks/{sup}/partition``: every
+partial of one partition as ONE Arrow IPC stream, by sendfile when their schemas agree,
+re-encoded in bounded slices when not) and the bulk read.
 
-Phase 2 of a Druid-shaped job reads thousands of small partitions; one aggregate GET each
+``POST /tasks/{sup}/partitions``: many partitions of one task read with one request. Phase 2 of a Druid-shaped job reads thousands of small partitions; one aggregate GET each
 costs a round trip and a handler run that outweigh the bytes. This route answers a list
 of partitions (each optionally restricted to some subtasks) with one framed stream
 (:mod:`shuffled.framing`, media type ``application/vnd.shuffled.partitions``): per
@@ -22,16 +24,21 @@ from aiohttp import web
 from shuffled.errors import BadRequest
 from shuffled.framing import PARTITIONS_MEDIA_TYPE, encode_end, encode_partition
 from shuffled.metrics import Served
-from shuffled.protocol import Interval, PartitionKey, parse_partition_id, validate_id
+from shuffled.protocol import (
+    ARROW_STREAM, CONTENT_DIGEST, ROWS_HEADER, Interval, PartitionKey, format_crc32c,
+    parse_partition_id, validate_id,
+)
 from shuffled.server.middleware import SENT_BYTES
+from shuffled.server.routes.params import partition_key, sub_task_ids
 from shuffled.server.routes.peers import reads_of
 from shuffled.server.streaming.sendfile import Piece
 from shuffled.server.streaming.bodies import read_json
 from shuffled.server.state import state_of
-from shuffled.storage import EOS, FastPlan, PartialMeta, fast_plan
+from shuffled.storage import EOS, FastPlan, PartialMeta, Reencoder, fast_plan, unified_schema
 
 MAX_PARTITIONS = 1000  # per request (the body is read whole, under client_max_size)
 OPEN_GROUP = 64  # partitions whose packs are open at once while answering
+PARTIALS_HEADER = "X-Shuffled-Partials"
 
 
 def parse_request(supervisor_task_id: str, body: Any) -> list[tuple[PartitionKey, list[str] | None]]:
@@ -124,3 +131,51 @@ async def read_partitions(request: web.Request) -> web.StreamResponse:
     state.metrics.served_requests.labels(Served.PARTITION).inc(len(wanted))
     state.store.record_served(sup, sent)
     return response
+
+
+async def get_partition(request: web.Request) -> web.StreamResponse:
+    state = state_of(request)
+    key = partition_key(request)
+    subs = sub_task_ids(request)
+    with state.downloads.slot():
+        reads = reads_of(request)
+        metas = reads.partition(key, subs)
+        files = await reads.open_many(metas)
+        try:
+            state.store.touch(key.supervisor_task_id)
+            plan = fast_plan(metas)
+            headers = {"Content-Type": ARROW_STREAM, PARTIALS_HEADER: str(len(metas))}
+            if plan is not None:
+                headers[ROWS_HEADER] = str(plan.rows)
+                headers[CONTENT_DIGEST] = format_crc32c(plan.crc)
+                response = web.StreamResponse(headers=headers)
+                response.content_length = plan.length
+                out = await state.answer(request, response)
+                sent = 0
+                if request.method != "HEAD":
+                    await out.ranges([(files[p.file], p.offset, p.length)
+                                      for p in plan.pieces])
+                    await out.write(EOS)
+                    sent = plan.length
+            else:
+                schema = await state.store.run(unified_schema, files, metas)
+                headers[ROWS_HEADER] = str(sum(m.rows for m in metas))
+                response = web.StreamResponse(headers=headers)
+                response.enable_chunked_encoding()
+                out = await state.answer(request, response)
+                sent = 0
+                if request.method != "HEAD":
+                    encoder = Reencoder(metas, schema)
+                    while (data := await state.store.run(encoder.next)) is not None:
+                        await out.write(data)
+                        sent += len(data)
+            await out.write_eof()
+            if request.method != "HEAD":
+                request[SENT_BYTES] = sent
+                state.metrics.served_bytes.labels(Served.PARTITION).inc(sent)
+                state.metrics.served_requests.labels(Served.PARTITION).inc()
+                state.store.record_served(key.supervisor_task_id, sent)
+            return response
+        finally:
+            for fh in files:
+                fh.close()
