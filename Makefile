@@ -8,7 +8,7 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON ?= $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON ?= $(abspath $(PY))
 
-.PHONY: venv demo test lint typecheck soak bench clean config-reference sysdeps-test sysdeps-bench
+.PHONY: venv demo test lint typecheck review soak bench clean config-reference sysdeps-test sysdeps-bench
 
 venv: $(STAMP)
 
@@ -30,6 +30,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
+# Prompts for review (modules over ~600 lines, folders over ~15 modules); never fails.
+review: $(STAMP)
+	$(PY) scripts/review_sizes.py
+
 # Real tools from Debian's packages, installed when missing (see scripts/sysdeps.sh).
 sysdeps-test:
 	scripts/sysdeps.sh promtool=prometheus prometheus=prometheus chromium=chromium \
@@ -38,7 +42,7 @@ sysdeps-test:
 sysdeps-bench:
 	scripts/sysdeps.sh nginx=nginx wrk=wrk
 
-test: $(STAMP) lint typecheck sysdeps-test
+test: $(STAMP) lint typecheck review sysdeps-test
 	$(PY) -m pytest -q -m "not slow" --durations=15
 
 soak: $(STAMP)
