@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[spark,test]'
+	-git config core.hooksPath .githooks && git config commit.template .gitmessage
 	touch $(STAMP)
 
 # `make demo ICEBERG=1`: the same ingestion published as an Apache Iceberg table.
