@@ -27,7 +27,7 @@ class MotoTier:
     key_file: Path  # what --deep-storage-key-file takes
 
 
-def _port() -> int:
+def parse_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -37,7 +37,7 @@ def _port() -> int:
 def moto_tier(base: Path, bucket: str = "bench-deep") -> Iterator[MotoTier]:
     import pyarrow.fs as pafs
 
-    port = _port()
+    port = parse_port()
     server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
                                "-p", str(port)], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)

@@ -19,8 +19,8 @@ def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
 
 
 #: Up to this length the hardware CRC of zero bytes shifts a CRC faster than the tables.
-_HW_SHIFT_MAX = 512
-_ZEROS = memoryview(bytes(_HW_SHIFT_MAX))
+HW_SHIFT_MAX = 512
+_ZEROS = memoryview(bytes(HW_SHIFT_MAX))
 
 # Shifting a CRC over n zero bytes is linear over GF(2): L_n(c) = crc(0^n, c) ^ crc(0^n, 0).
 # _SHIFTS[k] holds L_(2^k) as four byte tables (c's bytes looked up and XORed), so
@@ -69,7 +69,7 @@ def combine(crc1: int, crc2: int, len2: int) -> int:
     """CRC32C of A||B from crc(A), crc(B) and len(B)."""
     if len2 <= 0:
         return crc1
-    if len2 <= _HW_SHIFT_MAX:
+    if len2 <= HW_SHIFT_MAX:
         # The CRC is affine in its start value: crc(A||B) = crc2 ^ (crc1 shifted over
         # len2 zero bytes), and the shift is crc(zeros, crc1) ^ crc(zeros, 0).
         zeros = _ZEROS[:len2]

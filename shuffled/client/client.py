@@ -7,8 +7,8 @@ Used by Spark executors (upload/download) and the driver (task admin, cleanup). 
 
 from __future__ import annotations
 
-import http.client
-from collections.abc import Iterable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, BinaryIO
 
@@ -63,10 +63,14 @@ class ShuffleClient:
         ca_file: str | None = None,
         timeout: float = 60.0,
         retry: RetryPolicy = RetryPolicy(),
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        """``clock`` and ``sleep`` time the retries (:class:`.http.Transport`)."""
         self.base_url: str = base_url.strip().rstrip("/")
         self.retry = retry
-        self._http = Transport(base_url, token=token, ca_file=ca_file, timeout=timeout, retry=retry)
+        self._http = Transport(base_url, token=token, ca_file=ca_file, timeout=timeout,
+                               retry=retry, clock=clock, sleep=sleep)
         self._status = StatusRoutes(self._http, self.base_url, token_sent=token is not None)
 
     # -- partial segments ---------------------------------------------------------------

@@ -99,7 +99,11 @@ class Transport:
         ca_file: str | None = None,
         timeout: float = 60.0,
         retry: RetryPolicy = RetryPolicy(),
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        """``clock`` and ``sleep`` time the retries (their backoff and deadline): the real
+        ones in production, a test's own to run them without waiting."""
         parsed = urllib.parse.urlsplit(base_url.strip())
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise ValueError(f"base_url {base_url!r} is not an http:// or https:// URL")
@@ -120,9 +124,8 @@ class Transport:
         self._conn: http.client.HTTPConnection | None = None
         self._reused = False
         self.bulk_version = 2  # bulk upload format; 1 once the daemon turned 2 down
-        # Seams for tests; production uses the real clock.
-        self._sleep: Callable[[float], None] = time.sleep
-        self._clock: Callable[[], float] = time.monotonic
+        self._sleep = sleep
+        self._clock = clock
 
     # -- connection ---------------------------------------------------------------------
 

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from shuffled.config.values import (
-    LocationSettings, _deep_storage_uri, _nonnegative_int, _opt_str, _parse_locations, _port,
-    _positive_int, parse_bool, parse_duration, parse_size,
+    LocationSettings, parse_deep_storage_uri, parse_nonnegative_int, parse_optional_str, parse_locations, parse_port,
+    parse_positive_int, parse_bool, parse_duration, parse_size,
 )
 from shuffled.errors import ConfigError
 from shuffled.tokens import read_secrets
@@ -39,8 +39,8 @@ class Field:
 
 FIELDS: tuple[Field, ...] = (
     Field("host", lambda v, n: str(v), "address to listen on", "--host", "HOST"),
-    Field("port", _port, "TCP port (0 picks a free one)", "--port", "PORT"),
-    Field("locations", _parse_locations,
+    Field("port", parse_port, "TCP port (0 picks a free one)", "--port", "PORT"),
+    Field("locations", parse_locations,
           "storage location PATH[:MAX_BYTES]; repeat for several disks (writes go round-robin)",
           "--location", "PATH[:MAX_BYTES]", repeatable=True),
     Field("free_space_reserve", parse_size,
@@ -54,13 +54,13 @@ FIELDS: tuple[Field, ...] = (
     Field("pack_max_bytes", parse_size,
           "partial segments of a task are appended to pack files of up to this size",
           "--pack-max-bytes", "SIZE"),
-    Field("auth_token_file", _opt_str,
+    Field("auth_token_file", parse_optional_str,
           "file holding the bearer token every request must carry, except /status/health "
           "and (unless metrics_require_auth) /metrics; env SHUFFLED_AUTH_TOKEN gives the token",
           "--auth-token-file", "PATH"),
-    Field("auth_token", _opt_str, "the bearer token itself (prefer the file or the env var)",
+    Field("auth_token", parse_optional_str, "the bearer token itself (prefer the file or the env var)",
           "--auth-token", "TOKEN"),
-    Field("signing_secret_file", _opt_str,
+    Field("signing_secret_file", parse_optional_str,
           "file of secrets (one per line; the first signs, all verify: add the new one first "
           "to rotate) shared by the daemons and the ingestion drivers, which mint per-task "
           "read/write/admin tokens with it (docs/security.md); auth_token stays the operator's",
@@ -68,28 +68,28 @@ FIELDS: tuple[Field, ...] = (
     Field("task_quota_bytes", parse_size,
           "most bytes one supervisor task may hold on this daemon (0: no limit; 507 above)",
           "--task-quota-bytes", "SIZE"),
-    Field("task_quota_partials", _nonnegative_int,
+    Field("task_quota_partials", parse_nonnegative_int,
           "most partial segments one supervisor task may hold on this daemon (0: no limit)",
           "--task-quota-partials", "N"),
     Field("metrics_require_auth", parse_bool,
           "whether /metrics needs the token too", "--metrics-require-auth", "BOOL"),
-    Field("tls_cert", _opt_str, "PEM certificate chain: serve HTTPS", "--tls-cert", "PATH"),
-    Field("tls_key", _opt_str, "PEM private key for --tls-cert", "--tls-key", "PATH"),
+    Field("tls_cert", parse_optional_str, "PEM certificate chain: serve HTTPS", "--tls-cert", "PATH"),
+    Field("tls_key", parse_optional_str, "PEM private key for --tls-cert", "--tls-key", "PATH"),
     Field("expiry_timeout", parse_duration,
           "a supervisor task's data expires this long after its last PUT/GET",
           "--expiry-timeout", "DURATION"),
     Field("sweep_period", parse_duration, "how often the expiry sweeper runs",
           "--sweep-period", "DURATION"),
-    Field("overlord_url", _opt_str,
+    Field("overlord_url", parse_optional_str,
           "Druid overlord base URL asked whether an expired task still runs",
           "--overlord-url", "URL"),
     Field("max_age", parse_duration,
           "data is deleted past this age since last access even when the overlord is "
           "unreachable", "--max-age", "DURATION"),
-    Field("max_concurrent_uploads", _positive_int,
+    Field("max_concurrent_uploads", parse_positive_int,
           "uploads in flight before new ones get 503 + Retry-After",
           "--max-concurrent-uploads", "N"),
-    Field("max_concurrent_downloads", _positive_int,
+    Field("max_concurrent_downloads", parse_positive_int,
           "downloads in flight before new ones get 503 + Retry-After",
           "--max-concurrent-downloads", "N"),
     Field("upload_idle_timeout", parse_duration,
@@ -115,7 +115,7 @@ FIELDS: tuple[Field, ...] = (
     Field("long_poll_max", parse_duration,
           "the longest a paged read or task-state request may wait for news (maxWait is "
           "cut to this)", "--long-poll-max", "DURATION"),
-    Field("long_poll_waiters", _positive_int,
+    Field("long_poll_waiters", parse_positive_int,
           "requests waiting for news at once before new ones get 503 + Retry-After",
           "--long-poll-waiters", "N"),
     Field("failed_read_delay", parse_duration,
@@ -125,16 +125,16 @@ FIELDS: tuple[Field, ...] = (
           "log one line per request on the shuffled.access logger (fields in docs/ops.md)",
           "--access-log", "BOOL"),
     Field("log_level", lambda v, n: str(v).upper(), "logging level", "--log-level", "LEVEL"),
-    Field("deep_storage", _deep_storage_uri,
+    Field("deep_storage", parse_deep_storage_uri,
           "object-store tier s3://BUCKET/PREFIX: sealed tasks are copied there in the "
           "background, encrypted, and reads fall back to it (docs/deep-storage.md); "
           "credentials and endpoint from the standard AWS environment",
           "--deep-storage", "URI"),
-    Field("deep_storage_key_file", _opt_str,
+    Field("deep_storage_key_file", parse_optional_str,
           "file holding the secret (at least 32 bytes) each task's AES-256-GCM key for the "
           "tier is derived from; required with deep_storage", "--deep-storage-key-file",
           "PATH"),
-    Field("deep_storage_concurrency", _positive_int,
+    Field("deep_storage_concurrency", parse_positive_int,
           "packs copied to the tier at once (reads from the tier get two threads more)",
           "--deep-storage-concurrency", "N"),
     Field("deep_storage_bandwidth", parse_size,

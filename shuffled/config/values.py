@@ -115,20 +115,20 @@ class LocationSettings:
         return cls(Path(text))
 
 
-def _parse_locations(value: Any, name: str) -> tuple[LocationSettings, ...]:
+def parse_locations(value: Any, name: str) -> tuple[LocationSettings, ...]:
     items = value if isinstance(value, (list, tuple)) else [
         v for v in str(value).split(",") if v.strip()
     ]
     return tuple(LocationSettings.parse(v, f"{name}[{i}]") for i, v in enumerate(items))
 
 
-def _opt_str(value: Any, name: str) -> str | None:
+def parse_optional_str(value: Any, name: str) -> str | None:
     text = str(value).strip() if value is not None else ""
     return text or None
 
 
-def _deep_storage_uri(value: Any, name: str) -> str | None:
-    text = _opt_str(value, name)
+def parse_deep_storage_uri(value: Any, name: str) -> str | None:
+    text = parse_optional_str(value, name)
     if text is None:
         return None
     bucket = text[len("s3://"):].split("/", 1)[0] if text.startswith("s3://") else ""
@@ -137,7 +137,7 @@ def _deep_storage_uri(value: Any, name: str) -> str | None:
     return text.rstrip("/")
 
 
-def _port(value: Any, name: str) -> int:
+def parse_port(value: Any, name: str) -> int:
     try:
         port = int(value)
     except (TypeError, ValueError):
@@ -157,9 +157,9 @@ def _int_at_least(value: Any, name: str, low: int) -> int:
     return number
 
 
-def _positive_int(value: Any, name: str) -> int:
+def parse_positive_int(value: Any, name: str) -> int:
     return _int_at_least(value, name, 1)
 
 
-def _nonnegative_int(value: Any, name: str) -> int:
+def parse_nonnegative_int(value: Any, name: str) -> int:
     return _int_at_least(value, name, 0)

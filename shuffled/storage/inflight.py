@@ -10,13 +10,32 @@ from __future__ import annotations
 import asyncio
 import weakref
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 
 class Session(Protocol):
     def cancel(self) -> None: ...
 
     async def settled(self) -> None: ...
+
+
+class TaskLock(asyncio.Lock):
+    """A task's lock, which says how many wait for it (``waiting``): a sweep or a DELETE
+    queued behind a commit can be seen, by the status page or a test, without asyncio's
+    private fields."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = 0
+
+    async def acquire(self) -> Literal[True]:
+        if not self.locked():
+            return await super().acquire()
+        self.waiting += 1
+        try:
+            return await super().acquire()
+        finally:
+            self.waiting -= 1
 
 
 @dataclass(slots=True)
@@ -33,12 +52,12 @@ class Uploads:
 
     def __init__(self) -> None:
         self._writes: dict[str, _Writes] = {}
-        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._locks: weakref.WeakValueDictionary[str, TaskLock] = weakref.WeakValueDictionary()
 
-    def lock(self, sup: str) -> asyncio.Lock:
+    def lock(self, sup: str) -> TaskLock:
         lock = self._locks.get(sup)
         if lock is None:
-            lock = asyncio.Lock()
+            lock = TaskLock()
             self._locks[sup] = lock
         return lock
 

@@ -21,6 +21,7 @@ from shuffled.cleanup.overlord import OverlordClient
 from shuffled.cleanup.policy import Action, Cause, TaskState
 from shuffled.cleanup.sweeper import Sweeper
 from shuffled.server.state import STATE, DaemonState
+from shuffled.storage.inflight import TaskLock
 from tests.conftest import DAY, PREFIX, arrow_bytes, files_under, metric, sample_table
 
 TIMEOUT = 100.0
@@ -607,6 +608,6 @@ async def test_put_committing_while_sweeper_waits_for_the_lock_saves_the_task(
     assert await held(client) == {"a"} and on_disk(tmp_path, "a")
 
 
-async def _until_waiting(lock: asyncio.Lock) -> None:
-    while not lock._waiters:  # the sweeper is queued on the task's lock
+async def _until_waiting(lock: TaskLock) -> None:
+    while not lock.waiting:  # the sweeper is queued on the task's lock
         await asyncio.sleep(0)

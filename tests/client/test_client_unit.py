@@ -384,8 +384,8 @@ def sleeps() -> Sleeps:
 
 @pytest.fixture
 def client(server: FakeServer, sleeps: Sleeps) -> Iterator[ShuffleClient]:
-    with ShuffleClient(server.url, token="s3cret", retry=FAST, timeout=WAIT) as c:
-        c._http._sleep = sleeps  # record instead of sleeping
+    with ShuffleClient(server.url, token="s3cret", retry=FAST, timeout=WAIT,
+                       sleep=sleeps) as c:  # record instead of sleeping
         yield c
 
 
@@ -589,8 +589,7 @@ def test_503_with_retry_after_twice_then_200(server: FakeServer, sleeps: Sleeps)
                   {"Retry-After": "1"})
     server.fake.actions += [busy, busy]
     policy = RetryPolicy(attempts=6, backoff=0.001, max_backoff=0.5, deadline=10.0)
-    with ShuffleClient(server.url, retry=policy) as c:
-        c._http._sleep = sleeps
+    with ShuffleClient(server.url, retry=policy, sleep=sleeps) as c:
         assert c.get_partial(KEY) == b"hello"
     assert sleeps.calls == [1.0, 1.0]  # honoured (cap is 4 * 0.5 = 2s)
     assert len(server.fake.requests) == 3
@@ -675,8 +674,7 @@ def test_stalled_body_times_out_and_resumes(server: FakeServer, sleeps: Sleeps) 
     stall = lambda h, req: serve_partial(h, req, truncate_at=CHUNK + 50_000, stall=release)  # noqa: E731
     server.fake.actions += [stall, None, stall]
     try:
-        with ShuffleClient(server.url, retry=FAST, timeout=0.3) as c:
-            c._http._sleep = sleeps
+        with ShuffleClient(server.url, retry=FAST, timeout=0.3, sleep=sleeps) as c:
             out = io.BytesIO()
             assert c.get_partial_to(KEY, out) == len(body) and out.getvalue() == body
             # get_partial reads a known-length body in one go: a timeout restarts it whole.
@@ -703,8 +701,8 @@ def test_unreachable_server_raises_shuffle_unavailable(sleeps: Sleeps) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with ShuffleClient(f"http://127.0.0.1:{port}", retry=FAST, timeout=WAIT) as c:
-        c._http._sleep = sleeps
+    with ShuffleClient(f"http://127.0.0.1:{port}", retry=FAST, timeout=WAIT,
+                       sleep=sleeps) as c:
         assert c.health() is False
         with pytest.raises(ShuffleUnavailable, match="sup_1/sub-a") as info:
             c.put_partial(KEY, b"abc")
@@ -716,13 +714,12 @@ def test_unreachable_server_raises_shuffle_unavailable(sleeps: Sleeps) -> None:
 def test_deadline_stops_retrying(server: FakeServer) -> None:
     server.fake.actions += [status(503, {"error": "busy", "code": "overloaded"}, {"Retry-After": "3"})] * 5
     now = [0.0]
-    with ShuffleClient(server.url, retry=RetryPolicy(attempts=100, max_backoff=10, deadline=5.0)) as c:
-        c._http._clock = lambda: now[0]
 
-        def fake_sleep(d: float) -> None:
-            now[0] += d
+    def fake_sleep(d: float) -> None:
+        now[0] += d
 
-        c._http._sleep = fake_sleep
+    with ShuffleClient(server.url, retry=RetryPolicy(attempts=100, max_backoff=10, deadline=5.0),
+                       clock=lambda: now[0], sleep=fake_sleep) as c:
         with pytest.raises(Overloaded):
             c.get_partial(KEY)
     assert len(server.fake.requests) == 3  # sleeps 3 + 2 (capped by the deadline), then gives up

@@ -21,7 +21,8 @@ from shuffled.crc import crc32c
 from shuffled.errors import CorruptData, DigestMismatch
 from shuffled.protocol import Interval, PartialKey, PartitionKey, format_crc32c
 from shuffled.server.embedded import EmbeddedDaemon
-from shuffled.spark.phase2.merge import Assignment, Phase2Config, _fetch
+from shuffled.spark.phase2.fetch import fetch_batch
+from shuffled.spark.phase2.merge import Assignment, Phase2Config
 from tests.conftest import (
     DAY, PREFIX, arrow_bytes, catalog_rows, files_under, pack_files, sample_table, stored_stream,
 )
@@ -263,7 +264,7 @@ def test_corrupted_byte_is_detected_and_names_the_partial(tmp_path: Path) -> Non
         assignment = Assignment(INTERVAL.start, INTERVAL.end, 0,
                                 (((url,), ("s1", "s2", "s3"), 9000),))
         with pytest.raises(DigestMismatch, match="sup/s2"):
-            _fetch({url: client}, cfg, [assignment])
+            fetch_batch({url: client}, cfg, [assignment])
 
         # Re-running the subtask (a replace) heals it.
         client.put_partial(key("s2"), bodies["s2"])

@@ -97,7 +97,7 @@ async def test_a_seal_landing_mid_upload_refuses_its_commit(daemon: Any) -> None
                                               headers={"Content-Length": str(len(body))}))
     store = daemon.server.app[STATE].store
     deadline = time.monotonic() + 10
-    while not store.uploads._writes.get("sup"):  # the upload's session is open
+    while not store.uploads.busy("sup"):  # the upload's session is open
         assert time.monotonic() < deadline, "the upload never started"
         await asyncio.sleep(0.01)
     seal = await daemon.put(f"{PREFIX}/tasks/sup/seal", json={"subTaskIds": ["s1"]})

@@ -2,8 +2,8 @@
 
 Each source of an :class:`~.plan.Assignment` (the partials of some subtasks, on one or
 more replicas) is read from its first replica not known to be gone: in bulk
-(:func:`_fetch`, a batch of partitions per request per daemon) or in pages
-(:func:`_stream`, a partition bigger than the memory budget). A daemon that stays
+(:func:`fetch_batch`, a batch of partitions per request per daemon) or in pages
+(:func:`stream_partition`, a partition bigger than the memory budget). A daemon that stays
 unreachable past the retry budget (long enough to ride through its restart), or declared
 lost by the driver (asked of a survivor between retries, :mod:`.verdict`), or answers
 without rows it committed, is gone for the rest of the task and its sources move to their
@@ -55,9 +55,9 @@ def _next_replica(replicas: Sequence[str], down: set[str]) -> str | None:
     return next((r for r in replicas if r not in down), None)
 
 
-def _fetch(clients: dict[str, ShuffleClient], cfg: Phase2Config, batch: Sequence[Assignment],
-           down: set[str] | None = None, verdict: Verdict | None = None,
-           ) -> list[list[pa.Table] | SourceLost]:
+def fetch_batch(clients: dict[str, ShuffleClient], cfg: Phase2Config,
+                batch: Sequence[Assignment], down: set[str] | None = None,
+                verdict: Verdict | None = None) -> list[list[pa.Table] | SourceLost]:
     """The partials of every assignment of ``batch``: one bulk read per daemon for the
     lot (``get_partitions``), subtask ids :data:`_IDS_PER_REQUEST` at a time. Checks each
     daemon's row count per partition against what phase 1 reported.
@@ -137,11 +137,12 @@ def _read_sources(client: ShuffleClient, cfg: Phase2Config, batch: Sequence[Assi
     return got
 
 
-def _stream(clients: dict[str, ShuffleClient], cfg: Phase2Config, a: Assignment,
-            down: set[str], verdict: Verdict | None = None) -> Iterator[pa.RecordBatch]:
+def stream_partition(clients: dict[str, ShuffleClient], cfg: Phase2Config, a: Assignment,
+                     down: set[str], verdict: Verdict | None = None,
+                     ) -> Iterator[pa.RecordBatch]:
     """The record batches of one partition, read in pages of at most :attr:`page_bytes`
     (paged reads: a partial bigger than a page comes in several), row counts checked per
-    daemon as in :func:`_fetch`. The driver sealed each daemon before phase 2, so a
+    daemon as in :func:`fetch_batch`. The driver sealed each daemon before phase 2, so a
     partition reads as complete exactly when every committed partial has been read."""
     key = PartitionKey(cfg.supervisor_task_id, Interval(a.start, a.end), a.partition)
     for held, subs, expected in a.sources:

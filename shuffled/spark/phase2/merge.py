@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from shuffled.client import ShuffleClient
 from shuffled.protocol import PEERS_PATH
 from shuffled.spark.phase2.durable import sync_files
-from shuffled.spark.phase2.fetch import SourceLost, _fetch, _stream
+from shuffled.spark.phase2.fetch import SourceLost, fetch_batch, stream_partition
 from shuffled.spark.phase2.plan import (  # noqa: F401  (re-exported: the driver's names)
     Assignment, Phase2Config, assign, balance, merge_tasks,
 )
@@ -141,7 +141,7 @@ def _write_streamed(cfg: Phase2Config, clients: dict[str, ShuffleClient], a: Ass
             writer.write_table(_segment_table(table, cfg.multi_value, cfg.layout.hidden),
                                row_group_size=1 << 20)
 
-        stats = merge_bounded(_stream(clients, cfg, a, down, verdict), cfg.layout,
+        stats = merge_bounded(stream_partition(clients, cfg, a, down, verdict), cfg.layout,
                               cfg.memory_budget, sink, cfg.spill_dir)
     return rows, os.path.getsize(path), stats
 
@@ -159,7 +159,7 @@ def _prefetched(clients: dict[str, ShuffleClient], cfg: Phase2Config,
 
     def fetch(batch: list[Assignment]) -> tuple[list[Assignment], Fetched, float]:
         started = time.monotonic()
-        return batch, _fetch(clients, cfg, batch, down, verdict), time.monotonic() - started
+        return batch, fetch_batch(clients, cfg, batch, down, verdict), time.monotonic() - started
 
     ahead: deque[Future[tuple[list[Assignment], Fetched, float]]] = deque()
     try:

@@ -12,7 +12,8 @@ from shuffled.client import ShuffleClient
 from shuffled.errors import Unauthorized
 from shuffled.protocol import Interval, PartialKey
 from shuffled.server.embedded import EmbeddedDaemon
-from shuffled.spark.phase2.merge import Assignment, Phase2Config, _fetch
+from shuffled.spark.phase2.fetch import fetch_batch
+from shuffled.spark.phase2.merge import Assignment, Phase2Config
 from tests.conftest import DAY, arrow_bytes, sample_table
 from tests.helpers.tls import tls_files  # noqa: F401  (a per-run certificate fixture)
 
@@ -34,7 +35,7 @@ def test_phase2_reads_over_tls_with_ca_bundle_and_token(tmp_path: Path,
                            token=token, ca_file=str(cert))
         clients: dict[str, ShuffleClient] = {}
         try:
-            (tables,) = _fetch(clients, cfg, [assignment])  # a batch of one partition
+            (tables,) = fetch_batch(clients, cfg, [assignment])  # a batch of one partition
         finally:
             for c in clients.values():
                 c.close()
@@ -43,6 +44,6 @@ def test_phase2_reads_over_tls_with_ca_bundle_and_token(tmp_path: Path,
                              token="wrong", ca_file=str(cert))
         clients = {}
         with pytest.raises(Unauthorized):
-            _fetch(clients, wrong, [assignment])
+            fetch_batch(clients, wrong, [assignment])
         for c in clients.values():
             c.close()
