@@ -182,13 +182,6 @@ class Interval:
         """The interval as one path component (Druid's ``start_end``)."""
         return f"{self.start_iso}_{self.end_iso}"
 
-    @classmethod
-    def from_dirname(cls, name: str) -> Interval:
-        start, sep, end = name.partition("_")
-        if not sep:
-            raise InvalidInterval(f"{name!r} is not an interval directory", field="interval")
-        return cls.parse(start, end)
-
     def __str__(self) -> str:
         return f"{self.start_iso}/{self.end_iso}"
 

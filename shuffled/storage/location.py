@@ -108,10 +108,6 @@ class Location:
         usage = shutil.disk_usage(self.path)
         return usage.total, usage.free
 
-    def capacity_bytes(self) -> int:
-        total, _ = self.disk_usage()
-        return min(total, self.max_bytes) if self.max_bytes is not None else total
-
     def probe(self) -> None:
         """Write, fsync and remove a small file, and check the file system has free space
         beyond the reserve; raises OSError (ENOSPC for too little space) if not."""

@@ -268,17 +268,6 @@ class Store:
             metas = [m for m in metas if m.key.sub_task_id in sealed]
         return sorted(metas, key=lambda m: m.generation), held_back, sealed is not None
 
-    @property
-    def horizon(self) -> int | None:
-        """The lowest generation still being committed (see :mod:`.horizon`)."""
-        return self.generations.horizon
-
-    def hold(self, generations: Sequence[int]) -> None:
-        self.generations.hold(generations)
-
-    def land(self, generations: Sequence[int]) -> None:
-        self.generations.land(generations)
-
     # -- writes --------------------------------------------------------------------------
 
     def bulk(self, supervisor_task_id: str) -> BulkSession:

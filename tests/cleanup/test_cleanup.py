@@ -23,22 +23,12 @@ from shuffled.cleanup.sweeper import Sweeper
 from shuffled.server.state import STATE, DaemonState
 from shuffled.storage.inflight import TaskLock
 from tests.conftest import DAY, PREFIX, arrow_bytes, files_under, metric, sample_table
+from tests.helpers.clock import Clock
 
 TIMEOUT = 100.0
 PERIOD = 10.0
 MAX_AGE = 1000.0
 BODY = arrow_bytes(sample_table(30))
-
-
-class Clock:
-    def __init__(self, now: float = 1_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 class Overlord:
@@ -138,7 +128,8 @@ async def put(client: TestClient, sup: str, sub: str = "s1", pid: int = 0,
               body: bytes = BODY) -> None:
     resp = await client.put(part_url(sup, sub), params=q(pid), data=body,
                             headers={"Content-Type": "application/vnd.apache.arrow.stream"})
-    assert resp.status in (200, 201), await resp.text()
+    answer = await resp.json()
+    assert resp.status == (200 if answer["replaced"] else 201), answer
 
 
 async def held(client: TestClient) -> set[str]:

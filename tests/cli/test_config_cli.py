@@ -99,7 +99,8 @@ def test_instants_before_year_1000_round_trip() -> None:
 
     assert format_instant(parse_instant("0999-01-01")) == "0999-01-01T00:00:00.000Z"
     interval = Interval.parse("0999-01-01", "1000-01-01")
-    assert Interval.from_dirname(interval.dirname) == interval
+    assert interval.dirname == "0999-01-01T00:00:00.000Z_1000-01-01T00:00:00.000Z"
+    assert Interval.parse(interval.start_iso, interval.end_iso) == interval
 
 
 def test_readme_settings_table_is_in_sync() -> None:

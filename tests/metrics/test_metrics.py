@@ -18,6 +18,7 @@ from shuffled.crc import crc32c
 from shuffled.protocol import format_crc32c
 from shuffled.server.state import STATE, DaemonState
 from tests.conftest import DAY, PREFIX, arrow_bytes, sample_table
+from tests.helpers.clock import Clock
 
 ARROW = {"Content-Type": "application/vnd.apache.arrow.stream"}
 PARTIAL_ROUTE = f"{PREFIX}/tasks/{{sup}}/{{sub}}/partition"
@@ -70,16 +71,9 @@ async def put(client: TestClient, body: bytes, sup: str = "sup", sub: str = "s1"
               pid: int = 0) -> dict[str, Any]:
     resp = await client.put(url(sup, sub), params=q(pid), data=body, headers={
         **ARROW, "Content-Digest": format_crc32c(crc32c(body))})
-    assert resp.status in (200, 201), await resp.text()
-    return await resp.json()
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
+    answer = await resp.json()
+    assert resp.status == (200 if answer["replaced"] else 201), answer
+    return answer
 
 
 async def test_served_and_received_counters_move_by_exactly_what_was_served(

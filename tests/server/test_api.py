@@ -13,6 +13,7 @@ from shuffled.protocol import format_crc32c
 from tests.conftest import (
     DAY, PREFIX, arrow_bytes, catalog_rows, files_under, packed_size, sample_table,
 )
+from tests.helpers.clock import Clock
 
 
 def part_url(sup: str = "sup", sub: str | None = "s1") -> str:
@@ -168,6 +169,28 @@ async def test_listing_detail_delete(daemon: TestClient, settings) -> None:
     for loc in settings.locations:
         assert not (loc.path / "a").exists()
     assert (await daemon.get(part_url("b"), params=q())).status == 200
+
+
+async def test_listing_does_not_refresh_expiry(start_daemon, settings) -> None:
+    """README: a task expires from the last PUT/GET of its data; the listings (GET /tasks,
+    GET /tasks/{sup}) do not refresh it. Time moved by the app's injected clock."""
+    clock = Clock()
+    daemon = await start_daemon(settings, clock=clock)
+    await put(daemon, arrow_bytes(sample_table(3)), sup="exp")
+
+    async def expiry() -> tuple[float, float]:
+        detail = await (await daemon.get(f"{PREFIX}/tasks/exp")).json()
+        listing = await (await daemon.get(f"{PREFIX}/tasks")).json()
+        return detail["expiresAt"], listing["tasks"][0]["expiresAt"]
+
+    first = await expiry()
+    assert first[0] == first[1] == clock.now + settings.expiry_timeout
+    for _ in range(3):
+        clock.advance(5)
+        assert await expiry() == first
+    clock.advance(5)  # the positive control: a data GET refreshes it
+    assert (await daemon.get(part_url("exp"), params=q())).status == 200
+    assert await expiry() == (clock.now + settings.expiry_timeout,) * 2
 
 
 async def test_status_health_metrics(daemon: TestClient) -> None:

@@ -326,8 +326,10 @@ def test_startup_prints_url_and_status_endpoints(daemon):
     text = json.dumps(locs)
     for loc in daemon.locations:
         assert str(loc) in text
-    time.sleep(0.05)
-    up2 = request(daemon, "GET", "/status").json()[up_keys[0]]
+    # uptime grows (a bounded poll: the daemon's clock is its own, this test's is not)
+    deadline = time.monotonic() + 5
+    while (up2 := request(daemon, "GET", "/status").json()[up_keys[0]]) <= up1:
+        assert time.monotonic() < deadline, "uptime did not grow"
     assert up2 > up1
 
 
@@ -367,7 +369,7 @@ def test_metrics_is_prometheus_text(daemon):
 
     rec0 = metric_value(text, "shuffled_received_partials_total")
     body = arrow_stream(range(4))
-    assert put(daemon, uid("m"), "s", body).status in (200, 201)
+    assert put(daemon, uid("m"), "s", body).status == 201
     after = request(daemon, "GET", "/metrics").body.decode()
     assert metric_value(after, "shuffled_received_partials_total") == rec0 + 1
     assert metric_value(after, "shuffled_received_bytes_total") >= metric_value(text, "shuffled_received_bytes_total") + len(body)
@@ -471,12 +473,12 @@ def test_ids_valid(daemon):
     body = arrow_stream(range(2))
     for ident in ("a", "Z", "0", "A-b_c.d:e", "a.", "task_2024-01-01T00:00:00.000Z", "_x", "-x", ":x", "x" * 200):
         r = put(daemon, ident, ident, body)
-        assert r.status in (200, 201), (ident, r)
+        assert r.status == 201, (ident, r)
         g = request(daemon, "GET", partial_path(ident, ident))
         assert g.status == 200 and g.body == body, ident
         lst = listing(daemon, ident)
         assert lst.status == 200 and lst.json()["supervisorTaskId"] == ident
-        assert request(daemon, "DELETE", f"{PREFIX}/tasks/{q(ident)}").status in (200, 202, 204)
+        assert request(daemon, "DELETE", f"{PREFIX}/tasks/{q(ident)}").status == 200
 
 
 @pytest.fixture
@@ -491,7 +493,7 @@ def test_ids_of_255_characters(fresh_daemon):
     body = arrow_stream(range(2))
     for sup, sub in (("x" * 255, "s"), ("s", "y" * 255), ("z" * 255, "w" * 255)):
         r = put(d, sup, sub, body)
-        assert r.status in (200, 201), (len(sup), len(sub), r)
+        assert r.status == 201, (len(sup), len(sub), r)
         g = request(d, "GET", partial_path(sup, sub))
         assert g.status == 200 and g.body == body
     locs = request(d, "GET", "/status").json()["locations"]
@@ -701,24 +703,6 @@ def test_listings(daemon):
     assert_error(listing(daemon, uid("unknown")), 404)
 
 
-def test_listing_does_not_refresh_expiry(daemon):
-    sup = uid("exp")
-    body = arrow_stream(range(3))
-    assert put(daemon, sup, "s", body).status == 201
-    e0 = expiry_of(task_entry(daemon, sup))
-    s0 = expiry_of(listing(daemon, sup).json())
-    assert e0 == s0
-    for _ in range(3):
-        time.sleep(0.06)
-        assert expiry_of(task_entry(daemon, sup)) == e0
-        assert expiry_of(listing(daemon, sup).json()) == e0
-    # positive control (README: expiry runs from the last PUT/GET): a data GET does refresh it
-    time.sleep(0.06)
-    assert request(daemon, "GET", partial_path(sup, "s")).status == 200
-    e1 = expiry_of(listing(daemon, sup).json())
-    assert e1 != e0
-
-
 def test_delete_is_idempotent_and_removes_everything(daemon):
     sup = uid("del")
     before = snapshot(daemon)
@@ -727,7 +711,7 @@ def test_delete_is_idempotent_and_removes_everything(daemon):
     assert put(daemon, sup, "s2", b, pid=2).status == 201
     assert len(snapshot(daemon)) > len(before)
     r = request(daemon, "DELETE", f"{PREFIX}/tasks/{q(sup)}")
-    assert r.status in (200, 202, 204), r
+    assert r.status == 200, r
     assert_error(listing(daemon, sup), 404)
     assert task_entry(daemon, sup) is None
     assert_error(request(daemon, "GET", partial_path(sup, "s1")), 404)
@@ -735,8 +719,8 @@ def test_delete_is_idempotent_and_removes_everything(daemon):
     assert not any(sup in p for p in snapshot(daemon))
     assert snapshot(daemon) == before
     # again, and an id never seen: not an error
-    assert request(daemon, "DELETE", f"{PREFIX}/tasks/{q(sup)}").status in (200, 202, 204)
-    assert request(daemon, "DELETE", f"{PREFIX}/tasks/{q(uid('never'))}").status in (200, 202, 204)
+    assert request(daemon, "DELETE", f"{PREFIX}/tasks/{q(sup)}").status == 200
+    assert request(daemon, "DELETE", f"{PREFIX}/tasks/{q(uid('never'))}").status == 200
     # the task can be written again afterwards
     assert put(daemon, sup, "s1", b).status == 201
     assert request(daemon, "GET", partial_path(sup, "s1")).body == b
@@ -796,7 +780,7 @@ def test_413_over_max_partial_bytes(small_daemon):
     # under the limit is fine
     assert put(d, sup, "s", small).status == 201
     assert request(d, "GET", partial_path(sup, "s")).body == small
-    assert request(d, "DELETE", f"{PREFIX}/tasks/{q(sup)}").status in (200, 202, 204)
+    assert request(d, "DELETE", f"{PREFIX}/tasks/{q(sup)}").status == 200
     assert_pristine(d)
 
 
@@ -816,7 +800,7 @@ def test_507_when_no_location_has_room(tiny_daemon):
     small = arrow_stream(range(3))
     assert put(d, sup, "s", small).status == 201
     assert request(d, "GET", partial_path(sup, "s")).body == small
-    assert request(d, "DELETE", f"{PREFIX}/tasks/{q(sup)}").status in (200, 202, 204)
+    assert request(d, "DELETE", f"{PREFIX}/tasks/{q(sup)}").status == 200
     assert_pristine(d)
 
 
@@ -955,7 +939,7 @@ def test_large_upload_is_streamed_not_held_in_memory(daemon):
     g = request(daemon, "GET", partial_path(sup, "s"))
     assert g.status == 200 and len(g.body) == len(body) and crc(g.body) == crc(body)
     assert parse_digest(g.header("Content-Digest")) == crc(body)
-    assert request(daemon, "DELETE", f"{PREFIX}/tasks/{q(sup)}").status in (200, 202, 204)
+    assert request(daemon, "DELETE", f"{PREFIX}/tasks/{q(sup)}").status == 200
 
 
 def test_503_with_retry_after_when_uploads_are_at_the_limit(small_daemon):
@@ -998,7 +982,7 @@ def test_503_with_retry_after_when_uploads_are_at_the_limit(small_daemon):
     while (r := put(d, sup, "other", small)).status == 503 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert r.status == 201, r
-    assert request(d, "DELETE", f"{PREFIX}/tasks/{q(sup)}").status in (200, 202, 204)
+    assert request(d, "DELETE", f"{PREFIX}/tasks/{q(sup)}").status == 200
     assert_pristine(d)
 
 

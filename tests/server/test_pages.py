@@ -238,10 +238,10 @@ async def test_reads_stop_below_a_commit_still_in_flight(start_daemon: Any,
     store = daemon.server.app[STATE].store
     lowest = min(m.generation for m in store.partition(key))
     url = f"{PREFIX}/tasks/horizon/partition/pages"
-    store.hold([lowest - 1])  # an earlier partial's commit, not landed yet
+    store.generations.hold([lowest - 1])  # an earlier partial's commit, not landed yet
     held = await daemon.get(url, params={**key.query(), "token": "0"})
     assert await held.read() == b"" and held.headers["X-Shuffled-Complete"] == "false"
     assert held.headers["X-Shuffled-Page-Next-Token"] == "0"
-    store.land([lowest - 1])
+    store.generations.land([lowest - 1])
     page = await daemon.get(url, params={**key.query(), "token": "0"})
     assert await page.read() and page.headers["X-Shuffled-Complete"] == "true"
