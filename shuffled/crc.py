@@ -26,7 +26,7 @@ _ZEROS = memoryview(bytes(HW_SHIFT_MAX))
 # _SHIFTS[k] holds L_(2^k) as four byte tables (c's bytes looked up and XORed), so
 # L_n(c) is one table application per set bit of n. An aggregate GET of 1,000 small
 # partials combines 1,000 CRCs before its first byte: a hardware CRC of 2 x len2 zero
-# bytes each took 14 ms for 64 KiB partials, the tables take about 3 (bench/serve_small).
+# bytes each cost more than sending them (figures: docs/benchmarks.md, serve_small).
 _Tables = tuple[list[int], list[int], list[int], list[int]]
 _SHIFTS: list[_Tables] = []
 _GROWING = threading.Lock()

@@ -53,12 +53,11 @@ def tune_malloc() -> bool:
 
     By default glibc gives each I/O thread an arena of its own and raises its mmap
     threshold to the largest block freed (up to 32 MiB), so what the daemon kept grew with
-    the load it had seen: the soak peaked at 113-120 MiB; two arenas and a fixed threshold
-    bring that to 106-111 MiB. The threshold is 4 MiB,
-    not glibc's initial 128 KiB: at 128 KiB every 256 KiB socket read was a fresh mapping,
-    943k page faults for 9,000 partials of 64 KiB against 17k at 4 MiB, and 363 against
-    203 us of daemon CPU per partial received (python -m bench.partials_cpu --rows 8000);
-    up to 16 MiB free at the heap's top is kept rather than trimmed and faulted in again.
+    the load it had seen; two arenas and a fixed threshold keep it flat. The threshold is
+    4 MiB, not glibc's initial 128 KiB, at which every 256 KiB socket read would be a fresh
+    mapping (page faults, and daemon CPU per partial received, several times higher); up to
+    16 MiB free at the heap's top is kept rather than trimmed and faulted in again. The
+    figures are in docs/benchmarks.md ("Second session", the allocator).
     Called by ``shuffled serve`` before any thread starts, never by an embedded daemon
     (the process is its host's). Returns whether every setting was taken.
     """

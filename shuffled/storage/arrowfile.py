@@ -134,9 +134,8 @@ def inspect(path: str, size: int, body_crc: int | None = None, offset: int = 0) 
     with open(path, "rb") as fh:
         mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
     # A pack just written sits in the page cache as large folios, and a fault maps the
-    # whole folio: validating a 256 MiB partial (its metadata, every few MiB) mapped 50-100
-    # MiB of them for a few ms, the daemon's peak RSS though none of it was the daemon's
-    # own. What was validated is dropped from the mapping as it goes (the page cache keeps
+    # whole folio: validating a large partial (its metadata, every few MiB) mapped tens of
+    # MiB of them for a few ms, the daemon's peak RSS though none of it was its own. What was validated is dropped from the mapping as it goes (the page cache keeps
     # it), so about DROP_STEP and a batch are mapped at once.
     dropped = offset - offset % mmap.PAGESIZE
 

@@ -147,8 +147,8 @@ class SessionPacks:
             args_ = (loc, self.sup, pack, number, fsync, size, job, *args)
             try:
                 if pack is not None and size <= INLINE_MAX:
-                    # An I/O-thread hop costs ~0.2 ms here (thread wake-ups on 2 vCPUs),
-                    # more than checking and appending a small batch to the page cache.
+                    # An I/O-thread hop (thread wake-ups) costs more than checking and
+                    # appending a small batch to the page cache.
                     placed, result = packs.on_pack(*args_)
                 else:
                     work = asyncio.ensure_future(self.parts.threads.run(packs.on_pack, *args_))
