@@ -6,10 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import urllib.parse
 from collections.abc import Sequence
 
 from shuffled import __version__
 from shuffled.cli.ingest import cmd_ingest, spark_conf
+from shuffled.cli import tasks as cli_tasks
 from shuffled.cli.serve import cmd_migrate, cmd_serve
 from shuffled.config import FIELDS, Settings
 from shuffled.errors import ConfigError, ShuffleError
@@ -24,10 +26,24 @@ shuffled: a shuffle data server for Druid-style two-phase batch ingestion on Spa
   shuffled serve --location DIR ...    run the shuffle daemon
   shuffled ingest SPEC.json            run a Druid index_parallel spec on Spark
                                        (an embedded daemon unless --shuffle-server)
+  shuffled tasks ls --shuffle-server URL   what a daemon holds (show ID, rm ID...)
 
 Exit codes: 0 done; 1 the command failed (one paragraph on stderr says what and what
 to try); 2 a setting or argument is wrong (the message names it).
 Docs: README.md and docs/ (docs/design.md, docs/ops.md, docs/configuration.md)."""
+
+
+def daemon_url(text: str) -> str:
+    """A ``--shuffle-server`` value: an http(s) base URL, else a usage error (exit 2)."""
+    parsed = urllib.parse.urlsplit(text.strip())
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a daemon URL: give http://HOST:PORT (or https://)")
+    try:
+        parsed.port  # noqa: B018 - raises for a port that is not a number
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} has a port that is not a number") from None
+    return text.strip()
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
@@ -58,7 +74,7 @@ def _ingest_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("spec", help="Druid native batch spec (JSON, type index_parallel)")
     parser.add_argument("--master", help="Spark master URL (default local[*])")
     parser.add_argument("--shuffle-server", action="append", dest="shuffle_servers",
-                        metavar="URL",
+                        metavar="URL", type=daemon_url,
                         help="shuffled daemon URL; repeat for several (default: an embedded one)")
     parser.add_argument("--output", default="segments",
                         help="output directory, s3://bucket/prefix, or an Apache Iceberg table "
@@ -74,8 +90,9 @@ def _ingest_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--verbose", action="store_true",
                         help="on failure print the traceback, and let Spark log at WARN")
     parser.add_argument("--phase1-reader", choices=("auto", "native", "jvm"), default="auto",
-                        help="how phase 1 reads input: native (pyarrow, Parquet only), jvm "
-                             "(Spark), or auto: native where it applies (default)")
+                        help="how phase 1 reads input: native (pyarrow: Parquet, JSON, CSV and "
+                             "TSV), jvm (Spark's readers), or auto: native where it applies "
+                             "(default)")
     parser.add_argument("--conf", action="append", type=spark_conf, metavar="KEY=VALUE",
                         help="a Spark setting, as spark-submit takes it (e.g. "
                              "spark.executorEnv.AWS_REGION=eu-west-1); repeat for several")
@@ -99,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     migrate.add_argument("--location", action="append", dest="locations", metavar="PATH",
                          help="location to convert; repeat for several (default: the "
                               "configured locations)")
+    cli_tasks.add_parser(sub, daemon_url)
     sub.add_parser("config-reference", help="print the configuration reference (Markdown)")
     token = sub.add_parser(
         "token", help="mint a per-task token with the signing secret (docs/security.md)",
@@ -147,6 +165,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_migrate(args)
         if args.command == "token":
             return cmd_token(args)
+        if args.command == "tasks":
+            try:
+                cli_tasks.run(args, sys.stdout)
+            except ValueError as exc:
+                print(f"shuffled: {exc}", file=sys.stderr)
+                return EXIT_USAGE
+            return EXIT_OK
         if args.command == "config-reference":
             from shuffled.config import reference_markdown
 

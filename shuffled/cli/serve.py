@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
-from shuffled.config import FIELDS, load_settings
+from shuffled.config import FIELDS, Settings, load_settings
 from shuffled.errors import ConfigError
 
 EXIT_OK = 0
@@ -30,11 +32,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if settings.log_level != "DEBUG":
         logging.getLogger("apscheduler").setLevel(logging.WARNING)
 
+    if open_without_token(settings):
+        print(f"shuffled: warning: listening on {settings.host} with no token: anyone who "
+              "reaches this port can read, overwrite and delete every task's data; set "
+              "--auth-token-file or --signing-secret-file (docs/security.md)",
+              file=sys.stderr, flush=True)
+
     def ready(url: str) -> None:
         print(f"shuffled listening on {url}", flush=True)
 
     asyncio.run(serve(settings, ready=ready))
     return EXIT_OK
+
+
+def open_without_token(settings: Settings) -> bool:
+    """Whether the daemon would listen beyond this machine with no token at all."""
+    if settings.auth_token or settings.signing_secrets:
+        return False
+    try:
+        return not ipaddress.ip_address(settings.host).is_loopback
+    except ValueError:  # a name: loopback only if it is localhost
+        return settings.host.lower() not in ("localhost", "localhost.localdomain")
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:

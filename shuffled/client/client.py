@@ -349,9 +349,10 @@ class ShuffleClient:
         """``GET /tasks/{id}?limit=..&cursor=..`` page after page (nothing if not held)."""
         return tasks.task_pages(self._http, supervisor_task_id, page_size=page_size)
 
-    def delete_task(self, supervisor_task_id: str) -> None:
-        """``DELETE /tasks/{id}``: remove all of that task's data. Idempotent (unknown id is fine)."""
-        tasks.delete_task(self._http, supervisor_task_id)
+    def delete_task(self, supervisor_task_id: str) -> dict[str, Any]:
+        """:func:`.tasks.delete_task`: remove all of that task's data (idempotent); what
+        was removed."""
+        return tasks.delete_task(self._http, supervisor_task_id)
 
     # -- status -------------------------------------------------------------------------
 

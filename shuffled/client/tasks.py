@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -67,11 +68,17 @@ def joined(pages: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
     return whole
 
 
-def delete_task(http_: Transport, supervisor_task_id: str) -> None:
-    """``DELETE /tasks/{id}``: remove all of that task's data. Idempotent (unknown id is fine)."""
+def delete_task(http_: Transport, supervisor_task_id: str) -> dict[str, Any]:
+    """``DELETE /tasks/{id}``: remove all of that task's data. Idempotent (unknown id is
+    fine). The answer: ``deleted`` (whether anything was held), ``bytes``, ``files``."""
 
-    def handle(resp: http.client.HTTPResponse) -> None:
-        resp.read()
+    def handle(resp: http.client.HTTPResponse) -> dict[str, Any]:
+        body = resp.read()
+        try:
+            answer = json.loads(body) if resp.status == 200 else {}
+        except ValueError:
+            answer = {}
+        return answer if isinstance(answer, dict) else {}
 
-    http_.request(Request("DELETE", task_path(supervisor_task_id), handle=handle,
-                          what=f"delete task {supervisor_task_id}", accept=(404,)))
+    return http_.request(Request("DELETE", task_path(supervisor_task_id), handle=handle,
+                                 what=f"delete task {supervisor_task_id}", accept=(404,)))

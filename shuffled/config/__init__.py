@@ -310,7 +310,7 @@ def reference_markdown() -> str:
         "Generated from `shuffled/config/__init__.py` (a test keeps this file in sync). Precedence:",
         "defaults < TOML file (`--config`, keys at top level or under `[shuffled]`) <",
         "environment (`SHUFFLED_<NAME>`) < flags. Sizes take `64MiB`/`10GB`; durations take",
-        "seconds or ISO-8601 (`PT5M`).",
+        "seconds, `30m`/`2h`/`1h30m`/`7d`, or ISO-8601 (`PT5M`).",
         "",
         "| setting (TOML) | flag | environment | default | meaning |",
         "|---|---|---|---|---|",

@@ -25,6 +25,13 @@ _DURATION_RE = re.compile(
     r"(?:T(?:(?P<h>\d+(?:\.\d+)?)H)?(?:(?P<m>\d+(?:\.\d+)?)M)?(?:(?P<s>\d+(?:\.\d+)?)S)?)?",
     re.IGNORECASE,
 )
+# The short form operators type: 30m, 2h, 1h30m, 90s, 7d (m is minutes, as in Go's and
+# systemd's durations; months have no fixed length and are not taken).
+_SHORT_RE = re.compile(
+    r"(?:(?P<w>\d+(?:\.\d+)?)w)?(?:(?P<d>\d+(?:\.\d+)?)d)?(?:(?P<h>\d+(?:\.\d+)?)h)?"
+    r"(?:(?P<m>\d+(?:\.\d+)?)m)?(?:(?P<s>\d+(?:\.\d+)?)s)?",
+    re.IGNORECASE,
+)
 
 
 def parse_size(value: Any, name: str) -> int:
@@ -41,7 +48,8 @@ def parse_size(value: Any, name: str) -> int:
 
 
 def parse_duration(value: Any, name: str) -> float:
-    """Seconds from a number of seconds or an ISO-8601 duration (``PT5M``, ``P1D``)."""
+    """Seconds from a number of seconds, the short form (``30m``, ``2h``, ``1h30m``,
+    ``90s``, ``7d``) or an ISO-8601 duration (``PT5M``, ``P1D``)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         seconds = float(value)
     else:
@@ -49,12 +57,13 @@ def parse_duration(value: Any, name: str) -> float:
         try:
             seconds = float(text)
         except ValueError:
-            match = _DURATION_RE.fullmatch(text)
-            if not match or text.upper() in ("P", "PT") or text.upper().endswith("T"):
-                raise ConfigError(
-                    f"{name}: {value!r} is not a duration in seconds or ISO-8601 (PT5M)",
-                    setting=name,
-                )
+            match = _SHORT_RE.fullmatch(text) if text else None
+            if match is None or not any(match.groupdict().values()):
+                match = _DURATION_RE.fullmatch(text)
+                if not match or text.upper() in ("P", "PT") or text.upper().endswith("T"):
+                    raise ConfigError(
+                        f"{name}: {value!r} is not a duration: give seconds, 30m, 2h, "
+                        "1h30m, 7d or ISO-8601 (PT5M)", setting=name)
             parts = {k: float(v) for k, v in match.groupdict().items() if v}
             seconds = (
                 parts.get("w", 0) * 604800 + parts.get("d", 0) * 86400

@@ -108,3 +108,21 @@ def test_readme_settings_table_is_in_sync() -> None:
     table = reference_markdown()[reference_markdown().index("| setting"):]
     section = readme[readme.index("<!-- settings:start"):readme.index("<!-- settings:end -->")]
     assert table in section, "run `make config-reference` and update README's Settings table"
+
+
+@pytest.mark.parametrize("text, seconds", [
+    ("30m", 1800.0), ("2h", 7200.0), ("1h30m", 5400.0), ("90s", 90.0), ("7d", 604800.0),
+    ("1.5h", 5400.0), ("PT5M", 300.0), ("P1D", 86400.0), ("12", 12.0)])
+def test_durations_take_the_short_form_beside_iso(text: str, seconds: float) -> None:
+    """Issue 39: ``30m`` was refused (only ISO ``PT30M``)."""
+    from shuffled.config import parse_duration
+
+    assert parse_duration(text, "expiry_timeout") == seconds
+
+
+@pytest.mark.parametrize("text", ["", "m", "5x", "1mo", "P", "-5m"])
+def test_what_is_not_a_duration_is_refused_naming_the_forms(text: str) -> None:
+    from shuffled.config import parse_duration
+
+    with pytest.raises(ConfigError, match="expiry_timeout"):
+        parse_duration(text, "expiry_timeout")
