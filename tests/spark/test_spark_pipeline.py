@@ -202,6 +202,8 @@ def test_new_version_replaces_intervals_and_append_adds(spark: Any, daemons: lis
     for s in m1["segments"]:
         assert not (out / "events" / s["path"]).exists()
     spec["spec"]["ioConfig"]["appendToExisting"] = True
+    # Druid refuses appending with perfect rollup (forceGuaranteedRollup): append dynamically.
+    spec["spec"]["tuningConfig"].update(forceGuaranteedRollup=False, partitionsSpec={"type": "dynamic"})
     run_ingestion(spec, shuffle_servers=urls, output_dir=str(out))
     m3, t3 = read_output(out)
     assert t3.num_rows == 2 * t2.num_rows
