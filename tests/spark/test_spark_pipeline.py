@@ -98,8 +98,10 @@ def test_rollup_equals_independent_computation(spark: Any, daemons: list[Any], d
     assert intervals == {"2018-03-01", "2018-03-02", "2018-03-03"}
     stats = result.report["ingestionStatsAndErrors"]["rowStats"]["buildSegments"]
     thrown = sum(1 for g in good if not BASE <= g["ms"] < BASE + 72 * HOUR)
+    erred = sum(1 for g in good if g.get("error"))  # a metric not a number: kept
     assert stats["unparseable"] == bad and stats["thrownAway"] == thrown
-    assert stats["processed"] == len(good) - thrown
+    assert stats["processed"] == len(good) - thrown - erred
+    assert erred and stats["processedWithError"] == erred
     events = result.report["ingestionStatsAndErrors"]["unparseableEvents"]
     assert events and all(e["file"].endswith(".json") and e["line"] for e in events)
     assert any(m.startswith("phase 1 done") for m in messages)

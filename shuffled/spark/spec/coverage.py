@@ -190,7 +190,8 @@ def _rows() -> list[Field]:
         Field(f"{PS}.numShards", 2, S, parent={"type": "hashed"}, extra=_HASHED),
         Field(f"{PS}.partitionDimensions", ["animal"], S, parent={"type": "hashed"}, extra=_HASHED),
         Field(f"{PS}.partitionDimension", "animal", S, parent={"type": "single_dim"}, extra=_HASHED),
-        Field(f"{PS}.assumeGrouped", True, S, parent={"type": "hashed"}, extra=_HASHED),
+        Field(f"{PS}.assumeGrouped", True, I, "a hint to Druid's partition sizing; partitions are sized from "
+              "the rolled-up keys here", parent={"type": "hashed"}, extra=_HASHED),
         Field(f"{PS}.partitionFunction", "murmur3_32_abs", R, "Druid's hash is not implemented: partitions use "
               "Spark's hash() (spark_murmur3_32 in the shardSpec); leave it out", parent={"type": "hashed"},
               extra=_HASHED),
@@ -203,6 +204,7 @@ def _rows() -> list[Field]:
         *[Field(f"{TUN}.{k}", v, S) for k, v in (
             ("maxNumConcurrentSubTasks", 2), ("totalNumMergeTasks", 2), ("maxParseExceptions", 0),
             ("maxRowsInMemory", 1000), ("maxSavedParseExceptions", 5))],
+        Field(f"{TUN}.logParseExceptions", True, S, "logs each parse exception (unparseable or processedWithError)"),
         Field(f"{TUN}.maxBytesInMemory", 1 << 20, S, "a task's memory budget (Druid's meaning: 0 default, -1 unbounded)"),
         *[Field(f"{TUN}.partialCompression", c, S, "ours: Arrow IPC compression of partials" if c == "lz4" else "")
           for c in ("lz4", "zstd", "none")],

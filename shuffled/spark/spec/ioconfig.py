@@ -135,7 +135,7 @@ def parse_tuning(o: JsonObject) -> dict[str, Any]:
         raise SpecError(ps.at("numShards"), "cannot be combined with targetRowsPerSegment/maxRowsPerSegment")
     if target and max_rows and kind != "dynamic":
         raise SpecError(ps.at("targetRowsPerSegment"), "cannot be combined with maxRowsPerSegment")
-    ps.bool_("assumeGrouped", False)
+    ps.bool_("assumeGrouped", False)  # Druid's sizing hint: ignored (docs/spec-coverage.md)
     ps.done({"maxTotalRows", "partitionFunction"})
     if ps.value.get("partitionFunction") is not None:
         # Druid's only function, murmur3_32_abs, hashes its serialized group key with
@@ -152,7 +152,9 @@ def parse_tuning(o: JsonObject) -> dict[str, Any]:
         "force_guaranteed_rollup": o.bool_("forceGuaranteedRollup", False),
         "max_concurrent_subtasks": o.int_("maxNumConcurrentSubTasks", 1),
         "total_merge_tasks": o.int_("totalNumMergeTasks", None),  # None: sized at run time
+        # Druid's: the task fails once unparseable + processedWithError rows exceed it
         "max_parse_exceptions": o.int_("maxParseExceptions", 2**31 - 1, minimum=0),
+        "log_parse_exceptions": o.bool_("logParseExceptions", False),
         "max_rows_in_memory": max(1000, o.int_("maxRowsInMemory", 1_000_000) or 1_000_000),
         "max_saved_parse_exceptions": o.int_("maxSavedParseExceptions", 20, minimum=0),
         "max_bytes_in_memory": _bytes_in_memory(o.int_("maxBytesInMemory", 0, minimum=-1)),
