@@ -6,6 +6,8 @@ from this pipeline's output."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from shuffled.spark import SpecError, parse_spec
@@ -62,3 +64,16 @@ def test_hll_without_string_encoding_is_refused_not_hashed_otherwise() -> None:
     assert "UTF16LE" in str(info.value) and "UTF8" in str(info.value)
     spec["spec"]["dataSchema"]["metricsSpec"][0]["stringEncoding"] = "UTF8"
     assert parse_spec(spec).metrics[0].type == "HLLSketchBuild"
+
+
+def test_refusals_come_before_anything_runs(tmp_path: Path) -> None:
+    # The refusal is the parser's: no daemon is asked (none listens at this address), no
+    # Spark session starts, no output is written.
+    from shuffled.spark import run_ingestion
+
+    spec = with_change("spec.tuningConfig", HASHED)
+    spec["spec"]["ioConfig"]["appendToExisting"] = True
+    out = tmp_path / "out"
+    with pytest.raises(SpecError, match="Perfect rollup cannot be guaranteed"):
+        run_ingestion(spec, shuffle_servers=["http://127.0.0.1:9"], output_dir=str(out))
+    assert not out.exists()
