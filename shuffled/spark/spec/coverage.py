@@ -170,9 +170,13 @@ def _rows() -> list[Field]:
         *[Field(f"{FMT}.{k}", True, I) for k in ("keepNullColumns", "assumeNewlineDelimited", "useJsonNodeReader")],
         Field(f"{FMT}.featureSpec", {}, I),
         Field(f"{FMT}.binaryAsString", True, I, parent={"type": "parquet"}),
-        *[Field(f"{FMT}.{k}", v, S, parent={"type": "csv", "columns": ["timestamp", "animal", "location", "number"]})
-          for k, v in (("columns", ["timestamp", "animal", "location", "number"]), ("findColumnsFromHeader", True),
-                       ("hasHeaderRow", True), ("skipHeaderRows", 1))],
+        *[Field(f"{FMT}.{k}", v, S, note, parent={"type": "csv", "columns": ["timestamp", "animal", "location",
+                                                                             "number"]})
+          for k, v, note in (("columns", ["timestamp", "animal", "location", "number"], ""),
+                             ("findColumnsFromHeader", True, "each file's first line after skipHeaderRows"),
+                             ("hasHeaderRow", True, "legacy name of findColumnsFromHeader"),
+                             ("skipHeaderRows", 1, "each file's first lines, never counted as rows; "
+                                                   ".gz/.bz2/.zst/.xz files too"))],
         Field(f"{FMT}.listDelimiter", "|", I, "CSV values are never split into multi-values",
               parent={"type": "csv", "columns": ["timestamp", "animal", "location", "number"]}),
         Field(f"{IO}.appendToExisting", True, S, "with dynamic partitioning (best-effort rollup in Druid)"),
