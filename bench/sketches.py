@@ -33,7 +33,7 @@ def _spec(data: Path, metric: dict[str, Any]) -> dict[str, Any]:
     return s
 
 
-HLL = {"type": "HLLSketchBuild", "name": "users", "fieldName": "user", "lgK": 12,
+HLL = {"type": "HLLSketchBuild", "name": "users", "fieldName": "user", "lgK": 12, "stringEncoding": "UTF8",
        "tgtHllType": "HLL_4"}
 COUNT = {"type": "count", "name": "users"}
 

@@ -45,23 +45,44 @@ def ingest(spec: Any, *, master: str | None = None,
                                        progress=progress, reader=reader,
                                        signing_secret=signing_secret)
     if show_rows:
-        _show_rows(output_dir, show_rows, say)
+        _show_rows(result, show_rows, say)
     return result
 
 
-def _show_rows(output_dir: str, limit: int, say: Callable[[str], None]) -> None:
-    import pathlib
-
-    if output_dir.lower().startswith("iceberg://"):
-        _show_table(output_dir, limit, say)
+def _show_rows(result: Any, limit: int, say: Callable[[str], None]) -> None:
+    """The first rows of what ``result``'s ingestion published, read through the manifest
+    it wrote (local or ``s3://``): the segments it lists for this ingestion, never other
+    files under the output (another dataSource, a version replaced, a file no manifest
+    names)."""
+    if result.table is not None:
+        _show_table(result.table, limit, say)
         return
+    import io
+    import json
+    import posixpath
+
     import pyarrow.parquet as pq
 
-    files = sorted(pathlib.Path(output_dir).rglob("*.parquet"))
+    from shuffled.spark.fs import remote
+
+    base = posixpath.dirname(result.manifest_path)
+    if remote.is_remote(result.manifest_path):
+        body = remote.read_bytes(result.manifest_path)
+        manifest = json.loads(body) if body else {"segments": []}
+    else:
+        with open(result.manifest_path, encoding="utf-8") as fh:
+            manifest = json.load(fh)
+    ours = {(s["interval"], s["version"], s["partitionNum"]) for s in result.segments}
     shown = 0
-    for path in files:
-        table = pq.read_table(path)
-        say(f"-- {path.relative_to(output_dir)}: {table.num_rows} rows")
+    for seg in manifest["segments"]:
+        if (seg["interval"], seg["version"], seg["partitionNum"]) not in ours:
+            continue
+        where = f"{base}/{seg['path']}"
+        if remote.is_remote(where):
+            table = pq.read_table(io.BytesIO(remote.read_bytes(where) or b""))
+        else:
+            table = pq.read_table(where)
+        say(f"-- {result.data_source}/{seg['path']}: {table.num_rows} rows")
         for row in table.slice(0, max(0, limit - shown)).to_pylist():
             say("   " + ", ".join(f"{k}={v}" for k, v in row.items()))
             shown += 1

@@ -52,12 +52,15 @@ class TaskStats:
     server: str
     servers_down: tuple[str, ...] = ()
     ms: int = 0
-    bad: tuple[dict[str, Any], ...] = ()  # the first unparseable rows: file, line, message, raw
+    # the first parse exceptions: file, line, message, raw, errorType (unparseable or
+    # processedWithError, as Druid's saved parse exceptions)
+    bad: tuple[dict[str, Any], ...] = ()
     peak_rss: int = 0
     rss_at_start: int = 0
     multi_value: tuple[str, ...] = ()
     rows_in: int = 0
     processed: int = 0
+    processed_with_error: int = 0  # ingested with a column's value null (a parse error)
     unparseable: int = 0
     thrown_away: int = 0
     bytes_processed: int = 0

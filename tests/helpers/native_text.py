@@ -51,8 +51,10 @@ def _normal(table: pa.Table, columns: list[str]) -> list[tuple[Any, ...]]:
             values = [v if v is None or v == "T" else "\t".join(v.split("\t")[:2] + v.split("\t")[3:])
                       for v in values]
         cols.append(values)
-    # A flagged row is dropped by the task: only its flag (reason, file, text) matters.
-    rows = [r if r[-1] is None else (r[-1],) for r in zip(*cols)]
+    # A flagged row is dropped by the task: only its flag (reason, file, text) matters; a row
+    # with a column's parse error ("E", processedWithError) is kept: all of it matters.
+    rows = [r if r[-1] is None or r[-1].startswith("E") else (r[-1],) for r in zip(*cols)]
+    rows = [tuple("NaN" if isinstance(v, float) and v != v else v for v in r) for r in rows]
     return sorted(rows, key=repr)
 
 
@@ -80,7 +82,8 @@ def prepared_both(spark: Any, spec: dict[str, Any], block: int = 1 << 16,
 
 
 def bad_lines(table: pa.Table) -> list[tuple[str, int, str, str]]:
-    """(file, line, reason, raw) of each unparseable row of a native prepared table."""
+    """(file, line, reason, raw) of each unparseable or processed-with-error row of a native
+    prepared table."""
     out = []
     for v in table.column(BAD).to_pylist():
         if v and v != "T":

@@ -64,6 +64,10 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[s
 def _events(base: Path, **io: Any) -> dict[str, Any]:
     spec = base_spec(base, {"type": "hashed", "numShards": 2})
     spec["spec"]["ioConfig"].update(io)
+    if io.get("appendToExisting"):
+        # Druid refuses appending with perfect rollup: an append uses dynamic partitioning.
+        spec["spec"]["tuningConfig"].update(forceGuaranteedRollup=False,
+                                            partitionsSpec={"type": "dynamic"})
     return spec
 
 

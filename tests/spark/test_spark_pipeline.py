@@ -98,8 +98,10 @@ def test_rollup_equals_independent_computation(spark: Any, daemons: list[Any], d
     assert intervals == {"2018-03-01", "2018-03-02", "2018-03-03"}
     stats = result.report["ingestionStatsAndErrors"]["rowStats"]["buildSegments"]
     thrown = sum(1 for g in good if not BASE <= g["ms"] < BASE + 72 * HOUR)
+    erred = sum(1 for g in good if g.get("error"))  # a metric not a number: kept
     assert stats["unparseable"] == bad and stats["thrownAway"] == thrown
-    assert stats["processed"] == len(good) - thrown
+    assert stats["processed"] == len(good) - thrown - erred
+    assert erred and stats["processedWithError"] == erred
     events = result.report["ingestionStatsAndErrors"]["unparseableEvents"]
     assert events and all(e["file"].endswith(".json") and e["line"] for e in events)
     assert any(m.startswith("phase 1 done") for m in messages)
@@ -202,6 +204,8 @@ def test_new_version_replaces_intervals_and_append_adds(spark: Any, daemons: lis
     for s in m1["segments"]:
         assert not (out / "events" / s["path"]).exists()
     spec["spec"]["ioConfig"]["appendToExisting"] = True
+    # Druid refuses appending with perfect rollup (forceGuaranteedRollup): append dynamically.
+    spec["spec"]["tuningConfig"].update(forceGuaranteedRollup=False, partitionsSpec={"type": "dynamic"})
     run_ingestion(spec, shuffle_servers=urls, output_dir=str(out))
     m3, t3 = read_output(out)
     assert t3.num_rows == 2 * t2.num_rows

@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 from shuffled.client import ShuffleClient
 from shuffled.errors import ShuffleError
 from shuffled.protocol import PEERS_PATH
-from shuffled.spark.driver import durable, recompute
+from shuffled.spark.driver import durable, parse_errors, recompute
 from shuffled.spark.driver.context import JobContext
 from shuffled.spark.driver.report import counted
 from shuffled.spark.phase1 import native
@@ -28,7 +28,7 @@ from shuffled.spark.phase1.tasks import Phase1Config
 from shuffled.spark.phase1.determine import determine
 from shuffled.spark.phase1.prepare import (bucket_column, metric_column, metric_time_column,
                                             multi_value_dimensions, prepare)
-from shuffled.spark.phase1.source import load_input, resolve_lines
+from shuffled.spark.phase1.source import input_bytes, load_input
 from shuffled.spark.phase1.text_io import Declined
 from shuffled.spark import records
 from shuffled.spark.phase2 import merge as phase2
@@ -245,10 +245,11 @@ class Job:
                 self.report.add_subtask(record)
                 bad.extend(dict(b) for b in record.bad)
                 self.multi_value.update(record.multi_value)
-        bad = bad[: s.max_saved_parse_exceptions]
-        resolve_lines(bad)
-        for b in bad:
-            log.warning("unparseable row at %s:%s: %s", b["file"], b["line"], b["message"])
+        if reader == "jvm" or s.input_format.type == "parquet":
+            # Druid's processedBytes: the input's bytes (text after decompression); native
+            # text tasks count what they read, otherwise the driver counts the input.
+            self.report.rows["processedBytes"] = input_bytes(s, self.ctx.files)
+        bad = parse_errors.saved_exceptions(s, bad)
         self.report.unparseable_events = bad
         r = self.report.rows
         self.report.phase("partialSegmentGeneration", started, subtasks=len(self.report.subtasks),
@@ -267,15 +268,13 @@ class Job:
                           multiValueDimensions=sorted(self.multi_value))
         self.ctx.settle()
         self.say(f"phase 1 done: {counted(len(self.report.subtasks), 'subtask')}, "
-                 f"{counted(r['processed'], 'row')}, {r['unparseable']} unparseable, "
+                 f"{counted(r['processed'], 'row')}, {r['processedWithError']} with errors, "
+                 f"{r['unparseable']} unparseable, "
                  f"{r['thrownAway']} thrown away, {counted(len(partials), 'partial')}, "
                  f"{counted(self.report.bytes_shuffled, 'byte')} shuffled")
-        if r["unparseable"] > s.max_parse_exceptions:
-            first = bad[0] if bad else {}
-            where = f"; first at {first.get('file')}:{first.get('line')}: {first.get('message')}" if first else ""
-            raise IngestionFailed(
-                f"Max parse exceptions [{s.max_parse_exceptions}] exceeded: "
-                f"{r['unparseable']} unparseable rows{where}", unparseable=r["unparseable"])
+        failed = parse_errors.over_limit(s, r, bad)
+        if failed:
+            raise IngestionFailed(failed, unparseable=r["unparseable"])
         return partials
 
     def seal(self, partials: list[records.Partial]) -> list[str]:

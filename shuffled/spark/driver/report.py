@@ -57,6 +57,7 @@ class TaskReport:
             "rows": stats.rows_in, "bytesShuffled": stats.bytes_shuffled,
         })
         self.rows["processed"] += stats.processed
+        self.rows["processedWithError"] += stats.processed_with_error
         self.rows["processedBytes"] += stats.bytes_processed
         self.rows["unparseable"] += stats.unparseable
         self.rows["thrownAway"] += stats.thrown_away
@@ -101,7 +102,8 @@ class TaskReport:
         r = self.rows
         lines = [
             f"{self.status}: {self.task_id} ({self.data_source}, version {self.version})",
-            f"  rows: {r['processed']} processed, {r['unparseable']} unparseable, "
+            f"  rows: {r['processed']} processed, {r['processedWithError']} with errors, "
+            f"{r['unparseable']} unparseable, "
             f"{r['thrownAway']} thrown away -> {counted(self.rows_out, 'row')} in "
             f"{counted(len(self.segments), 'segment')}",
             f"  bytes: {r['processedBytes']} processed, {self.bytes_shuffled} shuffled",

@@ -19,6 +19,8 @@ from functools import lru_cache
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from shuffled.spark.fs import compressed
+
 REMOTE_SCHEMES = ("s3", "http", "https")
 HTTP_TIMEOUT = 60.0
 
@@ -90,17 +92,36 @@ def size(uri: str) -> int:
     return os.path.getsize(uri)
 
 
-def read_lines(uri: str) -> Iterator[str]:
-    """The text lines of ``uri`` (UTF-8, bad bytes replaced), streamed."""
+def open_stream(uri: str) -> BinaryIO:
+    """The bytes of ``uri`` as a stream, decompressed when its extension names a codec
+    (:mod:`.compressed`, as Druid decompresses input by extension)."""
     if scheme(uri) == "s3":
         raw: BinaryIO = s3().open_input_stream(s3_path(uri))
     elif scheme(uri) in ("http", "https"):
         raw = urllib.request.urlopen(uri, timeout=HTTP_TIMEOUT)  # noqa: S310 (http(s) only)
     else:
-        raw = open(uri, "rb")  # noqa: SIM115 (closed below)
-    with raw, io.TextIOWrapper(raw, encoding="utf-8", errors="replace") as text:
+        raw = open(uri, "rb")  # noqa: SIM115 (the caller closes it)
+    kind = compressed.codec(uri)
+    return raw if kind is None else compressed.decompressing(raw, kind)
+
+
+def read_lines(uri: str) -> Iterator[str]:
+    """The text lines of ``uri`` (UTF-8, bad bytes replaced, decompressed), streamed."""
+    with open_stream(uri) as raw, io.TextIOWrapper(raw, encoding="utf-8", errors="replace") as text:
         for line in text:
             yield line.rstrip("\r\n")
+
+
+def text_bytes(uri: str) -> int:
+    """Bytes of the text of ``uri``: its size, or for a compressed file the bytes it
+    decompresses to (read through once), what Druid counts as processedBytes."""
+    if compressed.codec(uri) is None:
+        return size(uri)
+    total = 0
+    with open_stream(uri) as raw:
+        while chunk := raw.read(8 << 20):
+            total += len(chunk)
+    return total
 
 
 def write_bytes(uri: str, data: bytes) -> None:

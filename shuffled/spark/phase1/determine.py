@@ -20,7 +20,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from shuffled.spark.spec.model import IngestSpec, PartitionPlan
-from shuffled.spark.rows.rollup import BAD, CHUNK, TIME
+from shuffled.spark.rows.rollup import BAD, CHUNK, TIME, WITH_ERROR
 
 _SAMPLE_PER_SHARD = 400
 _MIN_SAMPLE = 4000
@@ -51,7 +51,7 @@ def determine(prepared: DataFrame, spec: IngestSpec) -> tuple[PartitionPlan, dic
     ps = spec.partitions
     if ps.type == "hashed" and ps.num_shards:
         return PartitionPlan("hashed", ps.dimensions, num_shards=ps.num_shards), {}
-    good = prepared.where(F.col(BAD).isNull())
+    good = prepared.where(F.col(BAD).isNull() | F.col(BAD).startswith(WITH_ERROR))
     card = cardinalities(good, spec)
     shards = {c: max(1, math.ceil(n / ps.target_rows)) for c, n in card.items()}
     if ps.type in ("hashed", "dynamic"):

@@ -37,6 +37,7 @@ from shuffled.spark.rows.rollup import BAD, CHUNK, TIME
 from shuffled.spark.phase1.sparkhash import pmod_hash
 from shuffled.spark.phase1.native_range import RangeBucketer
 from shuffled.spark.phase1.text_plan import text_input
+from shuffled.spark.phase1.text_io import ByteMeter
 from shuffled.spark.phase1.text_prepare import TextInput
 from shuffled.spark.phase1.text_reader import read_text
 
@@ -196,11 +197,13 @@ def _source(path: str) -> str | pa.NativeFile:
 READ_ROWS = 1 << 17
 
 
-def read_split(split: Split, spec: NativeInput, columns: list[str]) -> Iterator[pa.Table]:
+def read_split(split: Split, spec: NativeInput, columns: list[str],
+               meter: ByteMeter | None = None) -> Iterator[pa.Table]:
     """The phase-1 rows of ``split``, up to :data:`READ_ROWS` rows at a time (text: per
-    piece of lines, :data:`.text_io.PIECE` bytes)."""
+    piece of lines, :data:`.text_io.PIECE` bytes, the bytes read counted in ``meter``;
+    Parquet's processedBytes are its files' sizes, counted by the driver)."""
     if spec.text is not None:
-        yield from read_text(split.path, split.row_groups, spec)
+        yield from read_text(split.path, split.row_groups, spec, meter)
         return
     pf = pq.ParquetFile(_source(split.path), read_dictionary=list(split.dictionary))
     present = [c for c in columns if c in pf.schema_arrow.names]

@@ -5,8 +5,11 @@ truncation to queryGranularity, the time chunk (segmentGranularity), the interva
 value typing, the reason a row is unparseable, and (given a :class:`PartitionPlan`) the
 secondary partition number. Python only sees narrow, typed Arrow batches.
 
-``__bad`` is NULL for a good row, ``'T'`` for a row thrown away (outside ``intervals``)
-and ``'U\\t<file>\\t<line>\\t<reason>\\t<raw>'`` for an unparseable one.
+``__bad`` is NULL for a good row, ``'T'`` for a row thrown away (outside ``intervals``),
+``'U\\t<file>\\t<line>\\t<reason>\\t<raw>'`` for an unparseable one and
+``'E\\t<file>\\t<line>\\t<reasons>\\t<raw>'`` for one ingested with a parse error in
+its columns (Druid's processedWithError: a numeric dimension's or metric's field that is
+not a number is null; the row is kept and counted apart).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from shuffled.spark.spec.transform import TIME as DRUID_TIME
 from shuffled.spark.phase1.filters import filter_column
 from shuffled.spark.phase1.multivalue import can_hold_arrays, string_dimension
 from shuffled.spark.phase1.sqlexpr import LONG, Translator, Val, as_value, input_val
-from shuffled.spark.rows.rollup import BAD, BUCKET, CHUNK, TIME
+from shuffled.spark.rows.rollup import BAD, BUCKET, CHUNK, TIME, WITH_ERROR
 
 _TS = "__ts"
 _TS_OUT = "__ts_out"  # the timestamp after a transform named __time
@@ -150,6 +153,7 @@ def prepare(df: DataFrame, spec: IngestSpec) -> DataFrame:
         types = {f.name: f.dataType for f in df.schema.fields}
         time_col, keep = _TS_OUT, F.col(_KEEP)
         problems.append((F.col(_TS_OUT).isNull(), F.lit("the __time transform gave null")))
+    errors: list[tuple[Column, Column]] = []  # parse errors of a column: the row is kept
     cols: list[Column] = []
     single = spec.partitions.dimensions if spec.partitions.type in ("range", "single_dim") else ()
     for d in spec.dimensions:
@@ -162,8 +166,8 @@ def prepare(df: DataFrame, spec: IngestSpec) -> DataFrame:
         value, bad = _typed(src, types[d.name], d.type)
         cols.append(value.alias(d.name))
         if bad is not None:
-            problems.append((bad, F.concat(F.lit(f"dimension [{d.name}]: not a {d.type} ["),
-                                           src.cast("string"), F.lit("]"))))
+            errors.append((bad, F.concat(F.lit(f"dimension [{d.name}]: not a {d.type} ["),
+                                         src.cast("string"), F.lit("]"))))
     for i, m in enumerate(spec.metrics):
         if m.field is None:
             continue
@@ -175,18 +179,24 @@ def prepare(df: DataFrame, spec: IngestSpec) -> DataFrame:
         if m.first_last:
             cols.append(_first_last_time(m.time_column, time_col, types).alias(metric_time_column(i)))
         if bad is not None:
-            problems.append((bad, F.concat(F.lit(f"field [{m.field}] of metric [{m.name}]: not a number ["),
-                                           src.cast("string"), F.lit("]"))))
+            errors.append((bad, F.concat(F.lit(f"field [{m.field}] of metric [{m.name}]: not a number ["),
+                                         src.cast("string"), F.lit("]"))))
     reason = F.when(problems[0][0], problems[0][1])
     for cond, text in problems[1:]:
         reason = reason.when(cond, text)
     file = F.col("__file") if "__file" in df.columns else F.input_file_name()
-    location = F.concat_ws("\t", F.lit("U"), F.coalesce(file, F.lit("")),
-                           F.coalesce(F.col("__line").cast("string"), F.lit("")), reason,
+
+    def location(flag: str, why: Column) -> Column:
+        return F.concat_ws("\t", F.lit(flag), F.coalesce(file, F.lit("")),
+                           F.coalesce(F.col("__line").cast("string"), F.lit("")), why,
                            F.coalesce(F.substring(F.col("__raw"), 1, 1000), F.lit("")))
+
     chunk = F.expr(spark_truncate(time_col, spec.segment_granularity))
     keep = keep & _in_intervals(chunk, spec)
-    bad = F.when(reason.isNotNull(), location).when(~keep, F.lit("T"))
+    bad = F.when(reason.isNotNull(), location("U", reason)).when(~keep, F.lit("T"))
+    if errors:  # every column's error, in the order of the spec, as Druid lists them
+        why = F.concat_ws("; ", *[F.when(cond, text) for cond, text in errors])
+        bad = bad.when(F.length(why) > 0, location(WITH_ERROR, why))
     return df.select(
         F.expr(spark_truncate(time_col, spec.query_granularity)).alias(TIME),
         chunk.alias(CHUNK), *cols, bad.alias(BAD),

@@ -11,6 +11,8 @@ input has no ``__file`` column (see :func:`_parquet`).
 from __future__ import annotations
 
 import fnmatch
+import functools
+import itertools
 import os
 from collections.abc import Iterable
 from typing import Any
@@ -20,7 +22,8 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from shuffled.spark.fs import remote
+from shuffled.spark.fs import compressed, remote
+from shuffled.spark.phase1.text_io import file_uri
 from shuffled.spark.phase1.multivalue import json_arrays, json_fields
 from shuffled.spark.spec.model import IngestSpec
 from shuffled.spark.spec.parse import SpecError
@@ -58,7 +61,21 @@ def resolve_files(spec: IngestSpec, cwd: str | None = None) -> list[str]:
                     out.append(os.path.join(dirpath, fn))
         if not out:
             raise SpecError(f"{SRC}.filter", f"no file under {base} matches {src.filter!r}")
+    _refuse_compression(out, spec)
     return sorted(dict.fromkeys(out))
+
+
+def _refuse_compression(files: list[str], spec: IngestSpec) -> None:
+    """Druid decompresses ``.zip`` and ``.sz`` input too; read as text here it would be
+    garbage, so such a file is refused by name (``.gz``, ``.bz2``, ``.zst``, ``.xz`` are
+    read, see :mod:`shuffled.spark.fs.compressed`)."""
+    if spec.input_format.type == "parquet":
+        return
+    for path in files:
+        ext = compressed.refused(path)
+        if ext:
+            raise SpecError(SRC, f"{path}: {ext} input is not supported (compressed input: "
+                            f"{', '.join(compressed.CODECS)})")
 
 
 def _remote_files(spec: IngestSpec) -> list[str]:
@@ -80,17 +97,20 @@ def _remote_files(spec: IngestSpec) -> list[str]:
     except OSError as exc:  # the store refused or is unreachable: say which and why
         raise SpecError(SRC, f"cannot list the input in the object store: {exc} (credentials "
                         "and endpoint come from AWS_* environment variables)") from exc
+    _refuse_compression(out, spec)
     return sorted(dict.fromkeys(out))
 
 
 def csv_columns(spec: IngestSpec, files: list[str]) -> tuple[list[str], set[str]]:
-    """CSV column names and the header lines to skip (from the first line of each file)."""
+    """CSV column names and the header lines to skip: each file's line after its first
+    ``skipHeaderRows`` (Druid skips those, then reads the header)."""
     fmt = spec.input_format
     headers: set[str] = set()
     if fmt.find_columns_from_header:
         firsts = _first_lines(spec, files)
         if not firsts:
-            raise SpecError("$.spec.ioConfig.inputFormat", "no header row found")
+            raise SpecError("$.spec.ioConfig.inputFormat", "no header row found" + (
+                f" after skipHeaderRows ({fmt.skip_header_rows})" if fmt.skip_header_rows else ""))
         headers = set(firsts)
         columns = [c.strip().strip('"') for c in firsts[0].split(fmt.delimiter)]
         missing = [c for c in spec.input_fields if c not in columns]
@@ -102,37 +122,57 @@ def csv_columns(spec: IngestSpec, files: list[str]) -> tuple[list[str], set[str]
 
 
 def _first_lines(spec: IngestSpec, files: list[str]) -> list[str]:
+    """Each file's header line: its line after the first ``skipHeaderRows``."""
+    skip = spec.input_format.skip_header_rows
     if spec.input_source.type == "inline":
         lines = (spec.input_source.data or "").splitlines()
-        return lines[:1]
+        return lines[skip:skip + 1]
     out = []
     for path in files:
-        line = next(iter(remote.read_lines(path)), "")
+        line = next(itertools.islice(remote.read_lines(path), skip, None), "")
         if line:
             out.append(line)
     return out
 
 
+def input_bytes(spec: IngestSpec, files: list[str]) -> int:
+    """The input's bytes as Druid's processedBytes counts them: inline data's UTF-8 bytes,
+    each file's size, a compressed text file's bytes after decompression (read once more)."""
+    if spec.input_source.type == "inline":
+        return len((spec.input_source.data or "").encode())
+    if spec.input_format.type == "parquet":
+        return sum(remote.size(f) for f in files)
+    return sum(remote.text_bytes(f) for f in files)
+
+
 def _text_lines(spark: SparkSession, spec: IngestSpec, files: list[str]) -> DataFrame:
+    skip = spec.input_format.skip_header_rows if spec.input_format.type == "csv" else 0
     if spec.input_source.type == "inline":
         lines = (spec.input_source.data or "").splitlines()
-        rows = [(line, "inline", i + 1) for i, line in enumerate(lines)]
+        rows = [(line, "inline", i + 1) for i, line in enumerate(lines) if i >= skip]
         schema = "value string, __file string, __line bigint"
         return spark.createDataFrame(rows, schema)
-    if any(remote.is_remote(f) for f in files):
+    if skip or any(remote.is_remote(f) or compressed.codec(f) for f in files):
         # Object stores are read on the executors through pyarrow.fs / HTTP (Spark's own
-        # s3a needs hadoop-aws, which pyspark does not ship), one task per object, lines
-        # numbered as they come, then parsed by Spark as local files are.
-        rdd = spark.sparkContext.parallelize(files, len(files)).flatMap(_numbered_lines)
+        # s3a needs hadoop-aws, which pyspark does not ship), compressed files through
+        # their codec (Hadoop's zstd needs native libraries), and files whose first lines
+        # are skipped (skipHeaderRows) by line number: one task per file, lines numbered as
+        # they come, then parsed by Spark as local files are.
+        rdd = spark.sparkContext.parallelize(files, len(files)).flatMap(
+            functools.partial(_numbered_lines, skip=skip))
         return spark.createDataFrame(rdd, "value string, __file string, __line bigint")
     df = spark.read.text(files)
     return df.select("value", F.col("_metadata.file_path").alias("__file"),
                      F.lit(None).cast("bigint").alias("__line"))
 
 
-def _numbered_lines(uri: str) -> Iterable[tuple[str, str, int]]:
+def _numbered_lines(uri: str, skip: int = 0) -> Iterable[tuple[str, str, int]]:
+    """The lines of ``uri`` after its first ``skip``, numbered, with the file's name as
+    the JVM reader reports it."""
+    name = file_uri(uri)
     for n, line in enumerate(remote.read_lines(uri), 1):
-        yield line, uri, n
+        if n > skip:
+            yield line, name, n
 
 
 def load_input(spark: SparkSession, spec: IngestSpec, files: list[str]) -> DataFrame:

@@ -46,6 +46,7 @@ from shuffled.protocol import Interval, PartialKey
 from shuffled.spark.records import Partial, Record, TaskStats, dump
 from shuffled.spark.spec.granularity import bucket_end
 from shuffled.spark.phase1.native import NativeInput, Split, read_split
+from shuffled.spark.phase1.text_io import ByteMeter
 from shuffled.spark.phase1.partials import EOS, Encoder, encode_flush
 from shuffled.spark.phase1.ring import Placer
 from shuffled.spark.phase1.config import Phase1Config
@@ -53,7 +54,7 @@ from shuffled.spark.phase1.keep import only_keys
 from shuffled.spark.phase1.timeorder import AT_ONCE, TimeOrdered
 from shuffled.spark.rows.multivalue import has_multi
 from shuffled.spark.rows.memory import peak_rss, release_free_memory, reset_peak_rss, rss
-from shuffled.spark.rows.rollup import BAD, BUCKET, CHUNK, combine, rollup_input
+from shuffled.spark.rows.rollup import BAD, BUCKET, CHUNK, WITH_ERROR, combine, rollup_input
 
 
 #: The native reader's partitioning of a table's rows (``native.Bucketer`` for hashed,
@@ -94,7 +95,8 @@ class _Task:
         self.scattered = False  # the last combine of held tables kept nearly every row
         self.flushes = 0
         self.uploads: list[Partial] = []
-        self.stats = {"rows_in": 0, "processed": 0, "unparseable": 0, "thrown_away": 0,
+        self.stats = {"rows_in": 0, "processed": 0, "processed_with_error": 0,
+                      "unparseable": 0, "thrown_away": 0,
                       "bytes_processed": 0, "bytes_shuffled": 0, "bytes_before_compression": 0,
                       "rows_shipped": 0, "bytes_replicated": 0, "replication_ms": 0,
                       "failovers": 0}
@@ -112,14 +114,17 @@ class _Task:
 
     def add(self, batch: pa.RecordBatch | pa.Table) -> None:
         self.stats["rows_in"] += batch.num_rows
-        self.stats["bytes_processed"] += batch.nbytes
         table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
         flags = table.column(BAD)
+        erred = 0
         if flags.null_count != len(flags):
-            self._count_bad(flags)
-            table = table.filter(pc.is_null(flags))
+            erred = self._count_bad(flags)
+            # Rows with a column's parse error are ingested (that value null), as Druid's
+            # processedWithError rows are; thrown-away and unparseable ones are not.
+            table = table.filter(pc.or_kleene(pc.is_null(flags),
+                                              pc.starts_with(flags, WITH_ERROR)))
         table = table.drop_columns([BAD])
-        self.stats["processed"] += table.num_rows
+        self.stats["processed"] += table.num_rows - erred
         if table.num_rows == 0:
             return
         # Roll up in large slices: per-batch rollup of mostly-distinct keys would only add
@@ -205,20 +210,27 @@ class _Task:
             self.pending.append(rolled)
             self.pending_rows += rolled.num_rows
 
-    def _count_bad(self, flags: pa.ChunkedArray) -> None:
-        """Count thrown-away ('T') and unparseable rows; keep the first few of the latter."""
+    def _count_bad(self, flags: pa.ChunkedArray) -> int:
+        """Count thrown-away ('T'), unparseable ('U') and processed-with-error ('E') rows;
+        keep the first few of the last two (Druid's saved parse exceptions). Returns the
+        processed-with-error count."""
         flagged = pc.drop_null(flags)
         thrown = int(pc.sum(pc.equal(flagged, "T")).as_py() or 0)
+        erred = int(pc.sum(pc.starts_with(flagged, WITH_ERROR)).as_py() or 0)
         self.stats["thrown_away"] += thrown
-        self.stats["unparseable"] += len(flagged) - thrown
+        self.stats["processed_with_error"] += erred
+        self.stats["unparseable"] += len(flagged) - thrown - erred
         room = self.cfg.max_saved_bad - len(self.bad)
         if room <= 0 or len(flagged) == thrown:
-            return
-        unparseable = flagged.filter(pc.not_equal(flagged, "T")).slice(0, room)
-        for v in unparseable.to_pylist():
-            _, file, line, reason, raw = (v.split("\t", 4) + ["", "", "", ""])[:5]
+            return erred
+        events = flagged.filter(pc.not_equal(flagged, "T")).slice(0, room)
+        for v in events.to_pylist():
+            flag, file, line, reason, raw = (v.split("\t", 4) + ["", "", "", ""])[:5]
             self.bad.append({"file": file, "line": int(line) if line else None,
-                             "message": reason, "raw": raw})
+                             "message": reason, "raw": raw,
+                             "errorType": "processedWithError" if flag == WITH_ERROR
+                             else "unparseable"})
+        return erred
 
     def flush(self) -> None:
         """Send what is held as one bulk upload (after the previous one is answered)."""
@@ -316,13 +328,15 @@ def run_native_task(cfg: Phase1Config, native: NativeInput, splits: Iterator[Spl
     # chunks every file has moved past instead of a slice of every chunk per flush.
     # Each file read at once holds its reader and a batch: the budget says how many.
     at_once = min(AT_ONCE, cfg.max_bytes // (64 << 20)) if cfg.max_bytes else AT_ONCE
-    tables = TimeOrdered([read_split(s, native, columns) for s in per_file], at_once)
-    return run_task(cfg, iter(tables), native.bucketer, lambda: tables.watermark)
+    meter = ByteMeter()  # text input: the bytes read (Parquet's: counted by the driver)
+    tables = TimeOrdered([read_split(s, native, columns, meter) for s in per_file], at_once)
+    return run_task(cfg, iter(tables), native.bucketer, lambda: tables.watermark, meter)
 
 
 def run_task(cfg: Phase1Config, batches: Iterator[pa.RecordBatch | pa.Table],
              bucketer: Bucketing | None = None,
-             watermark: Callable[[], int | None] | None = None) -> list[str]:
+             watermark: Callable[[], int | None] | None = None,
+             meter: ByteMeter | None = None) -> list[str]:
     """Run one phase-1 subtask over its input batches; returns its JSON result lines.
     ``watermark`` says below which time chunk the input has moved (see
     :mod:`.timeorder`)."""
@@ -338,6 +352,8 @@ def run_task(cfg: Phase1Config, batches: Iterator[pa.RecordBatch | pa.Table],
         task.wait_uploaded()
     finally:
         task.close()
+    if meter is not None:
+        task.stats["bytes_processed"] = meter.bytes
     stats = TaskStats(partition=task.partition, attempt=task.attempt,
                       attempt_number=task.attempt_number, server=task.server,
                       servers_down=tuple(sorted(task.placer.down)),

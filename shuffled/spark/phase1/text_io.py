@@ -9,6 +9,12 @@ is not read natively: :class:`Declined`.
 
 Line numbers (for bad rows only) are counted lazily: the newlines before a block are
 counted only when one of its lines is reported.
+
+A compressed file (:mod:`shuffled.spark.fs.compressed`) cannot be read from the middle: it
+is one split, streamed through its codec (:func:`stream_pieces`). The first lines a CSV's
+``skipHeaderRows`` names are never read as rows (``skip``: the bytes they take). What a task
+reads is counted in a :class:`ByteMeter` (Druid's processedBytes: the input's bytes, after
+decompression).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from functools import cached_property
 import numpy as np
 import pyarrow as pa
 
-from shuffled.spark.fs import remote
+from shuffled.spark.fs import compressed, remote
 
 #: Bytes read (and parsed) at a time: large enough for Arrow's readers to run at speed,
 #: small enough to bound a task's memory.
@@ -183,11 +189,43 @@ class Lines:
                                                       pa.py_buffer(self.data)])
 
 
-def pieces(path: str, block: int, blocks: list[tuple[int, int]]) -> Iterator[Piece]:
+@dataclass
+class ByteMeter:
+    """Bytes of input a task has read (decompressed): its share of processedBytes."""
+
+    bytes: int = 0
+
+
+def skipped_bytes(path: str, lines: int) -> int:
+    """Bytes the first ``lines`` lines of ``path`` take (decompressed), newlines included."""
+    if lines <= 0:
+        return 0
+    taken = seen = 0
+    with remote.open_stream(path) as raw:
+        while chunk := raw.read(1 << 16):
+            at = -1
+            while seen < lines:
+                at = chunk.find(b"\n", at + 1)
+                if at < 0:
+                    break
+                seen += 1
+            if seen == lines:
+                return taken + at + 1
+            taken += len(chunk)
+    return taken
+
+
+def pieces(path: str, block: int, blocks: list[tuple[int, int]], skip: int = 0,
+           meter: ByteMeter | None = None) -> Iterator[Piece]:
     """The lines starting in each ``[first, end)`` range of blocks of ``path``, in pieces
-    of about :data:`PIECE` bytes (a longer line is one piece)."""
+    of about :data:`PIECE` bytes (a longer line is one piece); none of the first ``skip``
+    bytes (whole lines: skipHeaderRows), which the task reading from the start counts."""
+    if compressed.codec(path):
+        yield from stream_pieces(path, skip, meter)
+        return
     source = Source(path)
     uri = file_uri(path)
+    meter = meter if meter is not None else ByteMeter()
     try:
         for first, end in blocks:
             start, stop = first * block, end * block
@@ -197,6 +235,9 @@ def pieces(path: str, block: int, blocks: list[tuple[int, int]]) -> Iterator[Pie
                 if after is None:
                     continue
                 pos = after
+            elif skip:
+                meter.bytes += skip
+            pos = max(pos, skip)
             counter = LineCounter(source, pos)
             newlines = 0
             while pos < stop:
@@ -208,11 +249,48 @@ def pieces(path: str, block: int, blocks: list[tuple[int, int]]) -> Iterator[Pie
                     raise Declined(f"{uri}: a line ends with a lone carriage return")
                 counter.add(pos, newlines)
                 piece = Piece(data, pos, uri, counter)
+                meter.bytes += len(data)
                 yield piece
                 newlines += piece.count - (0 if data.endswith(b"\n") else 1)
                 pos += len(data)
     finally:
         source.close()
+
+
+def stream_pieces(path: str, skip: int = 0, meter: ByteMeter | None = None) -> Iterator[Piece]:
+    """The lines of a compressed ``path`` after its first ``skip`` bytes, streamed through
+    its codec in pieces of whole lines (one task reads the whole file)."""
+    uri = file_uri(path)
+    meter = meter if meter is not None else ByteMeter()
+    counter = LineCounter(Source(path), 0)  # from the start: never reads the file
+    pos, newlines, held = 0, 0, b""
+    with remote.open_stream(path) as raw:
+        while True:
+            chunk = raw.read(PIECE)
+            meter.bytes += len(chunk)
+            held += chunk
+            if chunk:
+                cut = held.rfind(b"\n")
+                if cut < 0:
+                    continue
+                data, held = held[: cut + 1], held[cut + 1:]
+            else:
+                data, held = held, b""
+            if pos < skip:  # skipHeaderRows: whole lines, never rows
+                drop = min(skip - pos, len(data))
+                newlines += data.count(b"\n", 0, drop)
+                pos += drop
+                data = data[drop:]
+            if data:
+                if b"\r" in data and data.count(b"\r") != data.count(b"\r\n"):
+                    raise Declined(f"{uri}: a line ends with a lone carriage return")
+                counter.add(pos, newlines)
+                piece = Piece(data, pos, uri, counter)
+                yield piece
+                newlines += piece.count - (0 if data.endswith(b"\n") else 1)
+                pos += len(data)
+            if not chunk:
+                return
 
 
 def _next_line(source: Source, pos: int) -> int | None:

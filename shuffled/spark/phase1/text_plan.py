@@ -11,9 +11,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from shuffled.spark.fs import remote
+from shuffled.spark.fs import compressed, remote
 from shuffled.spark.phase1.arrow_transform import unsupported
 from shuffled.spark.phase1.prepare import metric_column, metric_time_column
+from shuffled.spark.phase1.text_io import skipped_bytes
 from shuffled.spark.phase1.text_prepare import Steps, TextInput
 from shuffled.spark.spec.model import IngestSpec
 
@@ -84,11 +85,14 @@ def text_input(spec: IngestSpec, files: list[str], sizing: Any,
     block = max(MIN_BLOCK, min(MAX_BLOCK, target))
     columns: tuple[str, ...] = ()
     headers: frozenset[str] = frozenset()
+    skip: tuple[tuple[str, int], ...] = ()
     if kind == "csv":
         from shuffled.spark.phase1.source import csv_columns
 
         cols, found = csv_columns(spec, files)
         columns, headers = tuple(cols), frozenset(found)
+        if fmt.skip_header_rows:  # Druid skips them in each file, then reads the header
+            skip = tuple((p, skipped_bytes(p, fmt.skip_header_rows)) for p in files)
     from shuffled.spark.phase1.multivalue import json_fields
 
     multi_names = json_fields(spec)
@@ -103,11 +107,13 @@ def text_input(spec: IngestSpec, files: list[str], sizing: Any,
                           m.max_string_bytes if m.value_type == "string" else None)
                          for i, m in enumerate(spec.metrics) if m.first_last),
         transform=spec.transform, columns=columns, delimiter=fmt.delimiter, headers=headers,
-        reason=f"newline-delimited {kind.upper()} input the native reader covers")
+        skip=skip, reason=f"newline-delimited {kind.upper()} input the native reader covers")
     splits: list[tuple[str, tuple[int, ...], int]] = []
     for path, size in sized:
         count = math.ceil(size / block)
-        if remote.scheme(path) in ("http", "https"):
+        if compressed.codec(path):  # read from its start only: one split (as Druid's)
+            splits.append((path, (0,), size + sizing.open_cost))
+        elif remote.scheme(path) in ("http", "https"):
             splits.append((path, tuple(range(count)), size + sizing.open_cost))
         else:
             splits += [(path, (k,), min(block, size - k * block) + (sizing.open_cost if k == 0 else 0))

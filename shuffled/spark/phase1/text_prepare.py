@@ -23,7 +23,7 @@ from shuffled.spark.phase1.arrow_values import STRING, AVal, cast_value
 from shuffled.spark.phase1.text_io import Piece
 from shuffled.spark.phase1.text_values import plain, shown, text_of, timestamp_millis, typed
 from shuffled.spark.rows.multivalue import ITEM, SEP
-from shuffled.spark.rows.rollup import BAD, CHUNK, TIME
+from shuffled.spark.rows.rollup import BAD, CHUNK, TIME, WITH_ERROR
 from shuffled.spark.spec.granularity import truncate_array
 from shuffled.spark.spec.transform import TransformSpec
 
@@ -47,6 +47,7 @@ class TextInput:
     columns: tuple[str, ...] = ()  # CSV
     delimiter: str = ","
     headers: frozenset[str] = frozenset()
+    skip: tuple[tuple[str, int], ...] = ()  # CSV: bytes of each file's skipHeaderRows lines
     reason: str = ""
 
 
@@ -110,6 +111,7 @@ def prepare_text(table: pa.Table, lines: np.ndarray, piece: Piece, native: Any) 
         outputs, keep, time = apply_transforms(text.transform, inputs, millis)
         problems.append((~_valid(time), lambda i: "the __time transform gave null"))
     cols: dict[str, pa.Array] = {}
+    errors: list[Problem] = []  # a column's parse error: the row is kept, the value null
     multi = dict(text.multi)
     for name, kind in native.dims:
         if name in multi and name not in outputs:
@@ -119,14 +121,14 @@ def prepare_text(table: pa.Table, lines: np.ndarray, piece: Piece, native: Any) 
             continue
         value, bad, src = _typed_input(fields, outputs, name, kind, resolver(name))
         cols[name] = pc.dictionary_encode(value) if kind == "string" else value
-        problems.append((bad, not_a(f"dimension [{name}]: not a {kind}", src, name)))
+        errors.append((bad, not_a(f"dimension [{name}]: not a {kind}", src, name)))
     names = dict(text.metric_names)
     for column, kind, source in native.metrics:
         name = names.get(column, source)
         value, bad, src = _typed_input(fields, outputs, source, kind, resolver(source))
         cols[column] = value
-        problems.append((bad, not_a(f"field [{source}] of metric [{name}]: not a number", src,
-                                    source)))
+        errors.append((bad, not_a(f"field [{source}] of metric [{name}]: not a number", src,
+                                  source)))
     for column, time_column, time_field, chars in text.first_last:
         if chars is not None:  # Druid's loose chop of a string value: characters
             cols[column] = pc.utf8_slice_codeunits(cols[column], 0, chars)
@@ -142,7 +144,7 @@ def prepare_text(table: pa.Table, lines: np.ndarray, piece: Piece, native: Any) 
         keep = keep & inside
     out = {CHUNK: pa.array(chunk), TIME: pa.array(truncate_array(ms, native.query_granularity))}
     out.update(cols)
-    out[BAD] = bad_column(problems, keep, lines, piece, n)
+    out[BAD] = bad_column(problems, keep, lines, piece, n, errors)
     return pa.table(out)
 
 
@@ -226,23 +228,34 @@ def _multi_value(a: pa.Array, handling: str, single: bool, name: str,
 
 
 def bad_column(problems: list[Problem], keep: np.ndarray, lines: np.ndarray, piece: Piece,
-               n: int) -> pa.Array:
-    """``__bad``: null, ``'T'`` (thrown away) or the first problem's location and reason."""
+               n: int, errors: list[Problem] | None = None) -> pa.Array:
+    """``__bad``: null, ``'T'`` (thrown away), the first problem's location and reason
+    (``U``: unparseable), or for a kept row with column errors every error (``E``: Druid's
+    processedWithError), as :func:`.prepare.prepare` gives it."""
     flagged = np.zeros(n, dtype=bool)
     for mask, _ in problems:
         flagged |= mask
-    if not flagged.any() and keep.all():
+    errors = errors or []
+    erred = np.zeros(n, dtype=bool)
+    for mask, _ in errors:
+        erred |= mask
+    erred &= keep & ~flagged
+    if not flagged.any() and keep.all() and not erred.any():
         return pa.nulls(n, pa.string())
     out = pc.if_else(pa.array(~keep), pa.scalar("T"), pa.scalar(None, pa.string()))
-    if not flagged.any():
+    if not flagged.any() and not erred.any():
         return out
     first = piece.first_line()
     texts = []
-    for i in np.flatnonzero(flagged).tolist():  # only the unparseable rows: few
-        reason = next(text for mask, text in problems if mask[i])
+    marked = flagged | erred
+    for i in np.flatnonzero(marked).tolist():  # only the rows with problems: few
+        if flagged[i]:
+            flag, reason = "U", next(text for mask, text in problems if mask[i])(i)
+        else:
+            flag, reason = WITH_ERROR, "; ".join(text(i) for mask, text in errors if mask[i])
         line = int(lines[i])
-        texts.append(f"U\t{piece.uri}\t{first + line}\t{reason(i)}\t{piece.lines.text(line)[:1000]}")
-    return pc.replace_with_mask(out, pa.array(flagged), pa.array(texts, pa.string()))
+        texts.append(f"{flag}\t{piece.uri}\t{first + line}\t{reason}\t{piece.lines.text(line)[:1000]}")
+    return pc.replace_with_mask(out, pa.array(marked), pa.array(texts, pa.string()))
 
 
 def output_schema(native: Any) -> pa.Schema:

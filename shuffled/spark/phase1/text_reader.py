@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from shuffled.spark.phase1.text_csv import parse_csv
-from shuffled.spark.phase1.text_io import pieces
+from shuffled.spark.phase1.text_io import ByteMeter, pieces
 from shuffled.spark.phase1.text_json import JsonParser
 from shuffled.spark.phase1.text_schema import schema_tree
 from shuffled.spark.phase1.text_prepare import TextInput, malformed, output_schema, prepare_text
@@ -58,12 +58,15 @@ def _parser(native: Any) -> JsonParser:
     return parser
 
 
-def read_text(path: str, blocks: tuple[int, ...], native: Any) -> Iterator[pa.Table]:
-    """The phase-1 rows of ``blocks`` of ``path`` (one table or more per piece)."""
+def read_text(path: str, blocks: tuple[int, ...], native: Any,
+              meter: ByteMeter | None = None) -> Iterator[pa.Table]:
+    """The phase-1 rows of ``blocks`` of ``path`` (one table or more per piece), the bytes
+    read counted in ``meter``."""
     text: TextInput = native.text
     schema = output_schema(native)
     parser = _parser(native) if text.format == "json" else None
-    for piece in pieces(path, text.block, block_ranges(blocks)):
+    skip = dict(text.skip).get(path, 0)
+    for piece in pieces(path, text.block, block_ranges(blocks), skip, meter):
         if parser is not None:
             runs, bad = parser.parse(piece)
             parts = [(prepare_text(r.table, r.lines, piece, native).cast(schema), r.lines)

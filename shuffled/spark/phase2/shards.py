@@ -7,9 +7,10 @@ from dataclasses import replace
 from typing import Any
 
 from shuffled.spark.records import Segment
+from shuffled.spark.spec.differences import HASH_FUNCTION
 from shuffled.spark.spec.model import IngestSpec, PartitionPlan
 
-HASH_FUNCTION = "spark_murmur3_32"  # Spark's hash(): Murmur3 x86_32, seed 42
+# Spark's hash(): Murmur3 x86_32, seed 42 (docs/differences-from-druid.md)
 
 
 def renumbered(spec: IngestSpec, staged: list[Segment]) -> list[Segment]:

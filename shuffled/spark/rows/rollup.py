@@ -25,6 +25,9 @@ TIME = "__time"
 CHUNK = "__chunk"
 BUCKET = "__bucket"
 BAD = "__bad"
+#: How ``__bad`` marks a row ingested with a parse error in one or more of its columns
+#: (Druid's processedWithError: the row is kept, those values null), before its location.
+WITH_ERROR = "E"
 SMALL = 1 << 16  # fewer rows than this are grouped by Acero, more by :mod:`.grouping`
 
 _ARROW_TYPES = {"string": pa.string(), "long": pa.int64(), "double": pa.float64(),

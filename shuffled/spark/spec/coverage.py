@@ -51,6 +51,7 @@ FLAT = f"{FMT}.flattenSpec"
 TUN = "spec.tuningConfig"
 PS = f"{TUN}.partitionsSpec"
 _HASHED = {f"{TUN}.forceGuaranteedRollup": True}
+_UTF8 = {"stringEncoding": "UTF8"}  # HLLSketchBuild: Druid's default (UTF16LE) is refused
 
 
 def _rows() -> list[Field]:
@@ -95,18 +96,21 @@ def _rows() -> list[Field]:
               parent={"type": "stringFirst", "name": "m", "fieldName": "animal"}),
         Field(f"{MET}.maxStringBytes", 1, R, "string first/last only",
               parent={"type": "longFirst", "name": "m", "fieldName": "number"}),
-        *[Field(f"{MET}.type", t, S, note, parent={"name": "m", "fieldName": "number"}) for t, note in (
-            ("HLLSketchBuild", "see Sketch metrics"), ("thetaSketch", ""), ("quantilesDoublesSketch", ""))],
+        *[Field(f"{MET}.type", t, S, note, parent={"name": "m", "fieldName": "number", **extra})
+          for t, note, extra in (("HLLSketchBuild", "with stringEncoding UTF8; see Sketch metrics", _UTF8),
+                                 ("thetaSketch", "", {}), ("quantilesDoublesSketch", "", {}))],
         Field(f"{MET}.lgK", 14, S, "HLL: 4 to 21, default 12", parent={"type": "HLLSketchBuild", "name": "m",
-                                                                       "fieldName": "animal"}),
-        *[Field(f"{MET}.tgtHllType", t, S, parent={"type": "HLLSketchBuild", "name": "m", "fieldName": "animal"})
+                                                                       "fieldName": "animal", **_UTF8}),
+        *[Field(f"{MET}.tgtHllType", t, S, parent={"type": "HLLSketchBuild", "name": "m", "fieldName": "animal",
+                                                   **_UTF8})
           for t in ("HLL_4", "HLL_6", "HLL_8")],
         Field(f"{MET}.stringEncoding", "UTF8", S, "values hashed as UTF-8", parent={
             "type": "HLLSketchBuild", "name": "m", "fieldName": "animal"}),
-        Field(f"{MET}.stringEncoding", "UTF16LE", R, "Druid's default; see Sketch metrics", parent={
+        Field(f"{MET}.stringEncoding", "UTF16LE", R, "Druid's default, so leaving the field out is refused "
+              "too; see Sketch metrics", parent={
             "type": "HLLSketchBuild", "name": "m", "fieldName": "animal"}),
         *[Field(f"{MET}.{k}", True, I, "query-time", parent={"type": "HLLSketchBuild", "name": "m",
-                                                            "fieldName": "animal"})
+                                                            "fieldName": "animal", **_UTF8})
           for k in ("round", "shouldFinalize")],
         Field(f"{MET}.size", 4096, S, "theta: a power of 2, default 16384", parent={
             "type": "thetaSketch", "name": "m", "fieldName": "animal"}),
@@ -166,12 +170,20 @@ def _rows() -> list[Field]:
         *[Field(f"{FMT}.{k}", True, I) for k in ("keepNullColumns", "assumeNewlineDelimited", "useJsonNodeReader")],
         Field(f"{FMT}.featureSpec", {}, I),
         Field(f"{FMT}.binaryAsString", True, I, parent={"type": "parquet"}),
-        *[Field(f"{FMT}.{k}", v, S, parent={"type": "csv", "columns": ["timestamp", "animal", "location", "number"]})
-          for k, v in (("columns", ["timestamp", "animal", "location", "number"]), ("findColumnsFromHeader", True),
-                       ("hasHeaderRow", True), ("skipHeaderRows", 1))],
+        *[Field(f"{FMT}.{k}", v, S, note, parent={"type": "csv", "columns": ["timestamp", "animal", "location",
+                                                                             "number"]})
+          for k, v, note in (("columns", ["timestamp", "animal", "location", "number"], ""),
+                             ("findColumnsFromHeader", True, "each file's first line after skipHeaderRows"),
+                             ("hasHeaderRow", True, "legacy name of findColumnsFromHeader"),
+                             ("skipHeaderRows", 1, "each file's first lines, never counted as rows; "
+                                                   ".gz/.bz2/.zst/.xz files too"))],
         Field(f"{FMT}.listDelimiter", "|", I, "CSV values are never split into multi-values",
               parent={"type": "csv", "columns": ["timestamp", "animal", "location", "number"]}),
-        Field(f"{IO}.appendToExisting", True, S), Field(f"{IO}.dropExisting", True, R),
+        Field(f"{IO}.appendToExisting", True, S, "with dynamic partitioning (best-effort rollup in Druid)"),
+        Field(f"{IO}.appendToExisting", True, R, "with forceGuaranteedRollup: as Druid, \"Perfect rollup cannot be "
+              "guaranteed when appending to existing dataSources\"",
+              extra={**_HASHED, f"{PS}": {"type": "hashed", "numShards": 2}}),
+        Field(f"{IO}.dropExisting", True, R),
         Field(f"{TUN}.type", "index_parallel", S),
         Field(f"{PS}.type", "dynamic", S),
         Field(f"{PS}.type", "hashed", S, extra=_HASHED),
@@ -182,8 +194,11 @@ def _rows() -> list[Field]:
         Field(f"{PS}.numShards", 2, S, parent={"type": "hashed"}, extra=_HASHED),
         Field(f"{PS}.partitionDimensions", ["animal"], S, parent={"type": "hashed"}, extra=_HASHED),
         Field(f"{PS}.partitionDimension", "animal", S, parent={"type": "single_dim"}, extra=_HASHED),
-        Field(f"{PS}.assumeGrouped", True, S, parent={"type": "hashed"}, extra=_HASHED),
-        Field(f"{PS}.partitionFunction", "murmur3_32_abs", S, parent={"type": "hashed"}, extra=_HASHED),
+        Field(f"{PS}.assumeGrouped", True, I, "a hint to Druid's partition sizing; partitions are sized from "
+              "the rolled-up keys here", parent={"type": "hashed"}, extra=_HASHED),
+        Field(f"{PS}.partitionFunction", "murmur3_32_abs", R, "Druid's hash is not implemented: partitions use "
+              "Spark's hash() (spark_murmur3_32 in the shardSpec); leave it out", parent={"type": "hashed"},
+              extra=_HASHED),
         Field(f"{PS}.maxTotalRows", 1000, I),
         Field(f"{TUN}.forceGuaranteedRollup", True, S, parent={"partitionsSpec": {"type": "hashed"}}),
         Field(f"{TUN}.maxRowsPerSegment", 1000, S, "legacy: dynamic partitioning's maxRowsPerSegment"),
@@ -193,6 +208,7 @@ def _rows() -> list[Field]:
         *[Field(f"{TUN}.{k}", v, S) for k, v in (
             ("maxNumConcurrentSubTasks", 2), ("totalNumMergeTasks", 2), ("maxParseExceptions", 0),
             ("maxRowsInMemory", 1000), ("maxSavedParseExceptions", 5))],
+        Field(f"{TUN}.logParseExceptions", True, S, "logs each parse exception (unparseable or processedWithError)"),
         Field(f"{TUN}.maxBytesInMemory", 1 << 20, S, "a task's memory budget (Druid's meaning: 0 default, -1 unbounded)"),
         *[Field(f"{TUN}.partialCompression", c, S, "ours: Arrow IPC compression of partials" if c == "lz4" else "")
           for c in ("lz4", "zstd", "none")],

@@ -135,10 +135,16 @@ def parse_tuning(o: JsonObject) -> dict[str, Any]:
         raise SpecError(ps.at("numShards"), "cannot be combined with targetRowsPerSegment/maxRowsPerSegment")
     if target and max_rows and kind != "dynamic":
         raise SpecError(ps.at("targetRowsPerSegment"), "cannot be combined with maxRowsPerSegment")
-    ps.bool_("assumeGrouped", False)
+    ps.bool_("assumeGrouped", False)  # Druid's sizing hint: ignored (docs/spec-coverage.md)
     ps.done({"maxTotalRows", "partitionFunction"})
-    if ps.value.get("partitionFunction") not in (None, "murmur3_32_abs"):
-        raise SpecError(ps.at("partitionFunction"), "is not supported")
+    if ps.value.get("partitionFunction") is not None:
+        # Druid's only function, murmur3_32_abs, hashes its serialized group key with
+        # Guava's murmur3_32; rows here are partitioned by Spark's hash() (the shardSpec
+        # says spark_murmur3_32). Asking for Druid's by name must not silently get ours.
+        raise SpecError(ps.at("partitionFunction"), f"{ps.value['partitionFunction']!r} is not "
+                        "implemented: hashed partitions here use Spark's hash() (spark_murmur3_32 "
+                        "in the shardSpec, see docs/differences-from-druid.md); leave "
+                        "partitionFunction out")
     goal = target or max_rows or 5_000_000
     partitions = PartitionsSpec(kind, shards, goal, max_rows, dims)
     out = {
@@ -146,7 +152,9 @@ def parse_tuning(o: JsonObject) -> dict[str, Any]:
         "force_guaranteed_rollup": o.bool_("forceGuaranteedRollup", False),
         "max_concurrent_subtasks": o.int_("maxNumConcurrentSubTasks", 1),
         "total_merge_tasks": o.int_("totalNumMergeTasks", None),  # None: sized at run time
+        # Druid's: the task fails once unparseable + processedWithError rows exceed it
         "max_parse_exceptions": o.int_("maxParseExceptions", 2**31 - 1, minimum=0),
+        "log_parse_exceptions": o.bool_("logParseExceptions", False),
         "max_rows_in_memory": max(1000, o.int_("maxRowsInMemory", 1_000_000) or 1_000_000),
         "max_saved_parse_exceptions": o.int_("maxSavedParseExceptions", 20, minimum=0),
         "max_bytes_in_memory": _bytes_in_memory(o.int_("maxBytesInMemory", 0, minimum=-1)),
@@ -201,6 +209,11 @@ def _bytes_in_memory(value: int | None) -> int:
 
 def check_consistency(s: IngestSpec) -> None:
     ps = "$.spec.tuningConfig.partitionsSpec"
+    if s.append_to_existing and s.force_guaranteed_rollup:
+        # Druid's own check (IndexTask / ParallelIndexSupervisorTask), with its words.
+        raise SpecError("$.spec.ioConfig.appendToExisting", "Perfect rollup cannot be guaranteed "
+                        "when appending to existing dataSources (forceGuaranteedRollup is true; "
+                        "append with dynamic partitioning, or set appendToExisting to false)")
     if s.partitions.type in ("hashed", "range", "single_dim") and not s.force_guaranteed_rollup:
         raise SpecError("$.spec.tuningConfig.forceGuaranteedRollup",
                         f"must be true with a {s.partitions.type} partitionsSpec (as in Druid)")

@@ -196,7 +196,8 @@ class IngestSpec:
     force_guaranteed_rollup: bool = False
     max_concurrent_subtasks: int = 1
     total_merge_tasks: int | None = None  # None: from phase 1's figures (phase2.merge_tasks)
-    max_parse_exceptions: int = 2**31 - 1
+    max_parse_exceptions: int = 2**31 - 1  # unparseable + processedWithError rows allowed
+    log_parse_exceptions: bool = False  # log each saved parse exception (Druid's default: no)
     max_rows_in_memory: int = 1_000_000
     max_saved_parse_exceptions: int = 20
     max_bytes_in_memory: int = 256 << 20  # a merge task's budget; 0: unbounded (Druid's -1)

@@ -181,9 +181,14 @@ def _sketch(m: JsonObject, metric: Metric) -> Metric:
         if lg_k is None or lg_k > 21:
             raise SpecError(m.at("lgK"), f"must be an integer from 4 to 21, not {lg_k!r}")
         tgt = choice(m, "tgtHllType", ("HLL_4", "HLL_6", "HLL_8"), "HLL_4")
-        if m.get("stringEncoding", "UTF8") != "UTF8":
-            raise SpecError(m.at("stringEncoding"), "only UTF8 is supported (values are hashed "
-                            "as UTF-8; Druid's default UTF16LE hashes UTF-16 code units)")
+        encoding = m.get("stringEncoding")
+        if encoding != "UTF8":
+            # Druid's default is UTF16LE (UTF-16 code units hashed); values here are hashed as
+            # UTF-8 only, so the default is refused rather than silently replaced.
+            said = "left out (Druid's default is UTF16LE)" if encoding is None else repr(encoding)
+            raise SpecError(m.at("stringEncoding"), f"{said}: only \"UTF8\" is supported here "
+                            "(values are hashed as UTF-8; UTF16LE hashes UTF-16 code units, "
+                            "sketches that would not union with these); set it to \"UTF8\"")
         m.get("round")  # query-time rounding of the estimate: nothing to store
         return replace(metric, sketch_size=lg_k, hll_type=tgt or "HLL_4")
     if metric.type == "thetaSketch":

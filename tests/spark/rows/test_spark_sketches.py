@@ -41,6 +41,7 @@ def _spec(base_dir: str) -> dict[str, Any]:
                 "metricsSpec": [
                     {"type": "count", "name": "count"},
                     {"type": "HLLSketchBuild", "name": "users_hll", "fieldName": "user", "lgK": 11,
+                     "stringEncoding": "UTF8",
                      "tgtHllType": "HLL_8"},
                     {"type": "thetaSketch", "name": "users_theta", "fieldName": "user", "size": 4096},
                     {"type": "quantilesDoublesSketch", "name": "latency_q", "fieldName": "latency", "k": 64},

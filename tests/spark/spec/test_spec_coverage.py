@@ -84,5 +84,5 @@ def test_row_status_is_what_the_parser_does(row: Field) -> None:
 
 
 def test_every_field_path_is_unique_per_value() -> None:
-    keys = [(r.path, json.dumps(r.value)) for r in COVERAGE]
+    keys = [(r.path, json.dumps(r.value), json.dumps(r.extra, sort_keys=True)) for r in COVERAGE]
     assert len(keys) == len(set(keys))
