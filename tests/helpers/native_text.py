@@ -1,7 +1,7 @@
 """Native text reader vs the JVM reader on phase 1's prepared rows (no daemons needed).
 
 :func:`prepared_both` gives, for one spec, the rows the JVM path hands to phase 1
-(:func:`shuffled.spark.phase1.prepare.prepare` over :func:`.source.load_input`, collected
+(:func:`shuffled.spark.phase1.jvm.prepare.prepare` over :func:`.source.load_input`, collected
 from Spark) and the rows the native reader prepares (every planned split read in this
 process, small blocks so lines cross block ends), both as sorted lists of tuples: the
 columns phase 1 rolls up and ``__bad`` (the JVM path learns local files' line numbers on
@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from shuffled.spark.phase1.native import SplitSizing, plan_native, read_split
+from shuffled.spark.phase1.native.reader import SplitSizing, plan_native, read_split
 from shuffled.spark.rows.rollup import BAD
 from shuffled.spark.spec.model import PartitionPlan
 
@@ -62,7 +62,7 @@ def prepared_both(spark: Any, spec: dict[str, Any], block: int = 1 << 16,
                   ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], pa.Table]:
     """(JVM rows, native rows, the native table) of ``spec`` (see module doc)."""
     from shuffled.spark.driver.sparksession import job_conf
-    from shuffled.spark.phase1.prepare import prepare
+    from shuffled.spark.phase1.jvm.prepare import prepare
     from shuffled.spark.phase1.source import load_input, resolve_files
     from shuffled.spark.spec.parse import parse_spec
 

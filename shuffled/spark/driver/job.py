@@ -21,15 +21,15 @@ from shuffled.protocol import PEERS_PATH
 from shuffled.spark.driver import durable, parse_errors, recompute
 from shuffled.spark.driver.context import JobContext
 from shuffled.spark.driver.report import counted
-from shuffled.spark.phase1 import native
+from shuffled.spark.phase1.native import reader as native
 from shuffled.spark.phase1 import sink
 from shuffled.spark.phase1 import tasks as phase1
 from shuffled.spark.phase1.tasks import Phase1Config
 from shuffled.spark.phase1.determine import determine
-from shuffled.spark.phase1.prepare import (bucket_column, metric_column, metric_time_column,
+from shuffled.spark.phase1.jvm.prepare import (bucket_column, metric_column, metric_time_column,
                                             multi_value_dimensions, prepare)
 from shuffled.spark.phase1.source import input_bytes, load_input
-from shuffled.spark.phase1.text_io import Declined
+from shuffled.spark.phase1.native.text.blocks import Declined
 from shuffled.spark import records
 from shuffled.spark.phase2 import merge as phase2
 from shuffled.spark.phase2.plan import Assignment

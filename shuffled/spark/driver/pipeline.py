@@ -75,7 +75,7 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
     (:mod:`shuffled.spark.phase2.iceberg`, the reports beside its data). Raises IngestionFailed (or the underlying error) on
     failure, after writing a FAILED task report and deleting the shuffle data.
     ``reader`` picks how phase 1 reads its input: ``native`` (pyarrow on the executors,
-    Parquet only, see :mod:`shuffled.spark.phase1.native`), ``jvm`` (Spark reads, rows handed to
+    Parquet only, see :mod:`shuffled.spark.phase1.native.reader`), ``jvm`` (Spark reads, rows handed to
     Python), or ``auto`` (native where it applies). ``keepalive_seconds`` is the period of
     the heartbeats to the daemons (expiry and loss detection, docs/failover.md). ``hooks``
     are test seams (:mod:`shuffled.spark.hooks`); production passes none.

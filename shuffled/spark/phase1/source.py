@@ -2,7 +2,7 @@
 
 JSON lines and CSV are read as text lines and parsed in the JVM (``from_json``/``from_csv``
 in PERMISSIVE mode), so every bad line is kept, not dropped, and can be reported with its
-file and line. Each field is read as a string; typing happens in :mod:`.prepare`. The
+file and line. Each field is read as a string; typing happens in :mod:`shuffled.spark.phase1.jvm.prepare`. The
 result has the input fields plus ``__file``, ``__line`` (known for inline data and Parquet;
 resolved on the driver for the few bad text lines), ``__raw`` and ``__corrupt``; Parquet
 input has no ``__file`` column (see :func:`_parquet`).
@@ -23,8 +23,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from shuffled.spark.fs import compressed, remote
-from shuffled.spark.phase1.text_io import file_uri
-from shuffled.spark.phase1.multivalue import json_arrays, json_fields
+from shuffled.spark.phase1.native.text.blocks import file_uri
+from shuffled.spark.phase1.jvm.multivalue import json_arrays, json_fields
 from shuffled.spark.spec.model import IngestSpec
 from shuffled.spark.spec.parse import SpecError
 
@@ -210,7 +210,7 @@ def load_input(spark: SparkSession, spec: IngestSpec, files: list[str]) -> DataF
             cols.append(F.col("__p").getField(f).alias(f))
         else:  # useFieldDiscovery false: only the listed fields exist
             cols.append(F.lit(None).cast("string").alias(f))
-    # JSON arrays of string dimensions beside their text: multi-values (phase1.multivalue).
+    # JSON arrays of string dimensions beside their text: multi-values (phase1/jvm/multivalue.py).
     arrays = json_arrays(F.col("value"), F.col("__p"), json_fields(spec))
     corrupt = F.col("__p").isNull() | F.col("__p").getField(_CORRUPT).isNotNull()
     return df.select(*cols, *arrays, F.col("__file"), F.col("__line"),

@@ -2,7 +2,7 @@
 
 Rows reach a task one of two ways: a Spark 4 Python data source sink (:mod:`.sink`)
 hands JVM rows to Python as Arrow batches carrying their partition (``__bucket``); or, for
-Parquet input, the task reads its row groups itself (:mod:`.native`, no JVM hand-off) and
+Parquet input, the task reads its row groups itself (:mod:`shuffled.spark.phase1.native.reader`, no JVM hand-off) and
 computes the partition after its rollup. Each flush sends its partials with ONE streamed
 bulk upload (docs/bulk-upload.md), on the task's upload thread while the task goes on
 reading and rolling up the next rows (one flush on the wire at a time; the task's result
@@ -20,7 +20,7 @@ together; rolled-up rows are kept, across buffers, up to a quarter of ``max_byte
 compacted, and flushed as additional partial segments (new flush number) only if still
 more than half that. So a task whose distinct keys fit ships each key once, as one node's
 full rollup of its input would. A flush takes only the time chunks the input has moved
-past when the reader says how far that is (:mod:`.timeorder`), so time-ordered input ships
+past when the reader says how far that is (:mod:`shuffled.spark.phase1.native.timeorder`), so time-ordered input ships
 each chunk once per task. On input that does not fold (Trino's adaptive partial
 aggregation) held tables stop being compacted, and once a flush's combine shows that keys
 do not fold across buffers either, held tables go out side by side and raw rows pass
@@ -45,13 +45,13 @@ import pyarrow.compute as pc
 from shuffled.protocol import Interval, PartialKey
 from shuffled.spark.records import Partial, Record, TaskStats, dump
 from shuffled.spark.spec.granularity import bucket_end
-from shuffled.spark.phase1.native import NativeInput, Split, read_split
-from shuffled.spark.phase1.text_io import ByteMeter
+from shuffled.spark.phase1.native.reader import NativeInput, Split, read_split
+from shuffled.spark.phase1.native.text.blocks import ByteMeter
 from shuffled.spark.phase1.partials import EOS, Encoder, encode_flush
 from shuffled.spark.phase1.ring import Placer
 from shuffled.spark.phase1.config import Phase1Config
 from shuffled.spark.phase1.keep import only_keys
-from shuffled.spark.phase1.timeorder import AT_ONCE, TimeOrdered
+from shuffled.spark.phase1.native.timeorder import AT_ONCE, TimeOrdered
 from shuffled.spark.rows.multivalue import has_multi
 from shuffled.spark.rows.memory import peak_rss, release_free_memory, reset_peak_rss, rss
 from shuffled.spark.rows.rollup import BAD, BUCKET, CHUNK, WITH_ERROR, combine, rollup_input
@@ -317,7 +317,7 @@ class _Task:
 
 
 def run_native_task(cfg: Phase1Config, native: NativeInput, splits: Iterator[Split]) -> list[str]:
-    """Run one phase-1 subtask reading its Parquet splits itself (see :mod:`.native`)."""
+    """Run one phase-1 subtask reading its Parquet splits itself (see :mod:`shuffled.spark.phase1.native.reader`)."""
     columns = list(dict.fromkeys([native.ts_column, *(d for d, _ in native.dims),
                                   *(m[2] for m in native.metrics)]))
     # Consecutive row groups of one file are read through one opened file (one footer read).
@@ -339,7 +339,7 @@ def run_task(cfg: Phase1Config, batches: Iterator[pa.RecordBatch | pa.Table],
              meter: ByteMeter | None = None) -> list[str]:
     """Run one phase-1 subtask over its input batches; returns its JSON result lines.
     ``watermark`` says below which time chunk the input has moved (see
-    :mod:`.timeorder`)."""
+    :mod:`shuffled.spark.phase1.native.timeorder`)."""
     started = time.monotonic()
     release_free_memory()  # what earlier tasks of this worker freed, so RSS shows ours
     reset_peak_rss()

@@ -5,7 +5,7 @@ translates are in :data:`FUNCTIONS` with their arities and which arguments must 
 Anything else (an unknown or unsupported function, array literals, lambdas) is a
 :class:`~shuffled.spark.spec.base.SpecError` naming the function and the expression's JSON
 path, before Spark starts. Pure Python: the Spark translation is in
-:mod:`shuffled.spark.phase1.sqlexpr`.
+:mod:`shuffled.spark.phase1.jvm.sqlexpr`.
 
 Precedence follows ``Expr.g4`` (tightest first): unary ``-``/``!``; ``^`` (right
 associative); ``* / %``; ``+ -``; comparisons ``< <= > >= == !=``; then ``&&`` and ``||``

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from shuffled.spark import SpecError, parse_spec
-from shuffled.spark.phase1.native import SplitSizing, plan_native
+from shuffled.spark.phase1.native.reader import SplitSizing, plan_native
 from shuffled.spark.phase1.source import resolve_files
 from shuffled.spark.spec.model import PartitionPlan
 from tests.helpers.parity import spec_for

@@ -18,7 +18,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from shuffled.spark.phase1 import spark_casts, spark_time
+from shuffled.spark.phase1.spark_compat import casts as spark_casts
+from shuffled.spark.phase1.spark_compat import timestamps as spark_time
 from tests.helpers.ingestion import base_spec, generate, spark, write_parts  # noqa: F401
 from tests.helpers.native_text import bad_lines, check_lines, prepared_both, text_spec, write_lines
 
@@ -239,7 +240,7 @@ def test_casts_equal_sparks_on_a_corpus(spark: Any) -> None:
 
 
 def _read_all(spec: dict[str, Any]) -> list[pa.Table]:
-    from shuffled.spark.phase1.native import SplitSizing, plan_native, read_split
+    from shuffled.spark.phase1.native.reader import SplitSizing, plan_native, read_split
     from shuffled.spark.phase1.source import resolve_files
     from shuffled.spark.spec.model import PartitionPlan
     from shuffled.spark.spec.parse import parse_spec
@@ -263,8 +264,8 @@ def _read_all(spec: dict[str, Any]) -> list[pa.Table]:
 ])
 def test_what_the_native_reader_declines_in_the_data(tmp_path: Path, content: bytes, what: str) -> None:
     """Found only in a task: Declined (the driver then runs phase 1 through the JVM)."""
-    from shuffled.spark.phase1.text_io import Declined
-    from shuffled.spark.phase1.spark_time import RegionZone
+    from shuffled.spark.phase1.native.text.blocks import Declined
+    from shuffled.spark.phase1.spark_compat.timestamps import RegionZone
 
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.json").write_bytes(content)
@@ -273,7 +274,7 @@ def test_what_the_native_reader_declines_in_the_data(tmp_path: Path, content: by
 
 
 def test_csv_quoting_the_parsers_read_differently_is_declined(tmp_path: Path) -> None:
-    from shuffled.spark.phase1.text_io import Declined
+    from shuffled.spark.phase1.native.text.blocks import Declined
 
     (tmp_path / "in").mkdir()
     for i, line in enumerate(['2018-01-01T00:00:00Z,"a""b"', '2018-01-01T00:00:00Z,"x"y',

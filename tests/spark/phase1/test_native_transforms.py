@@ -16,8 +16,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from shuffled.spark.phase1.arrow_transform import ArrowTranslator, filter_array, unsupported
-from shuffled.spark.phase1.arrow_values import DOUBLE, LONG, STRING, AVal, as_value
+from shuffled.spark.phase1.arrow_expr.transform import ArrowTranslator, filter_array, unsupported
+from shuffled.spark.phase1.arrow_expr.values import DOUBLE, LONG, STRING, AVal, as_value
 from shuffled.spark.spec.expr import parse_expr
 from shuffled.spark.spec.transform import parse_filter, parse_transform_spec
 from shuffled.spark.spec.base import JsonObject
@@ -77,7 +77,7 @@ def frame(spark: Any) -> Any:
 def _spark_columns(df: Any) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
-    from shuffled.spark.phase1.sqlexpr import LONG as SLONG, Val, input_val
+    from shuffled.spark.phase1.jvm.sqlexpr import LONG as SLONG, Val, input_val
 
     cols = {f.name: input_val(F.col(f.name), f.dataType, f.name, "$") for f in df.schema.fields}
     cols["__time"] = Val(F.col("ms"), SLONG)
@@ -100,7 +100,7 @@ def _same(a: Any, b: Any) -> bool:
 
 def test_expressions_equal_sparks(spark: Any, frame: Any) -> None:
     from shuffled.spark.driver.sparksession import job_conf
-    from shuffled.spark.phase1.sqlexpr import Translator, as_value as spark_value
+    from shuffled.spark.phase1.jvm.sqlexpr import Translator, as_value as spark_value
 
     exprs = [e for e, _ in EXPRESSIONS] + MORE
     translate = Translator(_spark_columns(frame), "$")
@@ -118,7 +118,7 @@ def test_filters_equal_sparks(spark: Any, frame: Any) -> None:
     from pyspark.sql import functions as F
 
     from shuffled.spark.driver.sparksession import job_conf
-    from shuffled.spark.phase1.filters import filter_column
+    from shuffled.spark.phase1.jvm.filters import filter_column
 
     filters = [f for f, _ in FILTERS] + MORE_FILTERS
     cols = [filter_column(parse_filter(f, "$"), _spark_columns(frame), "$").alias(f"c{i}")

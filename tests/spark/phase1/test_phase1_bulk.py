@@ -35,7 +35,7 @@ from shuffled.spark.phase1.partials import Encoder, split_partials
 from shuffled.spark.phase1.tasks import Phase1Config, run_task
 from shuffled.spark.rows.rollup import (BAD, BUCKET, CHUNK, TIME, Layout, _cast, _group_acero, combine,
                                    from_ipc, rollup_input, split_by, to_ipc)
-from shuffled.spark.phase1.sparkhash import spark_hash
+from shuffled.spark.phase1.spark_compat.murmur3 import spark_hash
 from tests.helpers.hooks import FailAttempts
 from tests.helpers.ingestion import start_daemon
 
@@ -352,7 +352,7 @@ def test_a_column_of_many_distinct_values_is_hashed_in_slices_alike(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Keys that never fold: a dictionary as large as its rows is hashed a slice of rows at
     a time, each with a dictionary of its own values; the hashes are the same."""
-    from shuffled.spark.phase1 import sparkhash
+    from shuffled.spark.phase1.spark_compat import murmur3 as sparkhash
 
     rng = np.random.default_rng(3)
     values = pa.array([None if i % 97 == 0 else f"id-{v}" for i, v in

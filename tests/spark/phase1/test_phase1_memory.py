@@ -25,7 +25,7 @@ import pyarrow as pa
 from bench import unfold_data
 from shuffled.spark.spec.parse import parse_spec
 from shuffled.spark.spec.model import PartitionPlan
-from shuffled.spark.phase1.native import plan_native, SplitSizing
+from shuffled.spark.phase1.native.reader import plan_native, SplitSizing
 from shuffled.spark.driver.context import layout_of
 from shuffled.spark.phase1 import tasks
 from shuffled.server.embedded import EmbeddedDaemon
@@ -61,7 +61,7 @@ def test_batches_of_a_row_group_keep_only_the_dictionary_values_they_use(tmp_pat
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from shuffled.spark.phase1.native import compact
+    from shuffled.spark.phase1.native.reader import compact
 
     values = [None if i % 13 == 0 else f"v{i}" for i in range(40_000)]
     pq.write_table(pa.table({"s": values}), tmp_path / "f.parquet", row_group_size=40_000)

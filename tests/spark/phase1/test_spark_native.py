@@ -18,8 +18,8 @@ import pytest
 
 from shuffled.spark import IngestionFailed, run_ingestion
 from shuffled.spark.spec.granularity import GRANULARITIES, truncate
-from shuffled.spark.phase1.native import Split, SplitSizing, pack, truncate_array
-from shuffled.spark.phase1.sparkhash import spark_hash
+from shuffled.spark.phase1.native.reader import Split, SplitSizing, pack, truncate_array
+from shuffled.spark.phase1.spark_compat.murmur3 import spark_hash
 from tests.helpers.hooks import FailAttempts
 from tests.helpers.ingestion import (  # noqa: F401  (fixtures)
     BASE,

@@ -68,7 +68,7 @@ def frame(spark: Any) -> Any:
 def _columns(df: Any) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
-    from shuffled.spark.phase1.sqlexpr import LONG, Val, input_val
+    from shuffled.spark.phase1.jvm.sqlexpr import LONG, Val, input_val
 
     cols = {f.name: input_val(F.col(f.name), f.dataType, f.name, "$") for f in df.schema.fields}
     cols["__time"] = Val(F.col("ms"), LONG)
@@ -92,7 +92,7 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def test_expressions_equal_duckdb(frame: Any) -> None:
-    from shuffled.spark.phase1.sqlexpr import Translator, as_value
+    from shuffled.spark.phase1.jvm.sqlexpr import Translator, as_value
     from shuffled.spark.spec.expr import parse_expr
 
     cols = _columns(frame)
@@ -108,7 +108,7 @@ def test_expressions_equal_duckdb(frame: Any) -> None:
 def test_filters_equal_duckdb(frame: Any) -> None:
     from pyspark.sql import functions as F
 
-    from shuffled.spark.phase1.filters import filter_column
+    from shuffled.spark.phase1.jvm.filters import filter_column
     from shuffled.spark.spec.transform import parse_filter
 
     cols = _columns(frame)

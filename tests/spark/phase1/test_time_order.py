@@ -1,4 +1,4 @@
-"""A task reading several time-ordered files ships each time chunk once (phase1.timeorder).
+"""A task reading several time-ordered files ships each time chunk once (phase1/native/timeorder.py).
 
 Four files that each span the whole interval, read by one task whose combiner must flush
 several times: read one after the other, every flush held a slice of every chunk read so
@@ -21,8 +21,8 @@ from bench import druid_data
 from shuffled.server.embedded import EmbeddedDaemon
 from shuffled.spark.driver.context import layout_of
 from shuffled.spark.phase1 import tasks
-from shuffled.spark.phase1.native import SplitSizing, plan_native
-from shuffled.spark.phase1.timeorder import TimeOrdered
+from shuffled.spark.phase1.native.reader import SplitSizing, plan_native
+from shuffled.spark.phase1.native.timeorder import TimeOrdered
 from shuffled.spark.rows.rollup import CHUNK
 from shuffled.spark.spec.model import PartitionPlan
 from shuffled.spark.spec.parse import parse_spec

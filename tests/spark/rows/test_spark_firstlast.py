@@ -125,7 +125,7 @@ def test_first_last_equal_duckdb_arg_min_arg_max(spark: Any, tmp_path: Path) -> 
 def test_native_reader_declines_first_last_and_says_why(tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
-    from shuffled.spark.phase1.native import SplitSizing, plan_native
+    from shuffled.spark.phase1.native.reader import SplitSizing, plan_native
     from shuffled.spark.spec.model import PartitionPlan
 
     pq.write_table(pa.table({"ts": [BASE], "country": ["X"], "lv": [1], "dv": [1.0], "sv": ["a"],

@@ -187,7 +187,7 @@ def test_range_partitioning_refuses_multi_value_rows_of_its_dimension(spark: Any
 def test_native_reader_declines_a_list_dimension_and_says_why(tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
-    from shuffled.spark.phase1.native import SplitSizing, plan_native
+    from shuffled.spark.phase1.native.reader import SplitSizing, plan_native
     from shuffled.spark.spec.model import PartitionPlan
 
     pq.write_table(pa.table({"ts": [BASE], "country": ["X"], "n": [1], "tags": [["a", "b"]],

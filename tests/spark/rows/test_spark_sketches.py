@@ -126,7 +126,7 @@ def test_native_and_jvm_readers_build_the_same_sketches(spark: Any, tmp_path: Pa
     quantile counts and extremes; a sketch over a non-string field stays on the JVM."""
     import pyarrow.parquet as pq
 
-    from shuffled.spark.phase1.native import SplitSizing, plan_native
+    from shuffled.spark.phase1.native.reader import SplitSizing, plan_native
     from shuffled.spark.spec.model import PartitionPlan
 
     rows = [json.loads(line) for line in _lines(4000, seed=9)]

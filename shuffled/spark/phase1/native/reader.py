@@ -4,18 +4,18 @@ Handing rows from Spark's JVM to Python costs ~5 s of JVM CPU per 10M rows here 
 conversion plus Arrow encoding), more than Spark's whole groupBy. For Parquet input the rows
 never need to be in the JVM at all: the driver plans splits (row groups) from the files'
 footers, each Spark task reads its split with pyarrow, computes exactly the columns
-:func:`shuffled.spark.phase1.prepare.prepare` would (time, chunk, typed dimensions and metrics, the
+:func:`shuffled.spark.phase1.jvm.prepare.prepare` would (time, chunk, typed dimensions and metrics, the
 bad-row flag), rolls up, and assigns hashed partitions with Spark's own hash
-(:mod:`.sparkhash`) *after* the rollup, on far fewer rows.
+(:mod:`shuffled.spark.phase1.spark_compat.murmur3`) *after* the rollup, on far fewer rows.
 
 The native path is taken only where it provably computes what the JVM path computes
 (:func:`plan_native` says why not otherwise): Parquet input, hashed (or dynamic) or range
 partitioning over string/long columns, integer/timestamp/date timestamps, string or integer
 dimensions, numeric metric fields. Everything else falls back to the JVM path.
 
-Newline-delimited JSON and CSV are read natively too (:mod:`.text_plan` plans byte blocks,
-:mod:`.text_reader` reads them, Spark's typing of text computed on Arrow), with their
-transforms (:mod:`.arrow_transform`) and range partitioning (:mod:`.native_range`).
+Newline-delimited JSON and CSV are read natively too (:mod:`shuffled.spark.phase1.native.text.plan` plans byte blocks,
+:mod:`shuffled.spark.phase1.native.text.reader` reads them, Spark's typing of text computed on Arrow), with their
+transforms (:mod:`shuffled.spark.phase1.arrow_expr.transform`) and range partitioning (:mod:`shuffled.spark.phase1.native.ranges`).
 """
 
 from __future__ import annotations
@@ -32,14 +32,14 @@ import pyarrow.parquet as pq
 from shuffled.spark.spec.granularity import truncate, truncate_array
 from shuffled.spark.fs import remote
 from shuffled.spark.spec.model import IngestSpec, PartitionPlan
-from shuffled.spark.phase1.prepare import metric_column
+from shuffled.spark.phase1.jvm.prepare import metric_column
 from shuffled.spark.rows.rollup import BAD, CHUNK, TIME
-from shuffled.spark.phase1.sparkhash import pmod_hash
-from shuffled.spark.phase1.native_range import RangeBucketer
-from shuffled.spark.phase1.text_plan import text_input
-from shuffled.spark.phase1.text_io import ByteMeter
-from shuffled.spark.phase1.text_prepare import TextInput
-from shuffled.spark.phase1.text_reader import read_text
+from shuffled.spark.phase1.spark_compat.murmur3 import pmod_hash
+from shuffled.spark.phase1.native.ranges import RangeBucketer
+from shuffled.spark.phase1.native.text.plan import text_input
+from shuffled.spark.phase1.native.text.blocks import ByteMeter
+from shuffled.spark.phase1.native.text.prepare import TextInput
+from shuffled.spark.phase1.native.text.reader import read_text
 
 _UNITS = {"b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "g": 1 << 30,
           "gb": 1 << 30, "t": 1 << 40, "tb": 1 << 40}
@@ -200,7 +200,7 @@ READ_ROWS = 1 << 17
 def read_split(split: Split, spec: NativeInput, columns: list[str],
                meter: ByteMeter | None = None) -> Iterator[pa.Table]:
     """The phase-1 rows of ``split``, up to :data:`READ_ROWS` rows at a time (text: per
-    piece of lines, :data:`.text_io.PIECE` bytes, the bytes read counted in ``meter``;
+    piece of lines, :data:`shuffled.spark.phase1.native.text.blocks.PIECE` bytes, the bytes read counted in ``meter``;
     Parquet's processedBytes are its files' sizes, counted by the driver)."""
     if spec.text is not None:
         yield from read_text(split.path, split.row_groups, spec, meter)

@@ -21,9 +21,9 @@ from pyspark.sql import types as T
 from shuffled.spark.spec.granularity import spark_truncate, truncate
 from shuffled.spark.spec.model import IngestSpec, PartitionPlan
 from shuffled.spark.spec.transform import TIME as DRUID_TIME
-from shuffled.spark.phase1.filters import filter_column
-from shuffled.spark.phase1.multivalue import can_hold_arrays, string_dimension
-from shuffled.spark.phase1.sqlexpr import LONG, Translator, Val, as_value, input_val
+from shuffled.spark.phase1.jvm.filters import filter_column
+from shuffled.spark.phase1.jvm.multivalue import can_hold_arrays, string_dimension
+from shuffled.spark.phase1.jvm.sqlexpr import LONG, Translator, Val, as_value, input_val
 from shuffled.spark.rows.rollup import BAD, BUCKET, CHUNK, TIME, WITH_ERROR
 
 _TS = "__ts"
@@ -38,7 +38,7 @@ _SQL_TYPES = {"long": "bigint", "double": "double", "float": "float", "string": 
 def multi_value_dimensions(df: DataFrame, spec: IngestSpec) -> tuple[str, ...]:
     """The string dimensions of ``df`` (:func:`load_input`'s rows) that may carry
     multi-values: JSON string dimensions with their array column beside them
-    (:func:`.multivalue.json_arrays`) and Parquet list columns, unless a transform produces
+    (:func:`shuffled.spark.phase1.jvm.multivalue.json_arrays`) and Parquet list columns, unless a transform produces
     the dimension."""
     types = {f.name: f.dataType for f in df.schema.fields}
     produced = {t.name for t in spec.transform.transforms}

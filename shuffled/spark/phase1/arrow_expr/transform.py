@@ -1,11 +1,11 @@
-"""``transformSpec`` on Arrow: the same values :mod:`.sqlexpr` and :mod:`.filters` compute in
+"""``transformSpec`` on Arrow: the same values :mod:`shuffled.spark.phase1.jvm.sqlexpr` and :mod:`shuffled.spark.phase1.jvm.filters` compute in
 Spark SQL, on whole arrays (never row by row in Python).
 
 :class:`ArrowTranslator` evaluates expression ASTs (:mod:`shuffled.spark.spec.expr`) with
-:mod:`.arrow_values`' types and operators and :mod:`.arrow_functions`; the transforms and
-the filter apply as :mod:`.prepare` applies them.
+:mod:`shuffled.spark.phase1.arrow_expr.values`' types and operators and :mod:`shuffled.spark.phase1.arrow_expr.functions`; the transforms and
+the filter apply as :mod:`shuffled.spark.phase1.jvm.prepare` applies them.
 
-Filters follow :mod:`.filters` (Druid's SQL-compatible null rules: a filter on null is
+Filters follow :mod:`shuffled.spark.phase1.jvm.filters` (Druid's SQL-compatible null rules: a filter on null is
 unknown, ``not`` keeps it unknown, a row is kept only when its filter is true).
 :func:`unsupported` tells, before any task runs, what this translation cannot compute
 (non-literal arguments Arrow needs as constants, regular expressions RE2 does not read the
@@ -19,10 +19,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from shuffled.spark.phase1.arrow_functions import pattern_parts
-from shuffled.spark.phase1.arrow_regex import java_regex, named_groups
-from shuffled.spark.phase1 import arrow_functions
-from shuffled.spark.phase1.arrow_values import (BOOL, LONG, NULL, STRING, AVal, as_bool,
+from shuffled.spark.phase1.arrow_expr.functions import pattern_parts
+from shuffled.spark.phase1.arrow_expr.regex import java_regex, named_groups
+from shuffled.spark.phase1.arrow_expr import functions as arrow_functions
+from shuffled.spark.phase1.arrow_expr.values import (BOOL, LONG, NULL, STRING, AVal, as_bool,
                                                 as_double, as_long, as_string, as_value, binary,
                                                 compare, literal, negate, nulls)
 from shuffled.spark.spec.expr import Binary, Call, Ident, Lit, Node, Unary

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from shuffled.spark.phase1.sqlexpr import NULL, STRING, Translator, Val, as_bool, as_double, as_long, as_string
+from shuffled.spark.phase1.jvm.sqlexpr import NULL, STRING, Translator, Val, as_bool, as_double, as_long, as_string
 from shuffled.spark.spec.transform import Filter
 
 

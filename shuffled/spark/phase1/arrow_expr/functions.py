@@ -1,9 +1,9 @@
 """The functions of :data:`shuffled.spark.spec.expr.FUNCTIONS` on Arrow, one ``fn_<name>``
 each, computing what the Spark translation (:class:`.transform.Translator`) computes. ``t``
-is the :class:`.arrow_transform.ArrowTranslator` evaluating the arguments.
+is the :class:`shuffled.spark.phase1.arrow_expr.transform.ArrowTranslator` evaluating the arguments.
 
 Arguments Arrow needs as constants (substring's index and length, replace's strings,
-patterns) must be literals here; :func:`.arrow_transform.unsupported` says so before a task
+patterns) must be literals here; :func:`shuffled.spark.phase1.arrow_expr.transform.unsupported` says so before a task
 runs, and the spec goes through the JVM reader.
 """
 
@@ -16,11 +16,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from shuffled.spark.phase1.arrow_values import (BOOL, DOUBLE, LONG, STRING, AVal, as_bool,
+from shuffled.spark.phase1.arrow_expr.values import (BOOL, DOUBLE, LONG, STRING, AVal, as_bool,
                                                    as_double, as_long, as_string, binary,
                                                    common, masked)
-from shuffled.spark.phase1.arrow_regex import java_regex, named_groups
-from shuffled.spark.phase1.spark_time import to_micros
+from shuffled.spark.phase1.arrow_expr.regex import java_regex, named_groups
+from shuffled.spark.phase1.spark_compat.timestamps import to_micros
 from shuffled.spark.spec.expr import Call, Lit
 from shuffled.spark.spec.granularity import MONDAY_OFFSET, WEEK
 from shuffled.spark.spec.patterns import like_to_regex, parse_period, period_millis
@@ -221,7 +221,7 @@ def _parse_pattern(s: pa.Array, pattern: str) -> pa.Array:
     y, mo, d = get("yyyy", 1970), get("MM", 1), get("dd", 1)
     h, mi, sec, frac = get("HH", 0), get("mm", 0), get("ss", 0), get("SSS", 0)
     valid = ok & (y >= 1) & (mo >= 1) & (mo <= 12) & (d >= 1) & (h <= 23) & (mi <= 59) & (sec <= 59)
-    from shuffled.spark.phase1.spark_time import _days_from_civil, _days_in_month
+    from shuffled.spark.phase1.spark_compat.timestamps import _days_from_civil, _days_in_month
 
     valid &= d <= _days_in_month(y, np.clip(mo, 1, 12))
     days = _days_from_civil(y, np.clip(mo, 1, 12), d)

@@ -5,7 +5,7 @@ field's Arrow type follows its JSON values: text, integers, decimals, booleans, 
 along a flatten path, an array (a multi-value dimension or an index step). pyarrow reads
 one type per field, so where a value's kind changes (``"clicks": 5`` then
 ``"clicks": "many"``) the piece is read in runs of rows, each with its types; every run
-goes on to :mod:`.text_prepare`, which computes what the JVM computes from each kind.
+goes on to :mod:`shuffled.spark.phase1.native.text.prepare`, which computes what the JVM computes from each kind.
 
 A line pyarrow cannot parse is isolated (pyarrow names the row it stopped at) and reported
 as ``malformed json record``, as Spark's PERMISSIVE mode does, unless Spark's more lenient
@@ -24,8 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.json as pj
 
-from shuffled.spark.phase1.text_io import Declined, Piece
-from shuffled.spark.phase1.text_schema import LEAF, Node, find, leaves
+from shuffled.spark.phase1.native.text.blocks import Declined, Piece
+from shuffled.spark.phase1.native.text.schema import LEAF, Node, find, leaves
 
 _KIND = re.compile(r"Column\((?P<path>[^)]*)\) changed from (?P<old>\w+) to (?P<new>\w+) in row (?P<row>\d+)")
 _NULL_FIRST = re.compile(rb"[ \t\r\n]*null(?:[ \t\r\n]|$)")

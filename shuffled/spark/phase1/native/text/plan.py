@@ -1,9 +1,9 @@
 """The driver's plan of a native JSON or CSV read: blocks of each file packed into tasks.
 
-Only file sizes are needed (a task finds its lines itself, :mod:`.text_io`), so planning
+Only file sizes are needed (a task finds its lines itself, :mod:`shuffled.spark.phase1.native.text.blocks`), so planning
 reads nothing but CSV's header lines. The plan is refused, with the reason the task report
 gives as ``readerReason``, for what the native text reader does not compute: inline data,
-transforms :func:`.arrow_transform.unsupported` names, flatten paths of other shapes.
+transforms :func:`shuffled.spark.phase1.arrow_expr.transform.unsupported` names, flatten paths of other shapes.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import math
 from typing import Any
 
 from shuffled.spark.fs import compressed, remote
-from shuffled.spark.phase1.arrow_transform import unsupported
-from shuffled.spark.phase1.prepare import metric_column, metric_time_column
-from shuffled.spark.phase1.text_io import skipped_bytes
-from shuffled.spark.phase1.text_prepare import Steps, TextInput
+from shuffled.spark.phase1.arrow_expr.transform import unsupported
+from shuffled.spark.phase1.jvm.prepare import metric_column, metric_time_column
+from shuffled.spark.phase1.native.text.blocks import skipped_bytes
+from shuffled.spark.phase1.native.text.prepare import Steps, TextInput
 from shuffled.spark.spec.model import IngestSpec
 
 #: Largest block: a task reads a block in pieces anyway; small blocks balance tasks.
@@ -93,7 +93,7 @@ def text_input(spec: IngestSpec, files: list[str], sizing: Any,
         columns, headers = tuple(cols), frozenset(found)
         if fmt.skip_header_rows:  # Druid skips them in each file, then reads the header
             skip = tuple((p, skipped_bytes(p, fmt.skip_header_rows)) for p in files)
-    from shuffled.spark.phase1.multivalue import json_fields
+    from shuffled.spark.phase1.jvm.multivalue import json_fields
 
     multi_names = json_fields(spec)
     single = spec.partitions.dimensions if spec.partitions.type in ("range", "single_dim") else ()

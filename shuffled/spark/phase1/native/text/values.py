@@ -1,7 +1,7 @@
 """What the JVM reader makes of a JSON or CSV value, computed on the Arrow array pyarrow read.
 
 The JVM path reads every field as text (``from_json``/``from_csv``) and types it with Spark
-SQL (:func:`.prepare._typed`, :func:`.prepare._timestamp`). pyarrow.json gives a field the
+SQL (:func:`shuffled.spark.phase1.jvm.prepare._typed`, :func:`shuffled.spark.phase1.jvm.prepare._timestamp`). pyarrow.json gives a field the
 type of its JSON values instead: ``string``, ``int64``, ``float64``, ``bool``, ``null``. For
 each, the functions here give what the JVM computes from the text Spark would have made of
 that value (an integer's digits, ``true``/``false``), so both readers agree value for value.
@@ -20,9 +20,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from shuffled.spark.phase1.spark_casts import floor_long, to_double, to_float, to_long, trim_spaces
-from shuffled.spark.phase1.spark_time import to_micros
-from shuffled.spark.phase1.text_io import Declined
+from shuffled.spark.phase1.spark_compat.casts import floor_long, to_double, to_float, to_long, trim_spaces
+from shuffled.spark.phase1.spark_compat.timestamps import to_micros
+from shuffled.spark.phase1.native.text.blocks import Declined
 
 _SCALE = {"posix": 1000.0, "micro": 0.001, "nano": 0.000001}
 _ARROW = {"long": pa.int64(), "double": pa.float64(), "float": pa.float32(), "string": pa.string()}
@@ -80,7 +80,7 @@ def text_of(a: pa.Array, where: str, resolve: Resolve | None = None) -> pa.Array
 def typed(a: pa.Array, kind: str, where: str, resolve: Resolve | None = None,
           ) -> tuple[pa.Array, np.ndarray]:
     """The value as ``kind`` (long, double, float, string) and whether the row is
-    unparseable (text that is not a number), as :func:`.prepare._typed` for text input."""
+    unparseable (text that is not a number), as :func:`shuffled.spark.phase1.jvm.prepare._typed` for text input."""
     a = plain(a)
     t = a.type
     if kind == "string":
@@ -107,7 +107,7 @@ def typed(a: pa.Array, kind: str, where: str, resolve: Resolve | None = None,
 
 
 def timestamp_millis(a: pa.Array, fmt: str, where: str) -> pa.Array:
-    """Epoch millis as :func:`.prepare._timestamp` computes them from text (null: unparseable)."""
+    """Epoch millis as :func:`shuffled.spark.phase1.jvm.prepare._timestamp` computes them from text (null: unparseable)."""
     a = plain(a)
     t = a.type
     scale = _SCALE.get(fmt)

@@ -1,8 +1,8 @@
 """Spark SQL's ``hash()`` (Murmur3 x86_32, seed 42) over Arrow columns, vectorised in numpy.
 
-The native phase-1 reader (:mod:`.native`) assigns hashed partitions in Python; it must put
+The native phase-1 reader (:mod:`shuffled.spark.phase1.native.reader`) assigns hashed partitions in Python; it must put
 every row in the partition the JVM path (``pmod(hash(cols), shards)``, see
-:func:`shuffled.spark.phase1.prepare.bucket_column`) would, so that the published shardSpec
+:func:`shuffled.spark.phase1.jvm.prepare.bucket_column`) would, so that the published shardSpec
 (``spark_murmur3_32``) holds whichever path ran. This is Spark's ``Murmur3_x86_32``:
 
 - ``hashLong``: the low then the high 32-bit word mixed in, finalised with length 8;

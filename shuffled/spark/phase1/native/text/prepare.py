@@ -1,8 +1,8 @@
-"""Phase-1 rows of natively read JSON and CSV: what :func:`.prepare.prepare` computes, on Arrow.
+"""Phase-1 rows of natively read JSON and CSV: what :func:`shuffled.spark.phase1.jvm.prepare.prepare` computes, on Arrow.
 
 ``__chunk, __time, <dimensions>, __m<i>..., [__mt<i>...], __bad`` for one run of rows
-(:mod:`.text_json`, :mod:`.text_csv`), checked row for row against the JVM reader: the
-timestamp (:mod:`.text_values`), the transforms and filter (:mod:`.arrow_transform`), typed
+(:mod:`shuffled.spark.phase1.native.text.json_lines`, :mod:`shuffled.spark.phase1.native.text.csv_lines`), checked row for row against the JVM reader: the
+timestamp (:mod:`shuffled.spark.phase1.native.text.values`), the transforms and filter (:mod:`shuffled.spark.phase1.arrow_expr.transform`), typed
 dimensions and metrics, multi-value dimensions, and ``__bad`` with the JVM's first reason in
 the JVM's order (malformed record, timestamp, ``__time`` transform, dimensions, metrics) and
 the file, line and text of the line. Messages are built only for the rows they concern.
@@ -18,10 +18,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from shuffled.spark.phase1.arrow_transform import apply_transforms
-from shuffled.spark.phase1.arrow_values import STRING, AVal, cast_value
-from shuffled.spark.phase1.text_io import Piece
-from shuffled.spark.phase1.text_values import plain, shown, text_of, timestamp_millis, typed
+from shuffled.spark.phase1.arrow_expr.transform import apply_transforms
+from shuffled.spark.phase1.arrow_expr.values import STRING, AVal, cast_value
+from shuffled.spark.phase1.native.text.blocks import Piece
+from shuffled.spark.phase1.native.text.values import plain, shown, text_of, timestamp_millis, typed
 from shuffled.spark.rows.multivalue import ITEM, SEP
 from shuffled.spark.rows.rollup import BAD, CHUNK, TIME, WITH_ERROR
 from shuffled.spark.spec.granularity import truncate_array
@@ -33,7 +33,7 @@ Problem = tuple[np.ndarray, Callable[[int], str]]
 
 @dataclass(frozen=True)
 class TextInput:
-    """How a task reads JSON or CSV lines (the text part of :class:`.native.NativeInput`)."""
+    """How a task reads JSON or CSV lines (the text part of :class:`shuffled.spark.phase1.native.reader.NativeInput`)."""
 
     format: str  # json | csv
     block: int  # bytes per block: a text Split's row_groups are block numbers
@@ -152,7 +152,7 @@ def _json_text(line: str, steps: Steps) -> str:
     """The text Spark gives the value at ``steps`` of one JSON line (for a message)."""
     import json
 
-    from shuffled.spark.phase1.text_values import java_double
+    from shuffled.spark.phase1.native.text.values import java_double
 
     value: Any = json.loads(line, parse_int=str, parse_float=lambda t: java_double(float(t)))
     for step in steps:
@@ -231,7 +231,7 @@ def bad_column(problems: list[Problem], keep: np.ndarray, lines: np.ndarray, pie
                n: int, errors: list[Problem] | None = None) -> pa.Array:
     """``__bad``: null, ``'T'`` (thrown away), the first problem's location and reason
     (``U``: unparseable), or for a kept row with column errors every error (``E``: Druid's
-    processedWithError), as :func:`.prepare.prepare` gives it."""
+    processedWithError), as :func:`shuffled.spark.phase1.jvm.prepare.prepare` gives it."""
     flagged = np.zeros(n, dtype=bool)
     for mask, _ in problems:
         flagged |= mask

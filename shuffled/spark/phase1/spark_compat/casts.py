@@ -1,7 +1,7 @@
 """Spark's casts of text to numbers, on Arrow: what ``try_cast`` gives in the JVM path.
 
 The JVM path reads every JSON and CSV field as text and types it with Spark SQL
-(:mod:`.prepare`); the native text reader must give the same values, so each function here
+(:mod:`shuffled.spark.phase1.jvm.prepare`); the native text reader must give the same values, so each function here
 is one Spark cast (Spark 4, ANSI on, ``try_cast``: null where the text is not a number),
 computed on whole Arrow arrays:
 

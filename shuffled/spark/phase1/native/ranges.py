@@ -1,8 +1,8 @@
-"""Range partitions of natively read rows: what :func:`.prepare.bucket_column` gives for
+"""Range partitions of natively read rows: what :func:`shuffled.spark.phase1.jvm.prepare.bucket_column` gives for
 ``plan.kind == "range"``, computed after the task's rollup.
 
 A row's partition in its time chunk is the number of the chunk's boundaries its key is at
-or above (:func:`.prepare.range_key`: per range dimension, null before any value, then the
+or above (:func:`shuffled.spark.phase1.jvm.prepare.range_key`: per range dimension, null before any value, then the
 value's UTF-8 bytes, compared dimension by dimension); a chunk without boundaries is one
 partition. Vectorised: rows and boundaries are sorted together, boundaries before equal
 keys, and a row's partition is the count of its chunk's boundaries sorted before it.

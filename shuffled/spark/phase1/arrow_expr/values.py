@@ -1,11 +1,11 @@
-"""Values of Druid expressions on Arrow: types, coercions, operators (see :mod:`.arrow_transform`).
+"""Values of Druid expressions on Arrow: types, coercions, operators (see :mod:`shuffled.spark.phase1.arrow_expr.transform`).
 
 Every value has the static Druid type the Spark translation gives it (``LONG``, ``DOUBLE``,
 ``STRING``, ``BOOL``, ``NULL``) and the same coercions, null rules and Spark semantics:
 ANSI ``try_`` arithmetic (LONG overflow and division by zero are null), Java's long
 division and remainder, Spark's NaN ordering (NaN equals NaN and is above every number),
-``try_cast`` of text (:mod:`.spark_casts`). Functions are in :mod:`.arrow_functions`, the
-translator of ASTs, the filters and what cannot be expressed in :mod:`.arrow_transform`.
+``try_cast`` of text (:mod:`shuffled.spark.phase1.spark_compat.casts`). Functions are in :mod:`shuffled.spark.phase1.arrow_expr.functions`, the
+translator of ASTs, the filters and what cannot be expressed in :mod:`shuffled.spark.phase1.arrow_expr.transform`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from shuffled.spark.phase1.spark_casts import to_double, to_long
-from shuffled.spark.phase1.text_values import java_double_text
+from shuffled.spark.phase1.spark_compat.casts import to_double, to_long
+from shuffled.spark.phase1.native.text.values import java_double_text
 from shuffled.spark.spec.expr import (BOOL, DOUBLE, LONG, NULL, NUMERIC as _NUMERIC, STRING,
                                       branch_type)
 

@@ -1,7 +1,7 @@
 """The schema a task's JSON is read with: the fields the spec needs, typed by their values.
 
 A tree of what is read from each record: object keys, an array's elements (for flatten
-index steps), leaves with their current Arrow type. :class:`.text_json.JsonParser` changes
+index steps), leaves with their current Arrow type. :class:`shuffled.spark.phase1.native.text.json_lines.JsonParser` changes
 a leaf's type when pyarrow meets a value of another kind, so each run of rows is read with
 the types its values have.
 """

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
-from shuffled.spark.phase1.text_io import Declined, Piece
+from shuffled.spark.phase1.native.text.blocks import Declined, Piece
 
 
 def _regular(delimiter: str) -> str:

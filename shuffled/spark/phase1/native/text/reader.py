@@ -1,8 +1,8 @@
 """One task's JSON or CSV blocks read natively: pieces of lines -> parsed runs -> phase-1 rows.
 
-The task side of the native text reader (the driver's plan is :mod:`.text_plan`): each
-piece of whole lines (:mod:`.text_io`) is parsed (:mod:`.text_json`, :mod:`.text_csv`) and
-its rows prepared (:mod:`.text_prepare`), malformed lines becoming unparseable rows.
+The task side of the native text reader (the driver's plan is :mod:`shuffled.spark.phase1.native.text.plan`): each
+piece of whole lines (:mod:`shuffled.spark.phase1.native.text.blocks`) is parsed (:mod:`shuffled.spark.phase1.native.text.json_lines`, :mod:`shuffled.spark.phase1.native.text.csv_lines`) and
+its rows prepared (:mod:`shuffled.spark.phase1.native.text.prepare`), malformed lines becoming unparseable rows.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from shuffled.spark.phase1.text_csv import parse_csv
-from shuffled.spark.phase1.text_io import ByteMeter, pieces
-from shuffled.spark.phase1.text_json import JsonParser
-from shuffled.spark.phase1.text_schema import schema_tree
-from shuffled.spark.phase1.text_prepare import TextInput, malformed, output_schema, prepare_text
+from shuffled.spark.phase1.native.text.csv_lines import parse_csv
+from shuffled.spark.phase1.native.text.blocks import ByteMeter, pieces
+from shuffled.spark.phase1.native.text.json_lines import JsonParser
+from shuffled.spark.phase1.native.text.schema import schema_tree
+from shuffled.spark.phase1.native.text.prepare import TextInput, malformed, output_schema, prepare_text
 
 
 def block_ranges(blocks: tuple[int, ...]) -> list[tuple[int, int]]:
