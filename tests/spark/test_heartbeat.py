@@ -142,7 +142,7 @@ def test_recompute_replaces_exactly_the_lost_keys_of_the_lost_subtasks() -> None
 def test_a_recompute_keeps_exactly_the_rows_of_the_lost_keys() -> None:
     import numpy as np
 
-    from shuffled.spark.phase1.keep import only_keys as _only
+    from shuffled.spark.phase1.tasks import only_keys as _only
     from shuffled.spark.rows.rollup import BUCKET, CHUNK
 
     rng = np.random.default_rng(3)

@@ -270,7 +270,7 @@ def test_without_rollup_rows_are_kept_and_count_is_one() -> None:
 def test_publish_plan_drops_exactly_the_old_segments_a_new_interval_covers() -> None:
     """The covering test is a bisection over the new intervals (it scanned them all per
     old segment): a wider new interval drops every old one inside it, none straddling it."""
-    from shuffled.spark.phase2.publish import _plan
+    from shuffled.spark.phase2.publish import plan_moves
 
     day = 86_400_000
     old = [{"interval": str(Interval(d * day, (d + 1) * day)), "version": "v1",
@@ -281,8 +281,8 @@ def test_publish_plan_drops_exactly_the_old_segments_a_new_interval_covers() -> 
                       path=f"/r/{s}", attempt=1)
               for s, e in ((2 * day, 5 * day), (5 * day, 6 * day), (8 * day, 9 * day))]
     shard = lambda s, off: {}  # noqa: E731
-    _, keep, dropped = _plan(old, "ds", "v2", staged, shard, False, "/r")
+    _, keep, dropped = plan_moves(old, "ds", "v2", staged, shard, False, "/r")
     assert sorted(s["path"] for s in dropped) == ["p2", "p3", "p4", "p5", "p8"]
     assert len(keep) == len(old) - 5 and {"straddles", "p9", "p0"} <= {s["path"] for s in keep}
-    _, keep, dropped = _plan(old, "ds", "v2", staged, shard, True, "/r")
+    _, keep, dropped = plan_moves(old, "ds", "v2", staged, shard, True, "/r")
     assert not dropped and len(keep) == len(old)

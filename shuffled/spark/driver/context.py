@@ -16,7 +16,7 @@ from pyspark.sql import SparkSession
 
 from shuffled.spark.driver.monitor import Monitor, RowCount
 from shuffled.spark.driver.report import TaskReport
-from shuffled.spark.phase1.jvm.prepare import metric_column, metric_time_column
+from shuffled.spark.phase1.columns import metric_column, metric_time_column
 from shuffled.spark.hooks import NONE, Hooks
 from shuffled.spark.phase1.tasks import Phase1Config
 from shuffled.spark.phase2.merge import Phase2Config

@@ -26,8 +26,8 @@ from shuffled.spark.phase1 import sink
 from shuffled.spark.phase1 import tasks as phase1
 from shuffled.spark.phase1.tasks import Phase1Config
 from shuffled.spark.phase1.determine import determine
-from shuffled.spark.phase1.jvm.prepare import (bucket_column, metric_column, metric_time_column,
-                                            multi_value_dimensions, prepare)
+from shuffled.spark.phase1.columns import metric_column, metric_time_column
+from shuffled.spark.phase1.jvm.prepare import bucket_column, multi_value_dimensions, prepare
 from shuffled.spark.phase1.source import input_bytes, load_input
 from shuffled.spark.phase1.native.text.blocks import Declined
 from shuffled.spark import records

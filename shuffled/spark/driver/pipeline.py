@@ -35,7 +35,8 @@ from shuffled.spark.driver.context import READERS, Auth, JobContext
 from shuffled.spark.driver.report import TaskReport
 from shuffled.spark.driver.sparksession import get_session, job_conf
 from shuffled.spark.phase2.shards import renumbered, shard_spec_builder
-from shuffled.spark.phase1.source import csv_columns, resolve_files
+from shuffled.spark.phase1.native.text.plan import csv_columns
+from shuffled.spark.phase1.source import resolve_files
 from shuffled.spark.spec.parse import parse_spec
 
 log = logging.getLogger("shuffled.spark")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import fnmatch
 import functools
-import itertools
 import os
 from collections.abc import Iterable
 from typing import Any
@@ -23,8 +22,10 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from shuffled.spark.fs import compressed, remote
+from shuffled.spark.phase1.native.text.plan import csv_columns
 from shuffled.spark.phase1.native.text.blocks import file_uri
-from shuffled.spark.phase1.jvm.multivalue import json_arrays, json_fields
+from shuffled.spark.phase1.columns import json_fields
+from shuffled.spark.phase1.jvm.multivalue import json_arrays
 from shuffled.spark.spec.model import IngestSpec
 from shuffled.spark.spec.parse import SpecError
 
@@ -99,40 +100,6 @@ def _remote_files(spec: IngestSpec) -> list[str]:
                         "and endpoint come from AWS_* environment variables)") from exc
     _refuse_compression(out, spec)
     return sorted(dict.fromkeys(out))
-
-
-def csv_columns(spec: IngestSpec, files: list[str]) -> tuple[list[str], set[str]]:
-    """CSV column names and the header lines to skip: each file's line after its first
-    ``skipHeaderRows`` (Druid skips those, then reads the header)."""
-    fmt = spec.input_format
-    headers: set[str] = set()
-    if fmt.find_columns_from_header:
-        firsts = _first_lines(spec, files)
-        if not firsts:
-            raise SpecError("$.spec.ioConfig.inputFormat", "no header row found" + (
-                f" after skipHeaderRows ({fmt.skip_header_rows})" if fmt.skip_header_rows else ""))
-        headers = set(firsts)
-        columns = [c.strip().strip('"') for c in firsts[0].split(fmt.delimiter)]
-        missing = [c for c in spec.input_fields if c not in columns]
-        if missing:
-            raise SpecError("$.spec.ioConfig.inputFormat.findColumnsFromHeader",
-                            f"the header of {files[0] if files else 'inline data'} lacks {missing}")
-        return columns, headers
-    return list(fmt.columns), headers
-
-
-def _first_lines(spec: IngestSpec, files: list[str]) -> list[str]:
-    """Each file's header line: its line after the first ``skipHeaderRows``."""
-    skip = spec.input_format.skip_header_rows
-    if spec.input_source.type == "inline":
-        lines = (spec.input_source.data or "").splitlines()
-        return lines[skip:skip + 1]
-    out = []
-    for path in files:
-        line = next(itertools.islice(remote.read_lines(path), skip, None), "")
-        if line:
-            out.append(line)
-    return out
 
 
 def input_bytes(spec: IngestSpec, files: list[str]) -> int:

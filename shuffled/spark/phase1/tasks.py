@@ -31,7 +31,6 @@ pyarrow and pyspark's data source API.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -50,7 +49,6 @@ from shuffled.spark.phase1.native.text.blocks import ByteMeter
 from shuffled.spark.phase1.partials import EOS, Encoder, encode_flush
 from shuffled.spark.phase1.ring import Placer
 from shuffled.spark.phase1.config import Phase1Config
-from shuffled.spark.phase1.keep import only_keys
 from shuffled.spark.phase1.native.timeorder import AT_ONCE, TimeOrdered
 from shuffled.spark.rows.multivalue import has_multi
 from shuffled.spark.rows.memory import peak_rss, release_free_memory, reset_peak_rss, rss
@@ -381,3 +379,25 @@ def run_rows_task(cfg: Phase1Config, rows: Iterable[Any], schema: pa.Schema,
             yield pa.RecordBatch.from_pylist(chunk, schema=schema)
 
     return run_task(cfg, batches())
+
+
+# A recompute's filter (docs/failover.md): a re-run subtask uploads only the rows of the
+# (time chunk, partition) keys that were lost, nothing that survived.
+def only_keys(table: pa.Table, buckets: Any, keep: frozenset[tuple[int, int]],
+              ) -> tuple[pa.Table, Any]:
+    """The rows of ``table`` whose (chunk, partition) is in ``keep`` (vectorised: a
+    recompute may keep thousands of keys of millions of rows)."""
+    chunks = table.column(CHUNK).to_numpy()
+    of = np.asarray(buckets if buckets is not None else table.column(BUCKET).to_numpy())
+    kept_chunks = np.array(sorted({c for c, _ in keep}), dtype=chunks.dtype)
+    width = int(max(int(of.max(initial=0)), max(b for _, b in keep))) + 1 if keep else 1
+    # (chunk, partition) as one integer: the chunk's rank among the kept chunks, times width.
+    rank = np.searchsorted(kept_chunks, chunks)
+    known = (rank < len(kept_chunks)) & (kept_chunks[np.minimum(rank, len(kept_chunks) - 1)]
+                                          == chunks) if len(kept_chunks) else np.zeros(
+                                              len(chunks), dtype=bool)
+    codes = rank.astype(np.int64) * width + of.astype(np.int64)
+    wanted = np.array([int(np.searchsorted(kept_chunks, c)) * width + b for c, b in keep],
+                      dtype=np.int64)
+    mask = known & np.isin(codes, wanted)
+    return table.filter(pa.array(mask)), (of[mask] if buckets is not None else None)

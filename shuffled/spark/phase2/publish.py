@@ -101,7 +101,7 @@ def segment_name(start: int, end: int, partition: int, attempt: int) -> str:
     return f"{Interval(start, end).dirname}_{partition}.a{attempt}.parquet"
 
 
-def _plan(old: list[dict[str, Any]], data_source: str, version: str,
+def plan_moves(old: list[dict[str, Any]], data_source: str, version: str,
           staged: list[Segment], shard_spec: Any, append: bool, root: str,
           ) -> tuple[list[tuple[str, dict[str, Any]]], list[dict[str, Any]], list[dict[str, Any]]]:
     """Each written segment's (local path, descriptor) pair, the old segments kept and those
@@ -146,7 +146,7 @@ def describe(data_source: str, version: str, staged: list[Segment], shard_spec: 
              root: str) -> list[tuple[str, dict[str, Any]]]:
     """Each written segment's (local path, descriptor) as a first publication numbers them
     (the Iceberg publisher's report: the table, not a manifest, is what readers use)."""
-    return _plan([], data_source, version, staged, shard_spec, False, root)[0]
+    return plan_moves([], data_source, version, staged, shard_spec, False, root)[0]
 
 
 def _manifest(data_source: str, version: str, keep: list[dict[str, Any]],
@@ -172,7 +172,7 @@ def publish(ds_dir: str, data_source: str, version: str, staged: list[Segment],
                           local_root or ds_dir)
     with datasource_lock(ds_dir):
         manifest = read_manifest(ds_dir)
-        moves, keep, dropped = _plan(list(manifest.get("segments", [])), data_source,
+        moves, keep, dropped = plan_moves(list(manifest.get("segments", [])), data_source,
                                      version, staged, shard_spec, append, local_root or ds_dir)
         published = [desc for _, desc in moves]
         write_json_atomic(os.path.join(ds_dir, MANIFEST),
@@ -211,7 +211,7 @@ def publish_s3(base: str, data_source: str, version: str, staged: list[Segment],
     manifest_uri = f"{base.rstrip('/')}/{MANIFEST}"
     current = remote.read_bytes(manifest_uri)
     old = json.loads(current)["segments"] if current else []
-    moves, keep, dropped = _plan(old, data_source, version, staged, shard_spec, append,
+    moves, keep, dropped = plan_moves(old, data_source, version, staged, shard_spec, append,
                                  local_root)
     for source, desc in moves:
         remote.upload(source, f"{base.rstrip('/')}/{desc['path']}")

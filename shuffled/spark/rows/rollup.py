@@ -69,11 +69,11 @@ class Layout:
         return pa.schema(fields)
 
 
-def _group_acero(table: pa.Table, keys: list[str], aggs: list[tuple[str | list[str], str]],
+def group_acero(table: pa.Table, keys: list[str], aggs: list[tuple[str | list[str], str]],
                  names: list[str]) -> pa.Table:
     """Acero's hash group-by (key types :mod:`.grouping` does not code)."""
     if not aggs:
-        return _group_acero(table, keys, [([], "count_all")], ["__n"]).drop_columns(["__n"])
+        return group_acero(table, keys, [([], "count_all")], ["__n"]).drop_columns(["__n"])
     grouped = table.group_by(keys, use_threads=False).aggregate(aggs)
     cols = grouped.column_names
     if cols[: len(keys)] == keys:
@@ -131,7 +131,7 @@ def rollup_input(batch: pa.Table, layout: Layout, extra_keys: list[str],
                 cols[i] = sketches.build(layout.metrics[names_at[name]][2], size, tgt, cols[i], each)
         # Nothing groups these rows: dictionaries would only be unified (copied) again
         # (kept when asked: a combiner's held tables are concatenated, one schema).
-        return _cast(pa.Table.from_arrays(cols, names=keys + names + layout.hidden), layout,
+        return cast_to_layout(pa.Table.from_arrays(cols, names=keys + names + layout.hidden), layout,
                      extra_keys, dictionaries and layout.rollup)
     pickers = {m[0]: Picker(batch.column(time_of[m[0]]), batch.column(m[4] or ""), m[1] == "last")
                for m in layout.metrics if m[1] in FIRST_LAST}
@@ -165,7 +165,7 @@ def _grouped(table: pa.Table, layout: Layout, extra_keys: list[str], pickers: di
     if grouped is None:
         acero: list[tuple[str | list[str], str]] = [
             ([], "count_all") if a == "count_all" else (src or "", a) for src, a in aggs]
-        grouped = _group_acero(_plain(table), keys, acero, names)
+        grouped = group_acero(_plain(table), keys, acero, names)
     for m in layout.metrics:
         if m[0] in sketch_of:
             fn = sketches.build if build else sketches.merge
@@ -175,7 +175,7 @@ def _grouped(table: pa.Table, layout: Layout, extra_keys: list[str], pickers: di
         values, times = picker.resolve(grouped.column(name))
         i = grouped.schema.get_field_index(name)
         grouped = grouped.set_column(i, name, values).append_column(hidden_time(name), times)
-    return _cast(grouped, layout, extra_keys, dictionaries)
+    return cast_to_layout(grouped, layout, extra_keys, dictionaries)
 
 
 def combine(table: pa.Table, layout: Layout, extra_keys: list[str] = (),  # type: ignore[assignment]
@@ -198,7 +198,7 @@ def _plain(table: pa.Table) -> pa.Table:
                                  if pa.types.is_dictionary(f.type) else f for f in table.schema]))
 
 
-def _cast(table: pa.Table, layout: Layout, extra_keys: list[str],
+def cast_to_layout(table: pa.Table, layout: Layout, extra_keys: list[str],
           dictionaries: bool = False) -> pa.Table:
     """``extra_keys`` then the layout's columns, in the layout's types (string dimensions
     as dictionary<int32, string> if ``dictionaries``)."""

@@ -33,7 +33,7 @@ from shuffled.spark.phase1 import tasks
 from shuffled.spark.rows import grouping
 from shuffled.spark.phase1.partials import Encoder, split_partials
 from shuffled.spark.phase1.tasks import Phase1Config, run_task
-from shuffled.spark.rows.rollup import (BAD, BUCKET, CHUNK, TIME, Layout, _cast, _group_acero, combine,
+from shuffled.spark.rows.rollup import (BAD, BUCKET, CHUNK, TIME, Layout, cast_to_layout, group_acero, combine,
                                    from_ipc, rollup_input, split_by, to_ipc)
 from shuffled.spark.phase1.spark_compat.murmur3 import spark_hash
 from tests.helpers.hooks import FailAttempts
@@ -71,9 +71,9 @@ def raw_table(n: int, seed: int = 5, chunks: int = 5) -> pa.Table:
 def _acero_rollup(table: pa.Table, extra: list[str]) -> pa.Table:
     aggs: list[tuple[str | list[str], str]] = [
         ([], "count_all") if a == "count" else (src or "", a) for _, a, _, _, src in LAYOUT.metrics]
-    grouped = _group_acero(table.unify_dictionaries(), extra + LAYOUT.keys, aggs,
+    grouped = group_acero(table.unify_dictionaries(), extra + LAYOUT.keys, aggs,
                            [m[0] for m in LAYOUT.metrics])
-    return _cast(grouped, LAYOUT, extra)
+    return cast_to_layout(grouped, LAYOUT, extra)
 
 
 def _canonical(table: pa.Table, keys: list[str]) -> list[tuple[Any, ...]]:
@@ -124,7 +124,7 @@ def test_both_group_bys_give_one_schema_that_concatenates(monkeypatch: pytest.Mo
     whole = rollup_input(table, LAYOUT, [CHUNK])
     merged = combine(pa.concat_tables([big, small]), LAYOUT, [CHUNK])
     keys = [CHUNK] + LAYOUT.keys
-    assert merged.schema == whole.schema == _cast(whole, LAYOUT, [CHUNK]).schema
+    assert merged.schema == whole.schema == cast_to_layout(whole, LAYOUT, [CHUNK]).schema
     assert [r[:len(keys) + 2] for r in _canonical(merged, keys)] == [
         r[:len(keys) + 2] for r in _canonical(whole, keys)]  # keys, count, long sum
 

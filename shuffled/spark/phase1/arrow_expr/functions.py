@@ -221,10 +221,10 @@ def _parse_pattern(s: pa.Array, pattern: str) -> pa.Array:
     y, mo, d = get("yyyy", 1970), get("MM", 1), get("dd", 1)
     h, mi, sec, frac = get("HH", 0), get("mm", 0), get("ss", 0), get("SSS", 0)
     valid = ok & (y >= 1) & (mo >= 1) & (mo <= 12) & (d >= 1) & (h <= 23) & (mi <= 59) & (sec <= 59)
-    from shuffled.spark.phase1.spark_compat.timestamps import _days_from_civil, _days_in_month
+    from shuffled.spark.phase1.spark_compat.timestamps import days_from_civil, days_in_month
 
-    valid &= d <= _days_in_month(y, np.clip(mo, 1, 12))
-    days = _days_from_civil(y, np.clip(mo, 1, 12), d)
+    valid &= d <= days_in_month(y, np.clip(mo, 1, 12))
+    days = days_from_civil(y, np.clip(mo, 1, 12), d)
     micros = ((days * 86400 + h * 3600 + mi * 60 + sec) * 1000 + frac) * 1000
     return masked(np.where(valid, micros, 0), valid, pa.int64())
 

@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from shuffled.spark.phase1.spark_compat.casts import to_double, to_long
-from shuffled.spark.phase1.native.text.values import java_double_text
-from shuffled.spark.spec.expr import (BOOL, DOUBLE, LONG, NULL, NUMERIC as _NUMERIC, STRING,
+from shuffled.spark.phase1.spark_compat.java_text import java_double_text
+from shuffled.spark.spec.expr import (BOOL, DOUBLE, LONG, NULL, STRING,
                                       branch_type)
 
 _MIN, _MAX = -(2 ** 63), 2 ** 63 - 1

@@ -22,24 +22,6 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from shuffled.spark.rows.multivalue import ITEM, SEP
-from shuffled.spark.spec.model import IngestSpec
-
-def json_fields(spec: IngestSpec) -> set[str]:
-    """JSON input fields that may be multi-value: string dimensions read straight from the
-    input (no transform produces them, and nothing else reads the field as text)."""
-    if spec.input_format.type != "json":
-        return set()
-    produced = {t.name for t in spec.transform.transforms}
-    others = set(spec.transform.reads) | {m.field for m in spec.metrics if m.field}
-    flat = spec.input_format.flatten
-    out = set()
-    for d in spec.dimensions:
-        found = flat.get(d.name)
-        root = found is None or (len(found.steps) == 1 and found.steps[0] == d.name)
-        if d.type == "string" and root and d.name not in produced and d.name not in others:
-            out.add(d.name)
-    return out
-
 
 def array_column(name: str) -> str:
     """The column holding dimension ``name``'s array on rows where the JSON value is one."""

@@ -24,7 +24,8 @@ from shuffled.spark.spec.transform import TIME as DRUID_TIME
 from shuffled.spark.phase1.jvm.filters import filter_column
 from shuffled.spark.phase1.jvm.multivalue import can_hold_arrays, string_dimension
 from shuffled.spark.phase1.jvm.sqlexpr import LONG, Translator, Val, as_value, input_val
-from shuffled.spark.rows.rollup import BAD, BUCKET, CHUNK, TIME, WITH_ERROR
+from shuffled.spark.phase1.columns import metric_column, metric_time_column
+from shuffled.spark.rows.rollup import BAD, CHUNK, TIME, WITH_ERROR
 
 _TS = "__ts"
 _TS_OUT = "__ts_out"  # the timestamp after a transform named __time
@@ -44,16 +45,6 @@ def multi_value_dimensions(df: DataFrame, spec: IngestSpec) -> tuple[str, ...]:
     produced = {t.name for t in spec.transform.transforms}
     return tuple(d.name for d in spec.dimensions
                  if d.type == "string" and d.name not in produced and can_hold_arrays(d.name, types))
-
-
-def metric_column(i: int) -> str:
-    """Name of the phase-1 input column of metric ``i``."""
-    return f"__m{i}"
-
-
-def metric_time_column(i: int) -> str:
-    """Name of the phase-1 time input column of first/last metric ``i``."""
-    return f"__mt{i}"
 
 
 def _is(dtype: T.DataType, kinds: tuple[type, ...]) -> bool:

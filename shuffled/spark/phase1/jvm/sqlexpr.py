@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from shuffled.spark.spec.base import SpecError
-from shuffled.spark.spec.expr import (BOOL, DOUBLE, LONG, NULL, NUMERIC as _NUMERIC, STRING,
+from shuffled.spark.spec.expr import (BOOL, DOUBLE, LONG, NULL, STRING,
                                       Binary, Call, Ident, Lit, Node, Unary, branch_type)
 from shuffled.spark.spec.granularity import MONDAY_OFFSET, WEEK
 from shuffled.spark.spec.patterns import joda_to_spark, like_to_regex, parse_period, period_millis

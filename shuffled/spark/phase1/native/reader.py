@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 from shuffled.spark.spec.granularity import truncate, truncate_array
 from shuffled.spark.fs import remote
 from shuffled.spark.spec.model import IngestSpec, PartitionPlan
-from shuffled.spark.phase1.jvm.prepare import metric_column
+from shuffled.spark.phase1.columns import metric_column
 from shuffled.spark.rows.rollup import BAD, CHUNK, TIME
 from shuffled.spark.phase1.spark_compat.murmur3 import pmod_hash
 from shuffled.spark.phase1.native.ranges import RangeBucketer

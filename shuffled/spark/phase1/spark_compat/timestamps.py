@@ -135,8 +135,8 @@ def _parse(s: pa.Array, leading_t: pa.Array) -> pa.Array:
     frac6 = pc.utf8_slice_codeunits(pc.binary_join_element_wise(frac_text, "000000", ""), 0, 6)
     frac = frac6.cast(pa.int64()).to_numpy(zero_copy_only=False)
     ok &= (month >= 1) & (month <= 12) & (pick["h"] <= 23) & (pick["mi"] <= 59) & (pick["s"] <= 59)
-    ok &= (day >= 1) & (day <= _days_in_month(year, np.clip(month, 1, 12)))
-    days = _days_from_civil(year, np.clip(month, 1, 12), day)
+    ok &= (day >= 1) & (day <= days_in_month(year, np.clip(month, 1, 12)))
+    days = days_from_civil(year, np.clip(month, 1, 12), day)
     seconds = days * _DAY + pick["h"] * 3600 + pick["mi"] * 60 + pick["s"] - zone
     # instantToMicros: exactly the instants whose microseconds fit in an int64
     lo, lo_us = divmod(-(2 ** 63), _MICROS)
@@ -195,13 +195,13 @@ def _check_regions(names: set[str]) -> None:
         raise RegionZone(f"a timestamp with the region time zone {found[0]!r}")
 
 
-def _days_in_month(year: np.ndarray, month: np.ndarray) -> np.ndarray:
+def days_in_month(year: np.ndarray, month: np.ndarray) -> np.ndarray:
     leap = ((year % 4 == 0) & (year % 100 != 0)) | (year % 400 == 0)
     days = np.array([31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31])[month - 1]
     return days + ((month == 2) & leap)
 
 
-def _days_from_civil(y: np.ndarray, m: np.ndarray, d: np.ndarray) -> np.ndarray:
+def days_from_civil(y: np.ndarray, m: np.ndarray, d: np.ndarray) -> np.ndarray:
     """Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm)."""
     y = y - (m <= 2)
     era = np.floor_divide(y, 400)
@@ -212,7 +212,7 @@ def _days_from_civil(y: np.ndarray, m: np.ndarray, d: np.ndarray) -> np.ndarray:
 
 
 def _civil_from_days(z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(year, month, day) of days since 1970-01-01 (the inverse of :func:`_days_from_civil`)."""
+    """(year, month, day) of days since 1970-01-01 (the inverse of :func:`days_from_civil`)."""
     z = z + 719468
     era = np.floor_divide(z, 146097)
     doe = z - era * 146097

@@ -8,15 +8,17 @@ transforms :func:`shuffled.spark.phase1.arrow_expr.transform.unsupported` names,
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
 from shuffled.spark.fs import compressed, remote
 from shuffled.spark.phase1.arrow_expr.transform import unsupported
-from shuffled.spark.phase1.jvm.prepare import metric_column, metric_time_column
+from shuffled.spark.phase1.columns import metric_column, metric_time_column
 from shuffled.spark.phase1.native.text.blocks import skipped_bytes
 from shuffled.spark.phase1.native.text.prepare import Steps, TextInput
 from shuffled.spark.spec.model import IngestSpec
+from shuffled.spark.spec.parse import SpecError
 
 #: Largest block: a task reads a block in pieces anyway; small blocks balance tasks.
 MAX_BLOCK = 32 << 20
@@ -87,13 +89,11 @@ def text_input(spec: IngestSpec, files: list[str], sizing: Any,
     headers: frozenset[str] = frozenset()
     skip: tuple[tuple[str, int], ...] = ()
     if kind == "csv":
-        from shuffled.spark.phase1.source import csv_columns
-
         cols, found = csv_columns(spec, files)
         columns, headers = tuple(cols), frozenset(found)
         if fmt.skip_header_rows:  # Druid skips them in each file, then reads the header
             skip = tuple((p, skipped_bytes(p, fmt.skip_header_rows)) for p in files)
-    from shuffled.spark.phase1.jvm.multivalue import json_fields
+    from shuffled.spark.phase1.columns import json_fields
 
     multi_names = json_fields(spec)
     single = spec.partitions.dimensions if spec.partitions.type in ("range", "single_dim") else ()
@@ -121,3 +121,37 @@ def text_input(spec: IngestSpec, files: list[str], sizing: Any,
     if not splits:
         return "the input files are empty"
     return text, splits
+
+
+def csv_columns(spec: IngestSpec, files: list[str]) -> tuple[list[str], set[str]]:
+    """CSV column names and the header lines to skip: each file's line after its first
+    ``skipHeaderRows`` (Druid skips those, then reads the header)."""
+    fmt = spec.input_format
+    headers: set[str] = set()
+    if fmt.find_columns_from_header:
+        firsts = _first_lines(spec, files)
+        if not firsts:
+            raise SpecError("$.spec.ioConfig.inputFormat", "no header row found" + (
+                f" after skipHeaderRows ({fmt.skip_header_rows})" if fmt.skip_header_rows else ""))
+        headers = set(firsts)
+        columns = [c.strip().strip('"') for c in firsts[0].split(fmt.delimiter)]
+        missing = [c for c in spec.input_fields if c not in columns]
+        if missing:
+            raise SpecError("$.spec.ioConfig.inputFormat.findColumnsFromHeader",
+                            f"the header of {files[0] if files else 'inline data'} lacks {missing}")
+        return columns, headers
+    return list(fmt.columns), headers
+
+
+def _first_lines(spec: IngestSpec, files: list[str]) -> list[str]:
+    """Each file's header line: its line after the first ``skipHeaderRows``."""
+    skip = spec.input_format.skip_header_rows
+    if spec.input_source.type == "inline":
+        lines = (spec.input_source.data or "").splitlines()
+        return lines[skip:skip + 1]
+    out = []
+    for path in files:
+        line = next(itertools.islice(remote.read_lines(path), skip, None), "")
+        if line:
+            out.append(line)
+    return out

@@ -152,7 +152,7 @@ def _json_text(line: str, steps: Steps) -> str:
     """The text Spark gives the value at ``steps`` of one JSON line (for a message)."""
     import json
 
-    from shuffled.spark.phase1.native.text.values import java_double
+    from shuffled.spark.phase1.spark_compat.java_text import java_double
 
     value: Any = json.loads(line, parse_int=str, parse_float=lambda t: java_double(float(t)))
     for step in steps:

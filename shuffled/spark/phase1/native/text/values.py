@@ -13,7 +13,6 @@ floats too; where the text matters (a string dimension, a transform's input, an 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import numpy as np
@@ -21,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from shuffled.spark.phase1.spark_compat.casts import floor_long, to_double, to_float, to_long, trim_spaces
+from shuffled.spark.phase1.spark_compat.java_text import java_double, java_double_text
 from shuffled.spark.phase1.spark_compat.timestamps import to_micros
 from shuffled.spark.phase1.native.text.blocks import Declined
 
@@ -158,44 +158,3 @@ def shown(a: pa.Array, i: int) -> str:
     if isinstance(v, float):
         return java_double(v)
     return str(v)
-
-
-def java_double(x: float) -> str:
-    """Java's ``Double.toString`` (shortest digits; JDK 17 prints a few values with one
-    digit more, which only a message could show)."""
-    if math.isnan(x):
-        return "NaN"
-    if math.isinf(x):
-        return "Infinity" if x > 0 else "-Infinity"
-    if x == 0:
-        return "-0.0" if math.copysign(1.0, x) < 0 else "0.0"
-    sign = "-" if x < 0 else ""
-    digits, exp = _shortest(abs(x))
-    if 1e-3 <= abs(x) < 1e7:
-        point = exp + 1
-        if point <= 0:
-            return f"{sign}0.{'0' * -point}{digits}"
-        whole, frac = digits[:point].ljust(point, "0"), digits[point:]
-        return f"{sign}{whole}.{frac or '0'}"
-    return f"{sign}{digits[0]}.{digits[1:] or '0'}E{exp}"
-
-
-def java_double_text(a: pa.Array) -> pa.Array:
-    """:func:`java_double` of every value (per distinct value: such columns are small)."""
-    a = plain(a).cast(pa.float64())
-    distinct = pc.unique(a.drop_null())
-    texts = pa.array([java_double(v) for v in distinct.to_pylist()], pa.string())
-    return pc.take(texts, pc.index_in(a, distinct))
-
-
-def _shortest(x: float) -> tuple[str, int]:
-    """Shortest round-trip digits of ``x`` > 0 and the decimal exponent of the first."""
-    text = repr(x)
-    if "e" in text:
-        mantissa, _, exp = text.partition("e")
-        return mantissa.replace(".", "").rstrip("0") or "0", int(exp)
-    whole, _, frac = text.partition(".")
-    digits = (whole + frac).lstrip("0").rstrip("0") or "0"
-    if whole.strip("0"):
-        return digits, len(whole.lstrip("0")) - 1
-    return digits, -(len(frac) - len(frac.lstrip("0")) + 1)
