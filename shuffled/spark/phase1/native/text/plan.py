@@ -8,6 +8,7 @@ transforms :func:`shuffled.spark.phase1.arrow_expr.transform.unsupported` names,
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import math
 from typing import Any
@@ -137,10 +138,29 @@ def csv_columns(spec: IngestSpec, files: list[str]) -> tuple[list[str], set[str]
         columns = [c.strip().strip('"') for c in firsts[0].split(fmt.delimiter)]
         missing = [c for c in spec.input_fields if c not in columns]
         if missing:
-            raise SpecError("$.spec.ioConfig.inputFormat.findColumnsFromHeader",
-                            f"the header of {files[0] if files else 'inline data'} lacks {missing}")
+            where = files[0] if files else "inline data"
+            close = difflib.get_close_matches(missing[0], columns, n=1, cutoff=0.6)
+            raise SpecError(_reader_of(spec, missing[0]),
+                            f"names column {missing[0]!r}, which the header of {where} lacks"
+                            + (f" (did you mean {close[0]!r}?)" if close else "")
+                            + f"; the header has {columns[:20]}")
         return columns, headers
     return list(fmt.columns), headers
+
+
+def _reader_of(spec: IngestSpec, column: str) -> str:
+    """The JSON path of the spec field that reads input column ``column`` (a misspelt name
+    is the field's mistake, not the header's)."""
+    schema = "$.spec.dataSchema"
+    if column == spec.timestamp.column:
+        return f"{schema}.timestampSpec.column"
+    for i, name in enumerate(spec.dimension_names):
+        if name == column:
+            return f"{schema}.dimensionsSpec.dimensions[{i}]"
+    for i, metric in enumerate(spec.metrics):
+        if column in (metric.field, metric.time_column):
+            return f"{schema}.metricsSpec[{i}]"
+    return "$.spec.dataSchema.transformSpec"
 
 
 def _first_lines(spec: IngestSpec, files: list[str]) -> list[str]:
