@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from shuffled import __version__
-from shuffled.cli.ingest import cmd_ingest, spark_conf
+from shuffled.cli.ingest import cmd_ingest, spark_conf, stall_timeout
 from shuffled.cli.serve import cmd_migrate, cmd_serve
 from shuffled.config import FIELDS, Settings
 from shuffled.errors import ConfigError, ShuffleError
@@ -76,6 +76,9 @@ def _ingest_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--phase1-reader", choices=("auto", "native", "jvm"), default="auto",
                         help="how phase 1 reads input: native (pyarrow, Parquet only), jvm "
                              "(Spark), or auto: native where it applies (default)")
+    parser.add_argument("--stall-timeout", type=stall_timeout, default=None, metavar="SECONDS",
+                        help="fail the ingestion when a Spark job makes no progress (no task "
+                             "done, nothing read or written) for this long (default 300)")
     parser.add_argument("--conf", action="append", type=spark_conf, metavar="KEY=VALUE",
                         help="a Spark setting, as spark-submit takes it (e.g. "
                              "spark.executorEnv.AWS_REGION=eu-west-1); repeat for several")

@@ -48,6 +48,17 @@ def spark_conf(value: str) -> tuple[str, str]:
     return key, setting
 
 
+def stall_timeout(value: str) -> float:
+    """argparse type of ``--stall-timeout SECONDS``: a number of seconds above 0."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not seconds > 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds above 0")
+    return seconds
+
+
 def submit_args(confs: list[tuple[str, str]], quiet: bool) -> str | None:
     """PYSPARK_SUBMIT_ARGS for the JVM pyspark starts: the user's own if set, the
     ``--conf`` settings, and (unless --verbose or the user's own) Spark's logging kept to
@@ -163,13 +174,16 @@ def _reason(exc: BaseException) -> str:
 def explain(exc: BaseException, spec_path: str) -> str:
     """One paragraph for a failed ingestion: what failed, where, the report, what to try."""
     from shuffled.client import ShuffleUnavailable
-    from shuffled.errors import Unauthorized
+    from shuffled.errors import ShuffleError, Unauthorized
 
     if isinstance(exc, Refused):
         return f"shuffled ingest failed: {exc.what}. Try: {exc.hint}."
     notes = [n for n in getattr(exc, "__notes__", []) if n.startswith("task report: ")]
     message = getattr(exc, "message", None) or first_line(exc)
-    if isinstance(exc, Unauthorized):
+    given = getattr(exc, "details", {}).get("hint") if isinstance(exc, ShuffleError) else None
+    if given:  # the failure knows its remedy (a stall, an out-of-memory JVM)
+        hint = given
+    elif isinstance(exc, Unauthorized):
         hint = ("give the token the shuffle servers were started with: --auth-token-file "
                 "FILE, or the SHUFFLED_AUTH_TOKEN environment variable")
     elif isinstance(exc, ShuffleUnavailable):
@@ -236,7 +250,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             result = ingest(spec, master=args.master, shuffle_servers=args.shuffle_servers,
                             output_dir=args.output, token=token, ca_file=args.ca_file,
                             progress=progress, show_rows=args.show_rows,
-                            reader=args.phase1_reader, signing_secret=secret)
+                            reader=args.phase1_reader, signing_secret=secret,
+                            stall_seconds=args.stall_timeout)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # every failure: one paragraph, exit 1

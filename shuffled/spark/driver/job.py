@@ -62,6 +62,7 @@ class Job:
 
     def run(self) -> tuple[list[records.Segment], PartitionPlan]:
         s = self.spec
+        self.ctx.enter("reading input")  # its Spark jobs (schemas, footers) are watched too
         rows = load_input(self.spark, s, self.ctx.files)
         self.may_be_multi = multi_value_dimensions(rows, s)
         prepared = prepare(rows, s)
