@@ -225,7 +225,8 @@ def _explain_spark(ctx: JobContext, watchdog: Watchdog, exc: BaseException) -> N
     """Raise the one-paragraph IngestionFailed for a job that stalled (the watchdog fired)
     or whose Spark work failed for want of memory or a lost result
     (:mod:`.sparkfailure`); return for any other failure."""
-    if isinstance(exc, (IngestionFailed, KeyboardInterrupt)) and watchdog.fired is None:
+    if isinstance(exc, KeyboardInterrupt) or (isinstance(exc, IngestionFailed)
+                                              and watchdog.fired is None):
         return
     why = watchdog.fired or sparkfailure.explain(ctx.spark, ctx.phase, exc)
     if why is not None:

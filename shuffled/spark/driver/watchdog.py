@@ -1,17 +1,17 @@
 """The watchdog: no Spark job of an ingestion sits without progress for longer than the
 stall timeout (``--stall-timeout``, :data:`DEFAULT_STALL_SECONDS`).
 
-A thread asks Spark's status tracker, every fraction of a second, what the jobs of the
-ingestion's current job group (:attr:`.context.JobContext.job_group`) have done: tasks
-finished, failed and started per stage, the records and bytes their stages have read and
-written so far (Spark's live task metrics, sent with each executor heartbeat), and, from
-the caller, figures of its own (what the daemons hold and served, rows counted). While a
-job runs and none of that changes for ``stall_seconds``, the watchdog writes down what
-stalled (the phase, the stage, its tasks, the driver's heap) and cancels the group's jobs:
-the driver's blocked Spark call then fails, and the ingestion fails with what
-:attr:`Watchdog.fired` says instead of that call's error. Should the call not come back after the
-cancel (a JVM too short of heap to act on it), the group is cancelled again with every
-other job, and then ``on_wedged`` runs (the pipeline stops a JVM it started).
+A thread asks Spark's status tracker, every second (a quarter of the timeout if less),
+what the jobs of the ingestion's current job group (:attr:`.context.JobContext.job_group`)
+have done: tasks finished, failed and started per stage, the records and bytes their
+stages have read and written so far (Spark's live task metrics, sent with each executor
+heartbeat), and, from the caller, figures of its own (what the daemons hold and served,
+rows counted). While a job runs and none of that changes for ``stall_seconds``, the
+watchdog writes down what stalled (the phase, the stage, its tasks, the driver's heap) and
+cancels the group's jobs: the driver's blocked Spark call then fails, and the ingestion
+fails with what :attr:`Watchdog.fired` says instead of that call's error. Should the call
+not come back after the cancel (a JVM too short of heap to act on it), every job is
+cancelled, and then ``on_wedged`` runs (the pipeline kills a JVM it started).
 
 This is what catches a result that never reaches the driver: Spark's ``task-result-getter``
 thread dies of an ``OutOfMemoryError`` without failing its task, which then sits in GET
@@ -52,7 +52,7 @@ class Watchdog:
                  stall_seconds: float = DEFAULT_STALL_SECONDS, *,
                  figures: Callable[[], Hashable] | None = None,
                  on_wedged: Callable[[], None] | None = None,
-                 poll_seconds: float = 0.25) -> None:
+                 poll_seconds: float = 1.0) -> None:
         if stall_seconds <= 0:
             raise ValueError(f"the stall timeout must be above 0 seconds, not {stall_seconds}")
         self.spark = spark
