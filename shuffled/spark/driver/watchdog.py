@@ -52,7 +52,7 @@ class Watchdog:
                  stall_seconds: float = DEFAULT_STALL_SECONDS, *,
                  figures: Callable[[], Hashable] | None = None,
                  on_wedged: Callable[[], None] | None = None,
-                 poll_seconds: float = 1.0) -> None:
+                 poll_seconds: float = 1.0, grace_seconds: float | None = None) -> None:
         if stall_seconds <= 0:
             raise ValueError(f"the stall timeout must be above 0 seconds, not {stall_seconds}")
         self.spark = spark
@@ -61,6 +61,9 @@ class Watchdog:
         self.figures = figures
         self.on_wedged = on_wedged
         self.poll_seconds = min(poll_seconds, stall_seconds / 4)
+        # how long a cancel gets to stop the stalled jobs before the next, harder, step
+        self.grace_seconds = (min(30.0, max(5.0, stall_seconds)) if grace_seconds is None
+                              else grace_seconds)
         # what stalled and what to try, once it did (the ingestion's failure)
         self.fired: tuple[str, str] | None = None
         self._stop = threading.Event()
@@ -155,7 +158,7 @@ class Watchdog:
 
     def _cancel(self, group: str) -> None:
         sc = self.spark.sparkContext
-        grace = min(30.0, max(5.0, self.stall_seconds))
+        grace = self.grace_seconds
         for step in ("group", "all", "wedged"):
             try:
                 if step == "group":
