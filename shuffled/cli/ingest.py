@@ -59,20 +59,31 @@ def stall_timeout(value: str) -> float:
     return seconds
 
 
-def submit_args(confs: list[tuple[str, str]], quiet: bool) -> str | None:
-    """PYSPARK_SUBMIT_ARGS for the JVM pyspark starts: the user's own if set, the
-    ``--conf`` settings, and (unless --verbose or the user's own) Spark's logging kept to
-    errors; None when there is nothing to set."""
+def submit_args(confs: list[tuple[str, str]], quiet: bool) -> str:
+    """PYSPARK_SUBMIT_ARGS for the JVM pyspark starts: the user's own if set (then as
+    given, with the ``--conf`` settings added), else the ``--conf`` settings and one
+    ``--driver-java-options``: the user's ``spark.driver.extraJavaOptions``, Spark's
+    logging kept to errors (unless --verbose) and the driver's exit on an
+    OutOfMemoryError (:data:`~shuffled.spark.driver.sparksession.DRIVER_JAVA_OPTIONS`).
+    spark-submit takes that option and ``--conf spark.driver.extraJavaOptions`` as one
+    setting, the last given winning, hence one option holding all three."""
+    from shuffled.spark.driver.sparksession import DRIVER_JAVA_OPTIONS
+
     given = os.environ.get("PYSPARK_SUBMIT_ARGS")
     args = shlex.split(given) if given is not None else []
     if args and args[-1] == "pyspark-shell":
         args.pop()
+    java: list[str] = []
     for key, value in confs:
-        args += ["--conf", f"{key}={value}"]
-    if quiet and given is None:  # a user's own PYSPARK_SUBMIT_ARGS decides Spark's logging
-        args += ["--driver-java-options", f"-Dlog4j2.configurationFile=file:{QUIET_LOG4J}"]
-    if given is None and not args:
-        return None
+        if key == "spark.driver.extraJavaOptions" and given is None:
+            java.append(value)
+        else:
+            args += ["--conf", f"{key}={value}"]
+    if given is None:  # a user's own PYSPARK_SUBMIT_ARGS decides Spark's logging
+        if quiet:
+            java.append(f"-Dlog4j2.configurationFile=file:{QUIET_LOG4J}")
+        java.append(DRIVER_JAVA_OPTIONS)
+        args += ["--driver-java-options", " ".join(java)]
     return shlex.join([*args, "pyspark-shell"])
 
 
@@ -243,9 +254,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         token = _read_token(args.auth_token_file)
         secret = _read_secret(args.signing_secret_file)
         probe_output(args.output)
-        submit = submit_args(args.conf or [], quiet=not args.verbose)
-        if submit is not None:
-            os.environ["PYSPARK_SUBMIT_ARGS"] = submit
+        os.environ["PYSPARK_SUBMIT_ARGS"] = submit_args(args.conf or [], quiet=not args.verbose)
         with contextlib.nullcontext() if args.verbose else QuietStderr():
             result = ingest(spec, master=args.master, shuffle_servers=args.shuffle_servers,
                             output_dir=args.output, token=token, ca_file=args.ca_file,

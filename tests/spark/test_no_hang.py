@@ -82,6 +82,17 @@ def _one_paragraph(done: subprocess.CompletedProcess[str]) -> str:
     return failure[0]
 
 
+def _submit_args(env: dict[str, str], confs: list[tuple[str, str]]) -> str:
+    from shuffled.cli.ingest import submit_args
+
+    saved = os.environ.pop("PYSPARK_SUBMIT_ARGS", None)
+    try:
+        return submit_args(confs, quiet=True)
+    finally:
+        if saved is not None:
+            os.environ["PYSPARK_SUBMIT_ARGS"] = saved
+
+
 def test_the_driver_out_of_heap_fails_at_once(tmp_path: Path) -> None:
     """The issue's failure, for real: a driver JVM of 512 MB (the least Spark starts with)
     collects 12 task results of 64 MB. Spark used to lose that OutOfMemoryError in its
@@ -106,8 +117,11 @@ def test_the_driver_out_of_heap_fails_at_once(tmp_path: Path) -> None:
                     print("held", json.dumps(c.list_tasks().get("tasks", [])))
                 sys.exit(1)
         """)
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1",
-           "PYSPARK_SUBMIT_ARGS": "--conf spark.driver.memory=512m pyspark-shell"}
+    # The JVM's options as `shuffled ingest --conf spark.driver.memory=512m` gives them
+    # (its quiet logging is a driver Java option too: the flag must survive it).
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
+    env.pop("PYSPARK_SUBMIT_ARGS", None)
+    env["PYSPARK_SUBMIT_ARGS"] = _submit_args(env, [("spark.driver.memory", "512m")])
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-c", script, json.dumps(spec)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=150)
@@ -118,6 +132,7 @@ def test_the_driver_out_of_heap_fails_at_once(tmp_path: Path) -> None:
     line = failure[0]
     assert "the Spark driver JVM ran out of memory (java.lang.OutOfMemoryError) during " \
            "phase 1" in line, line
+    assert "(code 3, -XX:+ExitOnOutOfMemoryError)" in line, line  # the flag reached it
     assert "spark.driver.memory" in line.split("Try: ")[1]
     assert "held []" in done.stdout
     assert took < 90, f"{took:.0f} s"

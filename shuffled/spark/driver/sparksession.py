@@ -4,9 +4,10 @@ A session started here runs its driver JVM with ``-XX:+ExitOnOutOfMemoryError``:
 survives an ``OutOfMemoryError`` in some of its own threads (``task-result-getter``) by
 losing what that thread was doing, so the job waits forever for a result (issue 36). A
 JVM that exits instead fails the driver's call at once, and :mod:`.sparkfailure` names
-the cause from its exit code. A user's own ``spark.driver.extraJavaOptions``
-(``--conf``, ``PYSPARK_SUBMIT_ARGS``) replaces this; the stall watchdog still ends a job
-stuck that way (:mod:`.watchdog`).
+the cause from its exit code. Driver Java options in ``PYSPARK_SUBMIT_ARGS`` replace
+this one (spark-submit keeps the last of them; ``shuffled ingest`` therefore passes the
+user's, its own and this one together, :func:`shuffled.cli.ingest.submit_args`); the stall
+watchdog still ends a job stuck that way (:mod:`.watchdog`).
 """
 
 from __future__ import annotations
