@@ -173,8 +173,9 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
                     shutil.rmtree(segments, ignore_errors=True)
                     if ice is not None:
                         ice.discard()
-                _explain_spark(ctx, watchdog, exc)  # raises IngestionFailed for a stall,
-                _explain_loss(ctx, exc)  # for an OOM, and for lost daemons
+                # each raises the one-paragraph IngestionFailed if it is its failure
+                _explain_spark(ctx, watchdog, exc)  # a stall, a JVM out of memory
+                _explain_loss(ctx, exc)  # lost daemons
                 raise
             finally:
                 watchdog.stop()
