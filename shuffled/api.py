@@ -12,7 +12,7 @@ def ingest(spec: Any, *, master: str | None = None,
            token: str | None = None, ca_file: str | None = None,
            progress: Callable[[str], None] | None = None, show_rows: int = 0,
            reader: str = "auto", signing_secret: bytes | None = None,
-           output: str | None = None) -> Any:
+           output: str | None = None, stall_seconds: float | None = None) -> Any:
     """Run a Druid ``index_parallel`` spec on Spark through shuffled.
 
     With no ``shuffle_servers`` an embedded daemon runs on a free loopback port with a
@@ -20,11 +20,15 @@ def ingest(spec: Any, *, master: str | None = None,
     :func:`shuffled.spark.run_ingestion`). ``signing_secret``: the daemons' signing secret
     (per-task tokens, docs/security.md). ``output`` (when given, instead of
     ``output_dir``): a directory, ``s3://bucket/prefix`` or an Apache Iceberg table
-    ``iceberg://CATALOG/NAMESPACE.TABLE`` (docs/iceberg.md). Returns the pipeline's
-    IngestResult.
+    ``iceberg://CATALOG/NAMESPACE.TABLE`` (docs/iceberg.md). ``stall_seconds``: how long
+    a Spark job may make no progress before the ingestion fails (None: the default).
+    Returns the pipeline's IngestResult.
     """
     output_dir = output or output_dir
     from shuffled.spark import parse_spec, run_ingestion
+    from shuffled.spark.driver.watchdog import DEFAULT_STALL_SECONDS
+
+    stall = DEFAULT_STALL_SECONDS if stall_seconds is None else stall_seconds
 
     parsed = parse_spec(spec)  # refuse a bad spec before any daemon or Spark starts
     say = progress or (lambda line: None)
@@ -32,7 +36,7 @@ def ingest(spec: Any, *, master: str | None = None,
         result = run_ingestion(parsed, shuffle_servers=list(shuffle_servers), master=master,
                                output_dir=output_dir, token=token, ca_file=ca_file,
                                progress=progress, reader=reader,
-                               signing_secret=signing_secret)
+                               signing_secret=signing_secret, stall_seconds=stall)
     else:
         from shuffled.server.embedded import EmbeddedDaemon
 
@@ -43,7 +47,7 @@ def ingest(spec: Any, *, master: str | None = None,
                 result = run_ingestion(parsed, shuffle_servers=[url], master=master,
                                        output_dir=output_dir, token=token, ca_file=ca_file,
                                        progress=progress, reader=reader,
-                                       signing_secret=signing_secret)
+                                       signing_secret=signing_secret, stall_seconds=stall)
     if show_rows:
         _show_rows(result, show_rows, say)
     return result

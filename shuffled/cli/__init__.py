@@ -10,7 +10,7 @@ import urllib.parse
 from collections.abc import Sequence
 
 from shuffled import __version__
-from shuffled.cli.ingest import cmd_ingest, spark_conf
+from shuffled.cli.ingest import cmd_ingest, spark_conf, stall_timeout
 from shuffled.cli import tasks as cli_tasks
 from shuffled.cli.serve import cmd_migrate, cmd_serve
 from shuffled.config import FIELDS, Settings
@@ -90,9 +90,13 @@ def _ingest_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--verbose", action="store_true",
                         help="on failure print the traceback, and let Spark log at WARN")
     parser.add_argument("--phase1-reader", choices=("auto", "native", "jvm"), default="auto",
-                        help="how phase 1 reads input: native (pyarrow: Parquet, JSON, CSV and "
-                             "TSV), jvm (Spark's readers), or auto: native where it applies "
+                        help="how phase 1 reads input: native (pyarrow: Parquet, JSON and "
+                             "CSV), jvm (Spark's readers), or auto: native where it applies "
                              "(default)")
+    parser.add_argument("--stall-timeout", type=stall_timeout, default=None, metavar="DURATION",
+                        help="fail the ingestion when a Spark job makes no progress (no task "
+                             "done, nothing read or written) for this long: seconds, 5m, "
+                             "PT5M (default 300 s)")
     parser.add_argument("--conf", action="append", type=spark_conf, metavar="KEY=VALUE",
                         help="a Spark setting, as spark-submit takes it (e.g. "
                              "spark.executorEnv.AWS_REGION=eu-west-1); repeat for several")

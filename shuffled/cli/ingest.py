@@ -48,20 +48,46 @@ def spark_conf(value: str) -> tuple[str, str]:
     return key, setting
 
 
-def submit_args(confs: list[tuple[str, str]], quiet: bool) -> str | None:
-    """PYSPARK_SUBMIT_ARGS for the JVM pyspark starts: the user's own if set, the
-    ``--conf`` settings, and (unless --verbose or the user's own) Spark's logging kept to
-    errors; None when there is nothing to set."""
+def stall_timeout(value: str) -> float:
+    """argparse type of ``--stall-timeout``: a duration above 0 (seconds, ``5m``,
+    ``PT5M``, as every duration setting takes)."""
+    from shuffled.config import parse_duration
+    from shuffled.errors import ConfigError
+
+    try:
+        seconds = parse_duration(value, "--stall-timeout")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a duration above 0")
+    return seconds
+
+
+def submit_args(confs: list[tuple[str, str]], quiet: bool) -> str:
+    """PYSPARK_SUBMIT_ARGS for the JVM pyspark starts: the user's own if set (then as
+    given, with the ``--conf`` settings added), else the ``--conf`` settings and one
+    ``--driver-java-options``: the user's ``spark.driver.extraJavaOptions``, Spark's
+    logging kept to errors (unless --verbose) and the driver's exit on an
+    OutOfMemoryError (:data:`~shuffled.spark.driver.sparksession.DRIVER_JAVA_OPTIONS`).
+    spark-submit takes that option and ``--conf spark.driver.extraJavaOptions`` as one
+    setting, the last given winning, hence one option holding all three."""
+    from shuffled.spark.driver.sparksession import DRIVER_JAVA_OPTIONS
+
     given = os.environ.get("PYSPARK_SUBMIT_ARGS")
     args = shlex.split(given) if given is not None else []
     if args and args[-1] == "pyspark-shell":
         args.pop()
+    java: list[str] = []
     for key, value in confs:
-        args += ["--conf", f"{key}={value}"]
-    if quiet and given is None:  # a user's own PYSPARK_SUBMIT_ARGS decides Spark's logging
-        args += ["--driver-java-options", f"-Dlog4j2.configurationFile=file:{QUIET_LOG4J}"]
-    if given is None and not args:
-        return None
+        if key == "spark.driver.extraJavaOptions" and given is None:
+            java.append(value)
+        else:
+            args += ["--conf", f"{key}={value}"]
+    if given is None:  # a user's own PYSPARK_SUBMIT_ARGS decides Spark's logging
+        if quiet:
+            java.append(f"-Dlog4j2.configurationFile=file:{QUIET_LOG4J}")
+        java.append(DRIVER_JAVA_OPTIONS)
+        args += ["--driver-java-options", " ".join(java)]
     return shlex.join([*args, "pyspark-shell"])
 
 
@@ -163,13 +189,16 @@ def _reason(exc: BaseException) -> str:
 def explain(exc: BaseException, spec_path: str) -> str:
     """One paragraph for a failed ingestion: what failed, where, the report, what to try."""
     from shuffled.client import ShuffleUnavailable
-    from shuffled.errors import Unauthorized
+    from shuffled.errors import ShuffleError, Unauthorized
 
     if isinstance(exc, Refused):
         return f"shuffled ingest failed: {exc.what}. Try: {exc.hint}."
     notes = [n for n in getattr(exc, "__notes__", []) if n.startswith("task report: ")]
     message = getattr(exc, "message", None) or first_line(exc)
-    if isinstance(exc, Unauthorized):
+    given = getattr(exc, "details", {}).get("hint") if isinstance(exc, ShuffleError) else None
+    if given:  # the failure knows its remedy (a stall, an out-of-memory JVM)
+        hint = given
+    elif isinstance(exc, Unauthorized):
         hint = ("give the token the shuffle servers were started with: --auth-token-file "
                 "FILE, or the SHUFFLED_AUTH_TOKEN environment variable")
     elif isinstance(exc, ShuffleUnavailable):
@@ -229,14 +258,13 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         token = _read_token(args.auth_token_file)
         secret = _read_secret(args.signing_secret_file)
         probe_output(args.output)
-        submit = submit_args(args.conf or [], quiet=not args.verbose)
-        if submit is not None:
-            os.environ["PYSPARK_SUBMIT_ARGS"] = submit
+        os.environ["PYSPARK_SUBMIT_ARGS"] = submit_args(args.conf or [], quiet=not args.verbose)
         with contextlib.nullcontext() if args.verbose else QuietStderr():
             result = ingest(spec, master=args.master, shuffle_servers=args.shuffle_servers,
                             output_dir=args.output, token=token, ca_file=args.ca_file,
                             progress=progress, show_rows=args.show_rows,
-                            reader=args.phase1_reader, signing_secret=secret)
+                            reader=args.phase1_reader, signing_secret=secret,
+                            stall_seconds=args.stall_timeout)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # every failure: one paragraph, exit 1

@@ -70,3 +70,35 @@ class StopDaemons(Hooks):
 
     def phase2_fetched(self, batches: int) -> None:
         _signal(self.in_phase2, self.phase2_sig)
+
+
+@dataclass
+class BlockPhase1(Hooks):
+    """Every phase-1 task blocks after its first upload, on an event nothing sets (for at
+    most ``seconds``, a bound the stall watchdog must beat by far)."""
+
+    seconds: float = 60.0
+
+    def phase1_uploaded(self, partition: int, attempt_number: int, uploads: int) -> None:
+        import threading
+
+        threading.Event().wait(self.seconds)
+
+
+@dataclass
+class DriverCollects(Hooks):
+    """Between the phases the driver collects ``tasks`` task results of ``mb`` MB each:
+    more than a small driver heap holds (the way a sample pulled to the driver ran it out
+    of heap in issue 36)."""
+
+    tasks: int = 12
+    mb: int = 64
+
+    def between_phases(self) -> None:
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.getActiveSession()
+        assert spark is not None
+        size = self.mb << 20
+        spark.sparkContext.parallelize(range(self.tasks), self.tasks) \
+            .map(lambda i: b"x" * size).collect()

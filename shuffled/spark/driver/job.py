@@ -62,15 +62,20 @@ class Job:
 
     def run(self) -> tuple[list[records.Segment], PartitionPlan]:
         s = self.spec
+        self.ctx.enter("reading input")  # its Spark jobs (schemas, footers) are watched too
         rows = load_input(self.spark, s, self.ctx.files)
         self.may_be_multi = multi_value_dimensions(rows, s)
         prepared = prepare(rows, s)
         self.ctx.enter("determine partitions")
         started = time.monotonic()
-        plan, card = determine(prepared, s)
+        determined = determine(prepared, s)
+        plan, card = determined.plan, determined.cardinality
         chunks = len(card) if card else None
         self.report.phase("determinePartitions", started, timeChunks=chunks,
-                          estimatedRows=sum(card.values()) if card else None)
+                          estimatedRows=sum(card.values()) if card else None,
+                          # range: the shard starts collected, at most one per shard
+                          rowsToDriver=determined.rows_to_driver if plan.kind == "range"
+                          else None)
         self.ctx.settle()
         self.say(f"determine partitions: {plan.kind}, "
                  + (f"{counted(len(card), 'time chunk')}, "

@@ -26,14 +26,16 @@ from shuffled.protocol import format_instant
 from shuffled.spark.fs import remote
 from shuffled.spark.spec.model import IngestSpec
 from shuffled.spark.driver.job import IngestionFailed, Job
+from shuffled.spark.driver import sparkfailure
 from shuffled.spark.driver.monitor import Monitor, RowCount, Timing, stage_status
+from shuffled.spark.driver.watchdog import DEFAULT_STALL_SECONDS, Watchdog
 from shuffled.spark.phase2.iceberg import IcebergOutput, is_iceberg, publish_iceberg
 from shuffled.spark.phase2.publish import (make_durable_dir, publish, segment_dir,
                                            write_json_atomic)
 from shuffled.spark.hooks import NONE, Hooks
 from shuffled.spark.driver.context import READERS, Auth, JobContext
 from shuffled.spark.driver.report import TaskReport
-from shuffled.spark.driver.sparksession import get_session, job_conf
+from shuffled.spark.driver.sparksession import get_session, job_conf, kill_jvm, stop_session
 from shuffled.spark.phase2.shards import renumbered, shard_spec_builder
 from shuffled.spark.phase1.native.text.plan import csv_columns
 from shuffled.spark.phase1.source import resolve_files
@@ -66,7 +68,8 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
                   master: str | None = None, output_dir: str, token: str | None = None,
                   ca_file: str | None = None, progress: Callable[[str], None] | None = None,
                   keepalive_seconds: float = 2.0, reader: str = "auto",
-                  hooks: Hooks = NONE, signing_secret: bytes | None = None) -> IngestResult:
+                  hooks: Hooks = NONE, signing_secret: bytes | None = None,
+                  stall_seconds: float = DEFAULT_STALL_SECONDS) -> IngestResult:
     """Run a perfect-rollup ingestion of ``spec`` through the given shuffle servers.
 
     The spec is validated (SpecError naming the field) and the input files listed before
@@ -83,10 +86,13 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
     ``signing_secret`` (the daemons' ``signing_secret_file``, first line): the driver
     mints per-task tokens with it (write for phase 1, read for phase 2, admin for itself,
     docs/security.md) and executors see only those; without it ``token`` (the daemons'
-    shared token) goes everywhere.
+    shared token) goes everywhere. ``stall_seconds``: a Spark job of the ingestion that
+    makes no progress for that long fails it (:mod:`.watchdog`).
     """
     if reader not in READERS:
         raise ValueError(f"reader must be auto, native or jvm, not {reader!r}")
+    if not stall_seconds > 0:
+        raise ValueError(f"the stall timeout must be above 0 seconds, not {stall_seconds}")
     s = parse_spec(spec)
     files = resolve_files(s)
     if s.input_format.type == "csv":
@@ -131,11 +137,16 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
     monitor.status = stage_status(spark, lambda: ctx.phase, monitor.held, ctx.rows,
                                   group=lambda: ctx.job_group)
     ctx.monitor = monitor
+    rows = ctx.rows
+    watchdog = Watchdog(spark, lambda: ctx.job_group, lambda: ctx.phase, stall_seconds,
+                        figures=lambda: (monitor.held(), rows()),
+                        on_wedged=(lambda: kill_jvm(spark)) if created else None)
     try:
         with job_conf(spark):
             try:
                 job = None
                 monitor.start()
+                watchdog.start()
                 os.makedirs(staging, exist_ok=True)
                 make_durable_dir(segments)
                 job = Job(ctx)
@@ -163,9 +174,12 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
                     shutil.rmtree(segments, ignore_errors=True)
                     if ice is not None:
                         ice.discard()
-                _explain_loss(ctx, exc)  # raises IngestionFailed when daemons were lost
+                # each raises the one-paragraph IngestionFailed if it is its failure
+                _explain_spark(ctx, watchdog, exc)  # a stall, a JVM out of memory
+                _explain_loss(ctx, exc)  # lost daemons
                 raise
             finally:
+                watchdog.stop()
                 if job is not None:
                     job.recovery.lost.update(ctx.lost)
                     job.recovery.declared = dict(monitor.declared_after)
@@ -184,7 +198,7 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
         raise
     finally:
         if created:
-            spark.stop()
+            stop_session(spark)
     report_path = _write_report(ds_dir, report)
     summary = report.summary()
     say(summary)
@@ -207,6 +221,19 @@ def _check_reachable(servers: list[str], token: str | None, ca_file: str | None)
             f"shuffle server{'s' if len(down) > 1 else ''} {', '.join(down)} did not answer "
             "its health check (GET /status/health); start it (`shuffled serve`), fix the "
             "URL, or leave out --shuffle-server to use an embedded one", servers=down)
+
+
+def _explain_spark(ctx: JobContext, watchdog: Watchdog, exc: BaseException) -> None:
+    """Raise the one-paragraph IngestionFailed for a job that stalled (the watchdog fired)
+    or whose Spark work failed for want of memory or a lost result
+    (:mod:`.sparkfailure`); return for any other failure."""
+    if isinstance(exc, KeyboardInterrupt) or (isinstance(exc, IngestionFailed)
+                                              and watchdog.fired is None):
+        return
+    why = watchdog.fired or sparkfailure.explain(ctx.spark, ctx.phase, exc)
+    if why is not None:
+        what, hint = why
+        raise IngestionFailed(what, phase=ctx.phase, hint=hint) from exc
 
 
 def _explain_loss(ctx: JobContext, exc: BaseException) -> None:

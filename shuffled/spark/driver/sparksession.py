@@ -1,13 +1,29 @@
-"""The SparkSession the pipeline runs on, and per-job SQL settings."""
+"""The SparkSession the pipeline runs on, and per-job SQL settings.
+
+A session started here runs its driver JVM with ``-XX:+ExitOnOutOfMemoryError``: Spark
+survives an ``OutOfMemoryError`` in some of its own threads (``task-result-getter``) by
+losing what that thread was doing, so the job waits forever for a result (issue 36). A
+JVM that exits instead fails the driver's call at once, and :mod:`.sparkfailure` names
+the cause from its exit code. Driver Java options in ``PYSPARK_SUBMIT_ARGS`` replace
+this one (spark-submit keeps the last of them; ``shuffled ingest`` therefore passes the
+user's, its own and this one together, :func:`shuffled.cli.ingest.submit_args`); the stall
+watchdog still ends a job stuck that way (:mod:`.watchdog`).
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from pyspark.sql import SparkSession
+
+log = logging.getLogger("shuffled.spark")
+
+#: The driver JVM's options when this module starts it (see the module docstring).
+DRIVER_JAVA_OPTIONS = "-XX:+ExitOnOutOfMemoryError"
 
 #: SQL settings a job needs; set for the job's duration, then restored.
 JOB_CONF: dict[str, str] = {
@@ -30,6 +46,7 @@ def get_session(master: str | None) -> tuple[SparkSession, bool]:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName("shuffled-ingest").master(master or "local[*]")
     builder = builder.config("spark.ui.showConsoleProgress", "false")
+    builder = builder.config("spark.driver.extraJavaOptions", DRIVER_JAVA_OPTIONS)
     # Python workers run the interpreter running the driver (the one with pyarrow).
     builder = builder.config("spark.pyspark.python", sys.executable)
     builder = builder.config("spark.pyspark.driver.python", sys.executable)
@@ -52,11 +69,31 @@ def job_conf(spark: SparkSession) -> Iterator[None]:
     try:
         yield
     finally:
-        sc = spark.sparkContext
-        for prop in ("spark.jobGroup.id", "spark.job.description"):
-            sc.setLocalProperty(prop, None)  # type: ignore[arg-type]  # None unsets it
-        for key, old in saved.items():
-            if old is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, old)
+        try:
+            sc = spark.sparkContext
+            for prop in ("spark.jobGroup.id", "spark.job.description"):
+                sc.setLocalProperty(prop, None)  # type: ignore[arg-type]  # None unsets it
+            for key, old in saved.items():
+                if old is None:
+                    spark.conf.unset(key)
+                else:
+                    spark.conf.set(key, old)
+        except Exception as exc:  # the JVM is gone (it ran out of memory): nothing to restore
+            log.warning("could not restore the session's settings: %s", exc)
+
+
+def kill_jvm(spark: SparkSession) -> None:
+    """End the driver JVM this process started (a job it cannot stop any other way): the
+    driver's calls into it fail at once."""
+    proc = getattr(getattr(spark.sparkContext, "_gateway", None), "proc", None)
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def stop_session(spark: SparkSession) -> None:
+    """Stop a session this module started; one whose JVM is gone is only forgotten."""
+    try:
+        spark.stop()
+    except Exception as exc:
+        log.warning("stopping Spark failed (its JVM is gone?): %s", exc)
