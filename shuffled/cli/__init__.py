@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import urllib.parse
 from collections.abc import Sequence
@@ -46,6 +47,20 @@ def daemon_url(text: str) -> str:
     return text.strip()
 
 
+_MASTER = re.compile(r"local(\[(\*|\d+)(,\d+)?\])?|local-cluster\[[\d, ]+\]|yarn|"
+                     r"(spark|k8s|mesos)://\S+")
+
+
+def spark_master(text: str) -> str:
+    """A ``--master`` value Spark can parse, else a usage error (exit 2) naming the forms,
+    before a JVM starts (Spark's own refusal is a JVM stack trace)."""
+    if not _MASTER.fullmatch(text.strip()):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a Spark master URL: give local[*], local[N], spark://HOST:PORT, "
+            "yarn or k8s://https://HOST:PORT")
+    return text.strip()
+
+
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
     defaults = Settings()
     parser = sub.add_parser(
@@ -72,7 +87,12 @@ def _ingest_parser(sub: argparse._SubParsersAction) -> None:
                     "segments, manifest and task report went; a failure is one paragraph "
                     "on stderr and exit code 1.")
     parser.add_argument("spec", help="Druid native batch spec (JSON, type index_parallel)")
-    parser.add_argument("--master", help="Spark master URL (default local[*])")
+    parser.add_argument("--master", type=spark_master,
+                        help="Spark master URL: local[*] (the default), spark://HOST:PORT, "
+                             "yarn or k8s://... (docs/cluster.md)")
+    parser.add_argument("--validate", action="store_true",
+                        help="check the spec, the input files, the output and the shuffle "
+                             "servers, print the plan, and run nothing")
     parser.add_argument("--shuffle-server", action="append", dest="shuffle_servers",
                         metavar="URL", type=daemon_url,
                         help="shuffled daemon URL; repeat for several (default: an embedded one)")

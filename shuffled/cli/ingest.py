@@ -24,7 +24,7 @@ from typing import Any
 from shuffled.cli.terminal import QUIET_LOG4J, Progress, QuietStderr
 from shuffled.tokens import read_secrets
 
-EXIT_OK, EXIT_FAILED = 0, 1
+EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 
 
 class Refused(Exception):
@@ -186,8 +186,9 @@ def _reason(exc: BaseException) -> str:
     return str(exc)
 
 
-def explain(exc: BaseException, spec_path: str) -> str:
-    """One paragraph for a failed ingestion: what failed, where, the report, what to try."""
+def explain(exc: BaseException, spec_path: str, *, signed: str | None = None) -> str:
+    """One paragraph for a failed ingestion: what failed, where, the report, what to try.
+    ``signed``: the --signing-secret-file the driver minted its tokens with, if any."""
     from shuffled.client import ShuffleUnavailable
     from shuffled.errors import ShuffleError, Unauthorized
 
@@ -198,6 +199,10 @@ def explain(exc: BaseException, spec_path: str) -> str:
     given = getattr(exc, "details", {}).get("hint") if isinstance(exc, ShuffleError) else None
     if given:  # the failure knows its remedy (a stall, an out-of-memory JVM)
         hint = given
+    elif isinstance(exc, Unauthorized) and signed:
+        hint = (f"the shuffle servers refused the task token minted with --signing-secret-file "
+                f"{signed}: give the file the servers were started with (their "
+                "signing_secret_file, docs/security.md)")
     elif isinstance(exc, Unauthorized):
         hint = ("give the token the shuffle servers were started with: --auth-token-file "
                 "FILE, or the SHUFFLED_AUTH_TOKEN environment variable")
@@ -258,6 +263,14 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         token = _read_token(args.auth_token_file)
         secret = _read_secret(args.signing_secret_file)
         probe_output(args.output)
+        if args.validate:
+            from shuffled.spark.driver.pipeline import validate
+
+            servers = args.shuffle_servers or []
+            for line in validate(spec, shuffle_servers=servers, output_dir=args.output,
+                                 token=token, ca_file=args.ca_file, signing_secret=secret):
+                print(line, flush=True)
+            return EXIT_OK
         os.environ["PYSPARK_SUBMIT_ARGS"] = submit_args(args.conf or [], quiet=not args.verbose)
         with contextlib.nullcontext() if args.verbose else QuietStderr():
             result = ingest(spec, master=args.master, shuffle_servers=args.shuffle_servers,
@@ -265,13 +278,18 @@ def cmd_ingest(args: argparse.Namespace) -> int:
                             progress=progress, show_rows=args.show_rows,
                             reader=args.phase1_reader, signing_secret=secret,
                             stall_seconds=args.stall_timeout)
-    except KeyboardInterrupt:
-        raise
+    except KeyboardInterrupt as exc:
+        progress.close()
+        notes = [n for n in getattr(exc, "__notes__", []) if n.startswith("task report: ")]
+        print("shuffled ingest: interrupted (Ctrl-C); nothing was published and the shuffle "
+              "data was deleted" + (f"; the task report is at {notes[0][13:]}" if notes else ""),
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BaseException as exc:  # every failure: one paragraph, exit 1
         progress.close()
         if args.verbose and not isinstance(exc, Refused):
             traceback.print_exc()
-        print(explain(exc, args.spec), file=sys.stderr)
+        print(explain(exc, args.spec, signed=args.signing_secret_file), file=sys.stderr)
         return EXIT_FAILED
     progress.close()
     if result is not None:

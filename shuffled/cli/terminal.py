@@ -17,7 +17,7 @@ QUIET_LOG4J = Path(__file__).with_name("quiet-log4j2.properties")
 # and the JDK's notice. Dropped from a quiet `shuffled ingest`'s terminal (kept with -v).
 _BANNER = re.compile(rb"^(Setting default log level to |To adjust logging level use "
                      rb"sc\.setLogLevel|WARNING: Using incubator modules)")
-_TICK = re.compile(r"(\d+)/(\d+) tasks done(.*)$")
+_TICK = re.compile(r"([\d,]+)/([\d,]+) tasks done(.*)$")
 _WIDTH = 20
 
 
@@ -74,12 +74,12 @@ class Progress:
     def _bar(self, head: str, done: int, total: int, tail: str) -> None:
         filled = int(_WIDTH * done / total) if total else 0
         self.stream.write(f"\r\x1b[K{head}[{'#' * filled}{'.' * (_WIDTH - filled)}] "
-                          f"{done}/{total} tasks{tail}")
+                          f"{done:,}/{total:,} tasks{tail}")
 
     def __call__(self, line: str) -> None:
         match = _TICK.search(line)
         if self.live and match:
-            done, total = int(match.group(1)), int(match.group(2))
+            done, total = (int(match.group(i).replace(",", "")) for i in (1, 2))
             self._bar(line[:match.start()], done, total, match.group(3))
             self.pending = (line[:match.start()], total)
         else:

@@ -20,7 +20,7 @@ from shuffled.errors import ShuffleError
 from shuffled.protocol import PEERS_PATH
 from shuffled.spark.driver import durable, parse_errors, recompute
 from shuffled.spark.driver.context import JobContext
-from shuffled.spark.driver.report import counted
+from shuffled.spark.driver.report import counted, size
 from shuffled.spark.phase1.native import reader as native
 from shuffled.spark.phase1 import sink
 from shuffled.spark.phase1 import tasks as phase1
@@ -77,7 +77,9 @@ class Job:
                           rowsToDriver=determined.rows_to_driver if plan.kind == "range"
                           else None)
         self.ctx.settle()
-        self.say(f"determine partitions: {plan.kind}, "
+        kind = (f"dynamic (hashed shards of at most {s.partitions.target_rows:,} rows)"
+                 if s.partitions.type == "dynamic" else plan.kind)
+        self.say(f"determine partitions: {kind}, "
                  + (f"{counted(len(card), 'time chunk')}, "
                     f"{counted(sum(plan.shards(c) for c in card), 'partition')}"
                     if card else f"numShards {plan.num_shards}"))
@@ -110,8 +112,8 @@ class Job:
                 self.spark.sparkContext.defaultParallelism, s.max_concurrent_subtasks)
             planned = native.plan_native(s, plan, self.ctx.files, sizing)
             if not isinstance(planned, str):
-                self.say(f"phase 1 reads {len(self.ctx.files)} {s.input_format.type} files "
-                         f"natively in {len(planned[1])} tasks")
+                self.say(f"phase 1 reads {counted(len(self.ctx.files), s.input_format.type + ' file')} "
+                         f"natively in {counted(len(planned[1]), 'task')}")
                 self._native_input = planned
                 lines = self._native(cfg, *planned)
                 declined = [r.reason for r in map(records.load, lines)
@@ -273,10 +275,10 @@ class Job:
                           multiValueDimensions=sorted(self.multi_value))
         self.ctx.settle()
         self.say(f"phase 1 done: {counted(len(self.report.subtasks), 'subtask')}, "
-                 f"{counted(r['processed'], 'row')}, {r['processedWithError']} with errors, "
-                 f"{r['unparseable']} unparseable, "
-                 f"{r['thrownAway']} thrown away, {counted(len(partials), 'partial')}, "
-                 f"{counted(self.report.bytes_shuffled, 'byte')} shuffled")
+                 f"{counted(r['processed'], 'row')}, {r['processedWithError']:,} with errors, "
+                 f"{r['unparseable']:,} unparseable, "
+                 f"{r['thrownAway']:,} thrown away, {counted(len(partials), 'partial')}, "
+                 f"{size(self.report.bytes_shuffled)} shuffled")
         failed = parse_errors.over_limit(s, r, bad)
         if failed:
             raise IngestionFailed(failed, unparseable=r["unparseable"])

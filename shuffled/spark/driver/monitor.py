@@ -34,6 +34,7 @@ from typing import Any
 from shuffled.client import ShuffleClient
 from shuffled.client.http import NO_RETRY
 from shuffled.errors import ShuffleError
+from shuffled.spark.driver.report import size
 
 log = logging.getLogger("shuffled.spark")
 
@@ -317,8 +318,6 @@ def _short(exc: BaseException) -> str:
     return (getattr(exc, "message", None) or repr(exc))[:120]
 
 
-def _mb(n: int) -> str:
-    return f"{n / 1e6:,.1f} MB"
 
 
 def stage_status(spark: object, label: Callable[[], str],
@@ -349,15 +348,15 @@ def stage_status(spark: object, label: Callable[[], str],
         if total == 0:
             return None
         phase = label()
-        text = f"{phase}: {done}/{total} tasks done"
-        if rows is not None:
+        text = f"{phase}: {done:,}/{total:,} tasks done"
+        if rows is not None and not phase.startswith("determine"):  # counts phase rows only
             text += f", {rows():,} rows"
         if held is not None:
             stored, served = held()
             if phase.startswith("phase 1"):
-                text += f", {_mb(stored)} shuffled"
+                text += f", {size(stored)} shuffled"
             elif phase.startswith("phase 2"):
-                text += f", {_mb(served)} of {_mb(stored)} read"
+                text += f", {size(served)} of {size(stored)} read"
         return text
 
     return status

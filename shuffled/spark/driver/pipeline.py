@@ -34,7 +34,7 @@ from shuffled.spark.phase2.publish import (make_durable_dir, publish, segment_di
                                            write_json_atomic)
 from shuffled.spark.hooks import NONE, Hooks
 from shuffled.spark.driver.context import READERS, Auth, JobContext
-from shuffled.spark.driver.report import TaskReport
+from shuffled.spark.driver.report import TaskReport, counted
 from shuffled.spark.driver.sparksession import get_session, job_conf, kill_jvm, stop_session
 from shuffled.spark.phase2.shards import renumbered, shard_spec_builder
 from shuffled.spark.phase1.native.text.plan import csv_columns
@@ -78,8 +78,8 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
     publishes them as that Iceberg table's data files in one commit instead
     (:mod:`shuffled.spark.phase2.iceberg`, the reports beside its data). Raises IngestionFailed (or the underlying error) on
     failure, after writing a FAILED task report and deleting the shuffle data.
-    ``reader`` picks how phase 1 reads its input: ``native`` (pyarrow on the executors,
-    Parquet only, see :mod:`shuffled.spark.phase1.native.reader`), ``jvm`` (Spark reads, rows handed to
+    ``reader`` picks how phase 1 reads its input: ``native`` (pyarrow on the executors:
+    Parquet, JSON and CSV, see :mod:`shuffled.spark.phase1.native.reader`), ``jvm`` (Spark reads, rows handed to
     Python), or ``auto`` (native where it applies). ``keepalive_seconds`` is the period of
     the heartbeats to the daemons (expiry and loss detection, docs/failover.md). ``hooks``
     are test seams (:mod:`shuffled.spark.hooks`); production passes none.
@@ -123,6 +123,9 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
         os.makedirs(ds_dir, exist_ok=True)
     report = TaskReport(task_id, s.data_source, version, servers)
     spark, created = get_session(master)
+    ui = spark.sparkContext.uiWebUrl
+    say(f"Spark {spark.version} on {spark.sparkContext.master}"
+        + (f", its UI at {ui}" if ui else ""))
     staging = os.path.join(local_dir, f".staging-{task_id}")
     segments = (ice.local_data_dir if ice and ice.local_data_dir
                 else segment_dir(local_dir, version))
@@ -172,6 +175,7 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
                     # only its own segments, which no manifest names (publish raises
                     # nothing once its manifest is written).
                     shutil.rmtree(segments, ignore_errors=True)
+                    _remove_if_empty(os.path.dirname(segments))  # <ds>/segments/ itself
                     if ice is not None:
                         ice.discard()
                 # each raises the one-paragraph IngestionFailed if it is its failure
@@ -191,7 +195,9 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
                     shutil.rmtree(local_dir, ignore_errors=True)
     except BaseException as exc:
         report.status = "FAILED"
-        report.error = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+        report.error = ("interrupted (Ctrl-C): nothing published, the shuffle data deleted"
+                        if isinstance(exc, KeyboardInterrupt) else
+                        getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}")
         path = _write_report(ds_dir, report)
         exc.add_note(f"task report: {path}")  # the CLI names it in its one paragraph
         say(report.summary())
@@ -206,6 +212,14 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
                         ice.metadata_location if ice else f"{ds_dir}/manifest.json",
                         report_path, report.to_json(), summary,
                         str(ice.target) if ice else None)
+
+
+def _remove_if_empty(path: str) -> None:
+    """Remove ``path`` if it is an empty directory (a failed run leaves no empty one)."""
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
 
 
 def _check_reachable(servers: list[str], token: str | None, ca_file: str | None) -> None:
@@ -251,9 +265,14 @@ def _explain_loss(ctx: JobContext, exc: BaseException) -> None:
     what = (f"no shuffle daemon is left ({len(ctx.servers)} lost)" if not left else
             f"the data lost with {len(ctx.lost)} of {len(ctx.servers)} shuffle daemons could "
             f"not be recomputed on the {len(left)} left")
-    tried = ("phase-1 uploads failed over from daemon to daemon until none was left"
-             if not left else "lost subtasks were recomputed from the input, which failed "
-             f"with: {getattr(exc, 'message', None) or _first_line(exc)}")
+    if left:
+        tried = ("lost subtasks were recomputed from the input, which failed with: "
+                 f"{getattr(exc, 'message', None) or _first_line(exc)}")
+    elif ctx.phase.startswith("phase 1"):
+        tried = "phase-1 uploads failed over from daemon to daemon until none was left"
+    else:
+        tried = ("nothing was left to recompute the lost partitions on (phase 2 reads "
+                 "partials phase 1 wrote to the daemons)")
     raise IngestionFailed(
         f"{what}: lost {names} during {ctx.phase}; {tried}. Restart the lost daemons (or "
         "leave them out of --shuffle-server) and run the ingestion again; "
@@ -298,3 +317,44 @@ def _cleanup(servers: list[str], task_id: str, token: str | None, ca_file: str |
                 continue
             log.warning("could not delete %s on %s: %s", task_id, server, exc)
             report.cleanup[server] = f"failed: {exc}"
+
+
+def validate(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[str],
+             output_dir: str, token: str | None = None, ca_file: str | None = None,
+             signing_secret: bytes | None = None) -> list[str]:
+    """``shuffled ingest --validate``: everything :func:`run_ingestion` checks before Spark
+    starts (the spec, the input files, a CSV header, the daemons' health and token), and
+    the plan as lines to print; starts no Spark, writes nothing, sends no data. Raises the
+    error the run would have raised."""
+    s = parse_spec(spec)
+    files = resolve_files(s)
+    if s.input_format.type == "csv":
+        csv_columns(s, files)
+    servers = [u.strip().rstrip("/") for u in shuffle_servers if u.strip()]
+    if servers:
+        auth = (Auth.scoped(signing_secret, _task_id(s), s.shuffle_token_seconds, ca_file)
+                if signing_secret else Auth(token, ca_file))
+        _check_reachable(servers, auth.token, ca_file)
+    p = s.partitions
+    if p.num_shards:
+        shards = f"{p.num_shards:,} shards a time chunk (known up front)"
+    else:
+        rows = f"at most {p.max_rows:,}" if p.max_rows else f"about {p.target_rows:,}"
+        shards = f"shards of {rows} rows, chosen by a first pass over the input"
+    source = s.input_source
+    where = source.base_dir or ", ".join(source.uris + source.prefixes) or source.type
+    compressed = sorted({f.rsplit(".", 1)[-1] for f in files
+                         if f.endswith((".gz", ".bz2", ".zst", ".xz"))})
+    return [
+        f"spec: valid ({s.data_source}: {counted(len(s.dimensions), 'dimension')}, "
+        f"{counted(len(s.metrics), 'metric')}, rollup {'on' if s.rollup else 'off'})",
+        f"input: {counted(len(files), s.input_format.type + ' file')} from {where}"
+        + (f" ({', '.join(compressed)} compressed)" if compressed else ""),
+        f"time: {s.segment_granularity} segments, {s.query_granularity} query granularity",
+        f"partitioning: {p.type}{' ' + str(list(p.dimensions)) if p.dimensions else ''}, "
+        f"{shards}" + (", perfect rollup" if s.force_guaranteed_rollup else ""),
+        f"shuffle: {counted(len(servers), 'daemon') + ' answering their health check' if servers else 'an embedded daemon'}",
+        f"output: {output_dir.rstrip('/')}/{s.data_source}"
+        + (" (an Iceberg table)" if is_iceberg(output_dir) else " (Parquet + manifest.json)"),
+        "nothing was run: drop --validate to run it",
+    ]

@@ -10,8 +10,14 @@ from shuffled.spark.records import TaskStats
 
 
 def counted(n: int, noun: str) -> str:
-    """``1 partition``, ``2 partitions``: a count with its noun in the right number."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+    """``1 partition``, ``2,048 partitions``: a count with its noun in the right number
+    (every count the driver prints has thousands separators)."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
+def size(n: int) -> str:
+    """Bytes as the driver prints them everywhere: ``908 bytes``, ``26.1 MB``."""
+    return f"{n:,} bytes" if n < 1_000_000 else f"{n / 1e6:,.1f} MB"
 
 
 @dataclass
@@ -102,11 +108,12 @@ class TaskReport:
         r = self.rows
         lines = [
             f"{self.status}: {self.task_id} ({self.data_source}, version {self.version})",
-            f"  rows: {r['processed']} processed, {r['processedWithError']} with errors, "
-            f"{r['unparseable']} unparseable, "
-            f"{r['thrownAway']} thrown away -> {counted(self.rows_out, 'row')} in "
+            f"  rows: {r['processed']:,} processed, {r['processedWithError']:,} with errors, "
+            f"{r['unparseable']:,} unparseable, "
+            f"{r['thrownAway']:,} thrown away -> {counted(self.rows_out, 'row')} in "
             f"{counted(len(self.segments), 'segment')}",
-            f"  bytes: {r['processedBytes']} processed, {self.bytes_shuffled} shuffled",
+            f"  bytes: {size(r['processedBytes'])} processed, {size(self.bytes_shuffled)} "
+            "shuffled",
         ]
         times = ", ".join(f"{k} {v['ingest/task/time'] / 1000:.2f}s" for k, v in self.phases.items())
         if times:
