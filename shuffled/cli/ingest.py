@@ -56,10 +56,11 @@ def stall_timeout(value: str) -> float:
 
     try:
         seconds = parse_duration(value, "--stall-timeout")
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(exc.message) from None
+    except ConfigError:
+        seconds = 0.0
     if not seconds > 0:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a duration above 0")
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a duration above 0 seconds: give seconds (300), 5m or PT5M")
     return seconds
 
 

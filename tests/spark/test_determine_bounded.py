@@ -74,7 +74,7 @@ def _spec(directory: Path, target: int) -> dict[str, Any]:
 def _determine(spark: Any, directory: Path, target: int) -> Any:
     from shuffled.spark.driver.sparksession import job_conf
     from shuffled.spark.phase1.determine import determine
-    from shuffled.spark.phase1.prepare import prepare
+    from shuffled.spark.phase1.jvm.prepare import prepare
     from shuffled.spark.phase1.source import load_input, resolve_files
     from shuffled.spark.spec.parse import parse_spec
 

@@ -16,8 +16,9 @@ def counted(n: int, noun: str) -> str:
 
 
 def size(n: int) -> str:
-    """Bytes as the driver prints them everywhere: ``908 bytes``, ``26.1 MB``."""
-    return f"{n:,} bytes" if n < 1_000_000 else f"{n / 1e6:,.1f} MB"
+    """Bytes as the driver prints them everywhere: ``908 bytes`` below 10 kB (where a
+    tenth of a MB would say nothing), else ``0.5 MB``, ``26.1 MB``."""
+    return f"{n:,} bytes" if n < 10_000 else f"{n / 1e6:,.1f} MB"
 
 
 @dataclass
