@@ -22,10 +22,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from shuffled.storage.layout import fsync_dir, meta_dir, write_json_atomic
+from shuffled.storage.location import Location
+from shuffled.storage.oserrors import translate
+from shuffled.storage.threads import IoThreads
 
 MARK_VERSION = 1
 SEALS = "seals"
@@ -42,6 +46,26 @@ def write(root: Path, kind: str, sup: str, fields: dict[str, Any], fsync: bool) 
     """Mark ``sup`` with ``kind`` at location ``root`` (atomic replace)."""
     body = {"version": MARK_VERSION, "supervisorTaskId": sup, **fields}
     write_json_atomic(mark_dir(root, kind), f"{sup}.json", body, fsync)
+
+
+async def write_everywhere(locations: Sequence[Location], threads: IoThreads, kind: str,
+                           sup: str, fields: dict[str, Any], fsync: bool, doing: str) -> None:
+    """Mark ``sup`` with ``kind`` on every healthy location (on the I/O threads); at least
+    one must take it, else the first failure is raised as the domain error of ``doing``
+    (e.g. "sealing"), and the caller has changed nothing."""
+    written = 0
+    failure: OSError | None = None
+    for loc in locations:
+        if not loc.healthy:
+            continue
+        try:
+            await threads.run(write, loc.path, kind, sup, fields, fsync)
+            written += 1
+        except OSError as exc:
+            failure = failure or exc
+    if not written:
+        raise translate(failure or OSError("no healthy location"), "locations",
+                        f"{doing} supervisor task {sup}")
 
 
 def remove(root: Path, kind: str, sup: str, fsync: bool) -> bool:

@@ -94,7 +94,8 @@ class Removal:
             held = current is not None or sup in self.leftovers
             if held:
                 # Before anything goes: a crash from here on is finished at start.
-                await self._tombstone(sup)
+                await marks.write_everywhere(self.locations, self.threads, marks.DELETING,
+                                             sup, {}, self.fsync, "deleting")
             entry = self.book.pop(sup)
             if entry is not None:
                 for index, size in entry.pack_bytes.items():
@@ -109,24 +110,6 @@ class Removal:
                 await self.deep.forget(sup, everyone=everyone)
         self.notify(sup)
         return entry
-
-    async def _tombstone(self, sup: str) -> None:
-        """Write ``sup``'s tombstone on every healthy location; at least one must take it
-        (else nothing is removed and the caller is told)."""
-        written = 0
-        failure: OSError | None = None
-        for loc in self.locations:
-            if not loc.healthy:
-                continue
-            try:
-                await self.threads.run(marks.write, loc.path, marks.DELETING, sup, {},
-                                       self.fsync)
-                written += 1
-            except OSError as exc:
-                failure = failure or exc
-        if not written:
-            raise translate(failure or OSError("no healthy location"), "locations",
-                            f"deleting supervisor task {sup}")
 
     async def _finish(self, sup: str, where: Sequence[int] | set[int], *,
                       raise_first: bool = False) -> bool:

@@ -28,7 +28,6 @@ from shuffled.storage import marks
 from shuffled.storage.book import TaskBook
 from shuffled.storage.inflight import Uploads
 from shuffled.storage.location import Location
-from shuffled.storage.oserrors import translate
 from shuffled.storage.threads import IoThreads
 
 log = logging.getLogger("shuffled.storage")
@@ -96,23 +95,6 @@ class Seals:
             return False
         return True
 
-    async def _write_everywhere(self, kind: str, sup: str, fields: dict[str, object],
-                                what: str) -> None:
-        """Write a mark on every healthy location; at least one must take it."""
-        written = 0
-        failure: OSError | None = None
-        for loc in self.locations:
-            if not loc.healthy:
-                continue
-            try:
-                await self.threads.run(marks.write, loc.path, kind, sup, fields, self.fsync)
-                written += 1
-            except OSError as exc:
-                failure = failure or exc
-        if not written:
-            raise translate(failure or OSError("no healthy location"), "locations",
-                            f"{what} supervisor task {sup}")
-
     async def fail(self, sup: str) -> bool:
         """Record its supervisor's fail verdict durably on every healthy location (True if
         new). From then on, until the task is deleted, its reads answer "failed", never
@@ -121,7 +103,8 @@ class Seals:
         async with self.uploads.lock(sup):
             if sup in self.failed_tasks:
                 return False
-            await self._write_everywhere(marks.FAILED, sup, {}, "failing")
+            await marks.write_everywhere(self.locations, self.threads, marks.FAILED, sup, {},
+                                         self.fsync, "failing")
             self.failed_tasks.add(sup)
             self.book.ensure(sup)
             self.book.touch(sup)
@@ -160,8 +143,8 @@ class Seals:
                     return False
             if sup in self.failed_tasks:  # a verdict that landed while we waited for the lock
                 raise Conflict(f"{sup} was marked failed: it cannot be sealed")
-            await self._write_everywhere(marks.SEALS, sup, {"subTaskIds": sorted(subs)},
-                                         "sealing")
+            await marks.write_everywhere(self.locations, self.threads, marks.SEALS, sup,
+                                         {"subTaskIds": sorted(subs)}, self.fsync, "sealing")
             self.sealed[sup] = subs
             self.book.ensure(sup)
             self.book.touch(sup)
