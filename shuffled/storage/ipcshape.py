@@ -33,6 +33,8 @@ ROWS_FREE = 1 << 16
 # Message.fbs: MessageHeader union types.
 _SCHEMA, _DICTIONARY_BATCH, _RECORD_BATCH = 1, 2, 3
 
+_HEAD = struct.Struct("<Ii")  # a message's continuation marker and metadata length
+_CONTINUATION_U32 = 0xFFFFFFFF
 _U8 = struct.Struct("<B")
 _U16 = struct.Struct("<H")
 _I32 = struct.Struct("<i")
@@ -45,7 +47,7 @@ class _Table:
 
     __slots__ = ("buf", "pos", "vtable", "vsize")
 
-    def __init__(self, buf: bytes, pos: int) -> None:
+    def __init__(self, buf: bytes | memoryview, pos: int) -> None:
         self.buf = buf
         self.pos = pos
         self.vtable = pos - _I32.unpack_from(buf, pos)[0]
@@ -150,7 +152,7 @@ def check_message(metadata: bytes | memoryview, batch: Layout,
     """Check one message's declarations (its flatbuffer ``metadata``) against the schema's
     layouts; returns its kind (a MessageHeader type) and its body's length, or raises
     InvalidBody naming what is wrong."""
-    buf = bytes(metadata)
+    buf = metadata  # read in place: struct reads a memoryview as it is
     try:
         message = _Table(buf, _U32.unpack_from(buf, 0)[0])
         kind = message.scalar(1, _U8)
@@ -193,10 +195,10 @@ class Walker:
         data, end = self.data, self.end
         while self.at + 8 <= end:
             at = self.at
-            if bytes(data[at: at + 4]) != CONTINUATION:
+            marker, meta_len = _HEAD.unpack_from(data, at)
+            if marker != _CONTINUATION_U32:
                 self.at = end
                 return
-            meta_len = _I32.unpack_from(data, at + 4)[0]
             if meta_len <= 0 or at + 8 + meta_len > end:
                 self.at = end
                 return
