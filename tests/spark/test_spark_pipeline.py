@@ -282,3 +282,23 @@ def test_progress_line_counts_rows_of_finished_tasks_while_the_job_runs(
         open(flag, "w").close()
         job.join(timeout=60)
     assert rows() == 1235
+
+
+def test_progress_of_a_phase_of_several_jobs_counts_the_latest_one(spark: Any) -> None:
+    """Issue 39: "determine partitions: 6/13 tasks done" grew its total as the phase
+    submitted job after job. The line counts the latest job's tasks and names it."""
+    from shuffled.spark.driver.monitor import stage_status
+
+    sc = spark.sparkContext
+    group = "progress-jobs-test"
+    status = stage_status(spark, lambda: "determine partitions", group=lambda: group)
+    sc.setJobGroup(group, "test")
+    try:
+        sc.parallelize(range(10), 3).count()
+        first = status()
+        sc.parallelize(range(10), 5).count()
+        second = status()
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+    assert first == "determine partitions: 3/3 tasks done", first
+    assert second == "determine partitions (job 2): 5/5 tasks done", second

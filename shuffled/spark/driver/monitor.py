@@ -325,8 +325,8 @@ def stage_status(spark: object, label: Callable[[], str],
                  rows: Callable[[], int] | None = None, *,
                  group: Callable[[], str] | None = None) -> Callable[[], str | None]:
     """A function summarising the phase's Spark stages as ``<phase>: done/total tasks done,
-    N rows, ...``: those of the jobs of ``group`` (the phase's job group, finished stages
-    included) or else the active ones; ``rows`` so far (see :class:`RowCount`), and what
+    N rows, ...``: those of the latest job of ``group`` (the phase's job group, finished
+    stages included; ``<phase> (job K)`` once it has run several) or else the active ones; ``rows`` so far (see :class:`RowCount`), and what
     the daemons hold (phase 1: bytes shuffled so far) or served (phase 2: bytes read of
     those held)."""
 
@@ -334,12 +334,17 @@ def stage_status(spark: object, label: Callable[[], str],
         tracker = spark.sparkContext.statusTracker()  # type: ignore[attr-defined]
         done = total = 0
         stages: set[int] = set()
+        jobs: list[int] = []
         if group is not None:
-            for jid in tracker.getJobIdsForGroup(group()):
-                job = tracker.getJobInfo(jid)
-                if job is not None:
-                    stages.update(job.stageIds)
-        stages.update(tracker.getActiveStageIds())
+            # The latest job of the phase only: a phase that runs several jobs one after
+            # the other (determine partitions) would otherwise show a total that grows as
+            # each is submitted; the line says which job it counts instead.
+            jobs = sorted(tracker.getJobIdsForGroup(group()))
+            job = tracker.getJobInfo(jobs[-1]) if jobs else None
+            if job is not None:
+                stages.update(job.stageIds)
+        if not stages:
+            stages.update(tracker.getActiveStageIds())
         for sid in stages:
             info = tracker.getStageInfo(sid)
             if info is not None:
@@ -348,7 +353,8 @@ def stage_status(spark: object, label: Callable[[], str],
         if total == 0:
             return None
         phase = label()
-        text = f"{phase}: {done:,}/{total:,} tasks done"
+        step = f" (job {len(jobs)})" if len(jobs) > 1 else ""
+        text = f"{phase}{step}: {done:,}/{total:,} tasks done"
         if rows is not None and not phase.startswith("determine"):  # counts phase rows only
             text += f", {rows():,} rows"
         if held is not None:
