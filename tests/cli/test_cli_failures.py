@@ -15,19 +15,15 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.cli import ingest_cli
+
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = json.loads((ROOT / "examples/rollup-tutorial/rollup-index.json").read_text())
 
 
 def _ingest(tmp_path: Path, spec: dict[str, Any], *extra: str,
             timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    path = tmp_path / "spec.json"
-    path.write_text(json.dumps(spec))
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
-    env.pop("PYSPARK_SUBMIT_ARGS", None)
-    return subprocess.run([sys.executable, "-m", "shuffled", "ingest", str(path),
-                           "--output", str(tmp_path / "out"), *extra],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return ingest_cli(tmp_path, spec, *extra, timeout=timeout)
 
 
 def _spec(**changes: Any) -> dict[str, Any]:

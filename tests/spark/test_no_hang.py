@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.cli import ingest_cli
 from tests.helpers.hooks import BlockPhase1
 from tests.helpers.ingestion import (  # noqa: F401  (spark: a fixture)
     base_spec, generate, held_tasks, spark, start_daemon, write_parts,
@@ -65,13 +66,7 @@ def test_a_blocked_task_fails_the_ingestion_at_the_stall_timeout(spark: Any, tmp
 
 def _cli(tmp_path: Path, spec: dict[str, Any], *extra: str,
          timeout: float = 150) -> subprocess.CompletedProcess[str]:
-    path = tmp_path / "spec.json"
-    path.write_text(json.dumps(spec))
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
-    env.pop("PYSPARK_SUBMIT_ARGS", None)
-    return subprocess.run([sys.executable, "-m", "shuffled", "ingest", str(path),
-                           "--output", str(tmp_path / "out"), *extra],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return ingest_cli(tmp_path, spec, *extra, timeout=timeout)
 
 
 def _one_paragraph(done: subprocess.CompletedProcess[str]) -> str:
