@@ -302,3 +302,26 @@ def test_progress_of_a_phase_of_several_jobs_counts_the_latest_one(spark: Any) -
         sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
     assert first == "determine partitions: 3/3 tasks done", first
     assert second == "determine partitions (job 2): 5/5 tasks done", second
+
+
+def test_progress_bytes_never_fall_behind_the_finished_tasks(spark: Any) -> None:
+    """Issue 39: "1/2 tasks done, 145,964 rows, 0.0 MB shuffled" while the daemon held
+    26 MB: the bytes came only from the daemons' last heartbeat. The finished tasks'
+    own figure now counts too, whichever is further along."""
+    from shuffled.spark.driver.monitor import stage_status
+
+    sc = spark.sparkContext
+    group = "progress-bytes-test"
+    heartbeat = [(0, 0)]  # no heartbeat answered since the tasks finished
+    status = stage_status(spark, lambda: "phase 1 (partial segments)", lambda: heartbeat[0],
+                          lambda: 145_964, group=lambda: group, shuffled=lambda: 26_000_000)
+    sc.setJobGroup(group, "test")
+    try:
+        sc.parallelize(range(10), 2).count()
+        stale = status()
+        heartbeat[0] = (31_000_000, 0)  # the daemons' figure, once it came, is further
+        fresh = status()
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+    assert stale == "phase 1 (partial segments): 2/2 tasks done, 145,964 rows, 26.0 MB shuffled"
+    assert fresh == "phase 1 (partial segments): 2/2 tasks done, 145,964 rows, 31.0 MB shuffled"

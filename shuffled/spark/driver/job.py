@@ -140,15 +140,18 @@ class Job:
         exactly one successful attempt per task, as the data source commit does."""
         rdd = self.spark.sparkContext.parallelize(tasks, len(tasks))
         rows = self.ctx.rows.acc if self.ctx.rows is not None else None
+        shuffled = self.ctx.rows.shuffled if self.ctx.rows is not None else None
 
         def run(it: Iterable[list[native.Split]]) -> list[str]:
             try:
                 lines = phase1.run_native_task(cfg, ninput, (x for t in it for x in t))
             except Declined as exc:  # see phase1()
                 return [records.dump(records.Declined(str(exc)))]
-            if rows is not None:  # the progress line's rows, once the task is done
-                stats = records.load(lines[-1])
-                rows.add(stats.rows_in if isinstance(stats, records.TaskStats) else 0)
+            if rows is not None and shuffled is not None:  # the progress line's figures
+                stats = records.load(lines[-1])  # once the task is done
+                if isinstance(stats, records.TaskStats):
+                    rows.add(stats.rows_in)
+                    shuffled.add(stats.bytes_shuffled)
             return lines
 
         return rdd.mapPartitions(run).collect()

@@ -323,12 +323,13 @@ def _short(exc: BaseException) -> str:
 def stage_status(spark: object, label: Callable[[], str],
                  held: Callable[[], tuple[int, int]] | None = None,
                  rows: Callable[[], int] | None = None, *,
-                 group: Callable[[], str] | None = None) -> Callable[[], str | None]:
+                 group: Callable[[], str] | None = None,
+                 shuffled: Callable[[], int] | None = None) -> Callable[[], str | None]:
     """A function summarising the phase's Spark stages as ``<phase>: done/total tasks done,
     N rows, ...``: those of the latest job of ``group`` (the phase's job group, finished
     stages included; ``<phase> (job K)`` once it has run several) or else the active ones; ``rows`` so far (see :class:`RowCount`), and what
     the daemons hold (phase 1: bytes shuffled so far) or served (phase 2: bytes read of
-    those held)."""
+    those held; ``shuffled``: what finished phase-1 tasks reported, when it is more)."""
 
     def status() -> str | None:
         tracker = spark.sparkContext.statusTracker()  # type: ignore[attr-defined]
@@ -360,7 +361,9 @@ def stage_status(spark: object, label: Callable[[], str],
         if held is not None:
             stored, served = held()
             if phase.startswith("phase 1"):
-                text += f", {size(stored)} shuffled"
+                # what the daemons hold (last heartbeat) or what finished tasks reported,
+                # whichever is further along
+                text += f", {size(max(stored, shuffled() if shuffled else 0))} shuffled"
             elif phase.startswith("phase 2"):
                 text += f", {size(served)} of {size(stored)} read"
         return text
@@ -377,13 +380,23 @@ class RowCount:
     def __init__(self, spark: Any) -> None:
         self.spark = spark
         self.acc = spark.sparkContext.accumulator(0)
+        # Bytes the finished phase-1 tasks shuffled (their TaskStats), beside their rows:
+        # the progress line's bytes never fall behind its rows (the daemons' own figure
+        # comes with the next heartbeat, up to keepalive_seconds later).
+        self.shuffled = spark.sparkContext.accumulator(0)
         self._start = 0
+        self._shuffled_start = 0
         self.jvm = False
 
     def start(self, jvm: bool = False) -> None:
         """A new phase: count from zero; ``jvm`` when the JVM scan feeds it."""
         self._start = self.acc.value
+        self._shuffled_start = self.shuffled.value
         self.jvm = jvm
+
+    def shuffled_bytes(self) -> int:
+        """Bytes the phase's finished tasks reported shuffled so far."""
+        return int(self.shuffled.value - self._shuffled_start)
 
     def __call__(self) -> int:
         n = self.acc.value - self._start

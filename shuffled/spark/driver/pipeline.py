@@ -138,7 +138,8 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
                       if s.shuffle_quota_bytes or s.shuffle_quota_partials else None)
     ctx.rows = RowCount(spark)
     monitor.status = stage_status(spark, lambda: ctx.phase, monitor.held, ctx.rows,
-                                  group=lambda: ctx.job_group)
+                                  group=lambda: ctx.job_group,
+                                  shuffled=ctx.rows.shuffled_bytes)
     ctx.monitor = monitor
     rows = ctx.rows
     watchdog = Watchdog(spark, lambda: ctx.job_group, lambda: ctx.phase, stall_seconds,
