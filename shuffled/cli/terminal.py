@@ -21,11 +21,17 @@ _TICK = re.compile(r"([\d,]+)/([\d,]+) tasks done(.*)$")
 _WIDTH = 20
 
 
+def _label(head: str) -> str:
+    """The phase a bar's head names: "phase 1" of "phase 1 (partial segments): ",
+    "determine partitions" of "determine partitions (job 2): "."""
+    return re.split(r" \(|:", head, maxsplit=1)[0]
+
+
 def _finished(head: str, line: str) -> bool:
     """Whether ``line`` says the phase whose bar begins with ``head`` is over: "phase 1
     done: ..." after "phase 1 (partial segments): ", "determine partitions: hashed, ..."
     after "determine partitions: "."""
-    label = re.split(r" \(|:", head, maxsplit=1)[0]
+    label = _label(head)
     rest = line[len(label):] if line.startswith(label) else None
     if rest is None:
         return False
@@ -80,8 +86,16 @@ class Progress:
         match = _TICK.search(line)
         if self.live and match:
             done, total = (int(match.group(i).replace(",", "")) for i in (1, 2))
-            self._bar(line[:match.start()], done, total, match.group(3))
-            self.pending = (line[:match.start()], total)
+            head = line[:match.start()]
+            if self.pending is not None and self.pending[0] != head:
+                # A new bar: the phase's next Spark job ("(job 2)"), so the last one ended
+                # with every task done, or another phase.
+                old, old_total = self.pending
+                if _label(old) == _label(head):
+                    self._bar(old, old_total, old_total, "")
+                self.stream.write("\n")
+            self._bar(head, done, total, match.group(3))
+            self.pending = (head, total)
         else:
             if self.pending is not None:
                 head, total = self.pending

@@ -135,3 +135,23 @@ def test_progress_is_one_live_line_on_a_terminal(tty: bool) -> None:
         assert text.count("\n") == 3
     else:
         assert "\r" not in text and text.count("\n") == 5
+
+
+def test_a_phase_of_several_jobs_ends_each_bar_full_on_a_terminal() -> None:
+    """A phase that runs job after job (determine partitions) shows a bar per job: when
+    the next job's first tick comes, the last job's bar is redrawn full and left on its
+    line, and the phase's last bar ends full on its result line."""
+    from shuffled.cli.terminal import Progress
+
+    out = _Terminal(True)
+    progress = Progress(out)
+    progress("determine partitions: 0/1 tasks done")
+    progress("determine partitions (job 2): 3/13 tasks done")
+    progress("determine partitions: dynamic (hashed shards), 1 time chunk, 1 partition")
+    progress.close()
+    lines = out.getvalue().split("\n")
+    assert lines[0].rsplit("\r\x1b[K", 1)[1] == \
+        "determine partitions: [####################] 1/1 tasks"
+    assert lines[1].rsplit("\r\x1b[K", 1)[1] == \
+        "determine partitions (job 2): [####################] 13/13 tasks"
+    assert lines[2] == "determine partitions: dynamic (hashed shards), 1 time chunk, 1 partition"
