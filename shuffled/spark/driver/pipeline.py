@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, NamedTuple
 
 
 from shuffled.client import RetryPolicy, ShuffleClient
@@ -93,19 +93,12 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
         raise ValueError(f"reader must be auto, native or jvm, not {reader!r}")
     if not stall_seconds > 0:
         raise ValueError(f"the stall timeout must be above 0 seconds, not {stall_seconds}")
-    s = parse_spec(spec)
-    files = resolve_files(s)
-    if s.input_format.type == "csv":
-        csv_columns(s, files)
-    servers = [u.strip().rstrip("/") for u in shuffle_servers if u.strip()]
+    s, files, servers, task_id, auth = _preflight(spec, shuffle_servers, token, ca_file,
+                                                  signing_secret)
     if not servers:
         raise ValueError("at least one shuffle server URL is needed")
     say = progress or (lambda _msg: None)
-    task_id = _task_id(s)
-    auth = (Auth.scoped(signing_secret, task_id, s.shuffle_token_seconds, ca_file)
-            if signing_secret else Auth(token, ca_file))
     token = auth.token  # the driver's own from here on (admin of this task when scoped)
-    _check_reachable(servers, token, ca_file)
     version = format_instant(int(time.time() * 1000))
     ice = None
     if is_iceberg(output_dir):
@@ -213,6 +206,36 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
                         ice.metadata_location if ice else f"{ds_dir}/manifest.json",
                         report_path, report.to_json(), summary,
                         str(ice.target) if ice else None)
+
+
+class _Checked(NamedTuple):
+    """What :func:`_preflight` found: the parsed spec, its input files, the daemons' URLs,
+    the task's id and the driver's credentials for it."""
+
+    spec: IngestSpec
+    files: list[str]
+    servers: list[str]
+    task_id: str
+    auth: Auth
+
+
+def _preflight(spec: dict[str, Any] | IngestSpec, shuffle_servers: list[str],
+               token: str | None, ca_file: str | None,
+               signing_secret: bytes | None) -> _Checked:
+    """Everything a run checks before Spark starts, and ``--validate`` with it: the spec
+    (SpecError naming the field), its input files, a CSV header, and the daemons' health
+    and token (each given daemon must answer)."""
+    s = parse_spec(spec)
+    files = resolve_files(s)
+    if s.input_format.type == "csv":
+        csv_columns(s, files)
+    servers = [u.strip().rstrip("/") for u in shuffle_servers if u.strip()]
+    task_id = _task_id(s)
+    auth = (Auth.scoped(signing_secret, task_id, s.shuffle_token_seconds, ca_file)
+            if signing_secret else Auth(token, ca_file))
+    if servers:
+        _check_reachable(servers, auth.token, ca_file)
+    return _Checked(s, files, servers, task_id, auth)
 
 
 def _remove_if_empty(path: str) -> None:
@@ -327,15 +350,7 @@ def validate(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[str],
     starts (the spec, the input files, a CSV header, the daemons' health and token), and
     the plan as lines to print; starts no Spark, writes nothing, sends no data. Raises the
     error the run would have raised."""
-    s = parse_spec(spec)
-    files = resolve_files(s)
-    if s.input_format.type == "csv":
-        csv_columns(s, files)
-    servers = [u.strip().rstrip("/") for u in shuffle_servers if u.strip()]
-    if servers:
-        auth = (Auth.scoped(signing_secret, _task_id(s), s.shuffle_token_seconds, ca_file)
-                if signing_secret else Auth(token, ca_file))
-        _check_reachable(servers, auth.token, ca_file)
+    s, files, servers, _, _ = _preflight(spec, shuffle_servers, token, ca_file, signing_secret)
     p = s.partitions
     if p.num_shards:
         shards = f"{p.num_shards:,} shards a time chunk (known up front)"
