@@ -68,24 +68,32 @@ class PackSource:
         for pack in self.pool.drop_location(loc.index):
             self.close_later(pack)
 
+    async def probe(self, locations: Sequence[Location]) -> list[Location]:
+        """Probe each of ``locations`` (out of service) on the I/O threads: one that can
+        write again and has room is back in service, one that cannot keeps its reason
+        ("probe failed: ..."). Returns those back."""
+        back = []
+        for loc in locations:
+            try:
+                await self.threads.run(loc.probe)
+            except OSError as exc:
+                loc.last_error = f"probe failed: {exc.strerror}"
+                continue
+            loc.mark_healthy()
+            back.append(loc)
+            log.warning("location %s is back in service", loc.path)
+        return back
+
     async def reprobe_full(self) -> bool:
         """Probe the locations out of service for want of space now, each at most once per
         :data:`REPROBE_EVERY` seconds: space freed since (a DELETE, an expiry) counts for
         the next upload, not only at the sweeper's next probe. True if one came back."""
-        back = False
         now = time.monotonic()
-        for loc in self.locations:
-            if loc.healthy or not loc.full or now - loc.probed_at < REPROBE_EVERY:
-                continue
+        due = [loc for loc in self.locations
+               if not loc.healthy and loc.full and now - loc.probed_at >= REPROBE_EVERY]
+        for loc in due:
             loc.probed_at = now
-            try:
-                await self.threads.run(loc.probe)
-            except OSError:
-                continue
-            loc.mark_healthy()
-            log.warning("location %s has room again: back in service", loc.path)
-            back = True
-        return back
+        return bool(await self.probe(due))
 
     def close_later(self, pack: packs.Pack) -> None:
         self.background(self.threads.run(pack.close))

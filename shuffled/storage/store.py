@@ -315,19 +315,7 @@ class Store:
 
     async def probe_unhealthy(self) -> list[Location]:
         """Probe unhealthy locations; return those that came back into service."""
-        back = []
-        for loc in self.locations:
-            if loc.healthy:
-                continue
-            try:
-                await self.run(loc.probe)
-            except OSError as exc:
-                loc.last_error = f"probe failed: {exc.strerror}"
-                continue
-            loc.mark_healthy()
-            back.append(loc)
-            log.warning("location %s is back in service", loc.path)
-        return back
+        return await self.packs.probe([loc for loc in self.locations if not loc.healthy])
 
     # -- reads ---------------------------------------------------------------------------
 
