@@ -1,0 +1,132 @@
+"""A flush's rows, sorted by (time chunk, key), cut into a slab (the writer's side).
+
+Batches never span two chunks and hold at most ``batch_rows`` rows, so that a shard chosen
+after phase 1 starts and ends inside at most one batch per slab at each edge (the daemon
+trims those). The data section is written by pyarrow's stream writer; a batch's offset is
+where the writer's sink stood before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from shuffled.crc import crc32c
+from shuffled.slab import sketch
+from shuffled.slab.keys import KEY_COLUMN
+from shuffled.slab.wire import INDEX_SCHEMA, KeyKind, SlabHeader, encode_prefix
+
+BATCH_ROWS = 4096
+
+
+@dataclass(frozen=True)
+class Slab:
+    """One slab's bytes in pieces (sent back to back), and what the writer reports."""
+
+    head: bytes  # prefix and header
+    index: bytes
+    stats: bytes
+    data: bytes
+    rows: int
+    chunks: int
+
+    def parts(self) -> list[bytes]:
+        return [self.head, self.index, self.stats, self.data]
+
+    @property
+    def size(self) -> int:
+        return len(self.head) + len(self.index) + len(self.stats) + len(self.data)
+
+
+def _ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def chunk_bounds(chunk_start: np.ndarray) -> np.ndarray:
+    """Row offsets where each run of equal ``chunk_start`` begins, and the row count."""
+    if not len(chunk_start):
+        return np.zeros(1, dtype=np.int64)
+    change = np.flatnonzero(chunk_start[1:] != chunk_start[:-1]) + 1
+    return np.concatenate([[0], change, [len(chunk_start)]]).astype(np.int64)
+
+
+def build(table: pa.Table, chunk_start: np.ndarray, chunk_end: np.ndarray, *,
+          kind: KeyKind, sub_task_id: str, slab_id: int, attempt: int,
+          rollup_hashes: np.ndarray | None = None, batch_rows: int = BATCH_ROWS,
+          partition: np.ndarray | None = None, seed: int = 0,
+          options: pa.ipc.IpcWriteOptions | None = None) -> Slab:
+    """Cut ``table`` (sorted by chunk, then by its ``__key`` column unless ``kind`` is
+    NONE) into a slab. ``chunk_start``/``chunk_end`` give each row's time chunk (ms);
+    ``rollup_hashes`` a 64-bit hash of each row's rolled-up key (:func:`.sketch.row_hashes`)
+    for the statistics; ``partition`` each row's shard when it is known up front."""
+    if kind != KeyKind.NONE and KEY_COLUMN not in table.column_names:
+        raise ValueError(f"a keyed slab needs its {KEY_COLUMN} column")
+    if any(pa.types.is_dictionary(f.type) for f in table.schema):
+        raise ValueError("slab version 1 carries no dictionary-encoded columns: decode them")
+    chunk_start = np.asarray(chunk_start, dtype=np.int64)
+    chunk_end = np.asarray(chunk_end, dtype=np.int64)
+    bounds = chunk_bounds(chunk_start)
+    # Cuts: every chunk boundary, every batch_rows inside a chunk, every partition change.
+    cuts = [np.arange(lo, hi, batch_rows) for lo, hi in zip(bounds[:-1], bounds[1:],
+                                                            strict=True)]
+    starts = np.concatenate(cuts) if cuts else np.zeros(0, np.int64)
+    if partition is not None and len(partition):
+        change = np.flatnonzero(partition[1:] != partition[:-1]) + 1
+        starts = np.union1d(starts, change)
+    ends = np.append(starts[1:], table.num_rows).astype(np.int64)
+    keys = table.column(KEY_COLUMN).combine_chunks() if kind != KeyKind.NONE else None
+    data = pa.BufferOutputStream()
+    offsets, lengths, crcs, key_lo, key_hi = [], [], [], [], []
+    combined = table.combine_chunks()
+    schema_len = table.schema.serialize().size  # the writer puts it before the first batch
+    with pa.ipc.new_stream(data, table.schema, options=options) as writer:
+        for lo, hi in zip(starts, ends, strict=True):
+            offsets.append(max(data.tell(), schema_len))
+            writer.write_batch(combined.slice(int(lo), int(hi - lo)).to_batches()[0]
+                               if hi > lo else pa.RecordBatch.from_pylist([], table.schema))
+            lengths.append(data.tell() - offsets[-1])
+            if keys is not None:
+                key_lo.append(keys[int(lo)].as_py())
+                key_hi.append(keys[int(hi) - 1].as_py())
+            else:
+                key_lo.append(b"")
+                key_hi.append(b"")
+    body = data.getvalue()
+    view = memoryview(body)
+    if bytes(view[:schema_len]) != table.schema.serialize().to_pybytes():
+        raise AssertionError("the stream does not start with the schema message expected")
+    crcs = [crc32c(view[o: o + n]) for o, n in zip(offsets, lengths, strict=True)]
+    rows = (ends - starts).astype(np.int64)
+    index = pa.table([
+        pa.array(chunk_start[starts] if len(starts) else [], pa.int64()),
+        pa.array(chunk_end[starts] if len(starts) else [], pa.int64()),
+        pa.array(key_lo, pa.binary()), pa.array(key_hi, pa.binary()),
+        pa.array(rows, pa.int64()), pa.array(offsets, pa.int64()),
+        pa.array(lengths, pa.int64()), pa.array(crcs, pa.uint32()),
+        pa.array(partition[starts] if partition is not None and len(starts)
+                 else np.full(len(starts), -1), pa.int32()),
+    ], schema=INDEX_SCHEMA)
+    firsts = bounds[:-1]
+    regs = sketch.registers(rollup_hashes, bounds) if rollup_hashes is not None else \
+        np.zeros((len(firsts), sketch.REGISTERS), np.uint8)
+    if kind == KeyKind.TUPLE and keys is not None:
+        picks = sketch.sample(keys, bounds, np.random.default_rng(seed))
+    else:
+        picks = [pa.array([], pa.binary())] * len(firsts)
+    stats = pa.table([
+        pa.array(chunk_start[firsts] if len(firsts) else [], pa.int64()),
+        pa.array(chunk_end[firsts] if len(firsts) else [], pa.int64()),
+        pa.array(np.diff(bounds), pa.int64()),
+        pa.array([r.tobytes() for r in regs], pa.binary(sketch.REGISTERS)),
+        pa.array([p.to_pylist() for p in picks], pa.list_(pa.binary())),
+    ], schema=sketch.STATS_SCHEMA)
+    index_bytes, stats_bytes, data_bytes = _ipc(index), _ipc(stats), body.to_pybytes()
+    header = SlabHeader(sub_task_id, slab_id, attempt, table.num_rows, crc32c(index_bytes),
+                        crc32c(stats_bytes), crc32c(data_bytes))
+    head = encode_prefix(kind, header, len(index_bytes), len(stats_bytes), len(data_bytes))
+    return Slab(head, index_bytes, stats_bytes, data_bytes, table.num_rows, len(firsts))
