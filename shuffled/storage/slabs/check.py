@@ -6,17 +6,17 @@
 - the data section, walked message by message from its metadata alone: a schema message
   without dictionaries, then exactly the record batches the index names, at its offsets,
   of its lengths and rows, each batch's declarations checked against the schema, then the
-  end-of-stream marker. A read trusts the index afterwards: it points at whole, valid
-  batches and nowhere else.
+  end-of-stream marker, reading only metadata. A read trusts the index afterwards: it
+  points at whole, valid batches and nowhere else.
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 import pyarrow as pa
 
-from shuffled.crc import crc32c
 from shuffled.errors import InvalidBody
 from shuffled.slab import wire
 from shuffled.slab.keys import KEY_COLUMN
@@ -26,6 +26,7 @@ from shuffled.storage import ipcshape
 _HEAD = struct.Struct("<Ii")
 _RECORD_BATCH = 3
 _MAX_SCHEMA = 1 << 20
+_PEEK = 1024  # bytes read at a batch's start: its metadata, mostly
 
 
 def _schema_at(data: memoryview, at: int, end: int) -> tuple[pa.Schema, int]:
@@ -62,38 +63,42 @@ def schema_of(kind: KeyKind, schema: pa.Schema) -> None:
             raise InvalidBody(f"a keyed slab carries its key as a binary {KEY_COLUMN} column")
 
 
-def data_section(data: memoryview, kind: KeyKind, index: pa.Table) -> pa.Schema:
-    """Walk ``data`` (the data section) against ``index``; its schema, or InvalidBody."""
-    end = len(data)
-    schema, at = _schema_at(data, 0, end)
+def data_section(read: Callable[[int, int], bytes], data_len: int, kind: KeyKind,
+                 index: pa.Table) -> pa.Schema:
+    """Walk the data section (``read(offset, length)`` gives its bytes) against ``index``:
+    only the messages' metadata is read (a few hundred bytes a batch), never a body. The
+    section's bytes as a whole were checked against the header's CRC32C as they arrived;
+    each batch's own CRC32C is checked when a read decodes it (an edge batch)."""
+    end = data_len
+    head = read(0, min(end, 8 + _MAX_SCHEMA))
+    schema, at = _schema_at(memoryview(head), 0, len(head))
     schema_of(kind, schema)
     batch = ipcshape.layout(schema)
     offsets = index.column("offset").to_numpy()
     lengths = index.column("length").to_numpy()
     rows = index.column("rows").to_numpy()
-    crcs = index.column("crc32c").to_numpy()
     for i in range(len(offsets)):
         if at != offsets[i]:
             raise InvalidBody(f"a slab's index puts batch {i} at {offsets[i]}; the data "
                               f"section has a message at {at}")
-        marker, meta_len = _HEAD.unpack_from(data, at) if at + 8 <= end else (0, 0)
+        first = read(at, min(_PEEK, end - at)) if at + 8 <= end else b""
+        marker, meta_len = _HEAD.unpack_from(first, 0) if len(first) >= 8 else (0, 0)
         if marker != 0xFFFFFFFF or meta_len <= 0 or at + 8 + meta_len > end:
             raise InvalidBody(f"a slab's batch {i} is not an Arrow message")
-        meta = data[at + 8: at + 8 + meta_len]
+        meta = first[8: 8 + meta_len] if 8 + meta_len <= len(first) \
+            else read(at + 8, meta_len)
         kind_, body_len = ipcshape.check_message(meta, batch, {})
         if kind_ != _RECORD_BATCH:
             raise InvalidBody(f"a slab's batch {i} is not a record batch (slab version 1 "
                               "carries record batches only)")
         nxt = at + 8 + meta_len + body_len
-        if nxt - at != lengths[i]:
+        if nxt - at != lengths[i] or nxt > end:
             raise InvalidBody(f"a slab's batch {i} is {nxt - at} bytes; its index says "
                               f"{lengths[i]}")
         if ipcshape.record_batch_rows(meta) != rows[i]:
             raise InvalidBody(f"a slab's batch {i} declares other rows than its index")
-        if nxt > end or crc32c(data[at:nxt]) != int(crcs[i]):
-            raise InvalidBody(f"a slab's batch {i} fails its CRC32C")
         at = nxt
-    if end - at != len(wire.EOS) or bytes(data[at:end]) != wire.EOS:
+    if end - at != len(wire.EOS) or read(at, end - at) != wire.EOS:
         raise InvalidBody("a slab's data section does not end with its last batch and the "
                           "end-of-stream marker")
     return schema

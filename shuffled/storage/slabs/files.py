@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 SUFFIX = ".slab"
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 TMP_SUFFIX = ".tmp"
 
 
@@ -57,6 +58,22 @@ def write_all(fd: int, data: bytes | memoryview) -> None:
     while view:
         n = os.write(fd, view)
         view = view[n:]
+
+
+def writev_all(fd: int, chunks: list[bytes]) -> None:
+    """``os.writev`` of every chunk, resumed after short writes, IOV_MAX at a time."""
+    views = [memoryview(c) for c in chunks if len(c)]
+    at = 0
+    while at < len(views):
+        batch = views[at: at + _IOV_MAX]
+        n = os.writev(fd, batch)
+        for view in batch:
+            if n >= len(view):
+                n -= len(view)
+                at += 1
+            else:
+                views[at] = view[n:]
+                break
 
 
 def publish(fd: int, tmp: Path, final: Path, fsync: bool) -> None:

@@ -17,7 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from shuffled.errors import Conflict
+from shuffled.crc import crc32c
+from shuffled.errors import Conflict, CorruptData
 from shuffled.slab import wire
 from shuffled.slab.keys import KEY_COLUMN
 from shuffled.storage.slabs.rows import SlabRow
@@ -130,6 +131,7 @@ def read(ti: TaskIndex, start: int, end: int, key_from: bytes | None,
     offsets = t["offset"].to_numpy()[picked] if len(picked) else np.zeros(0, np.int64)
     lengths = t["length"].to_numpy()[picked] if len(picked) else np.zeros(0, np.int64)
     rows = t["rows"].to_numpy()[picked] if len(picked) else np.zeros(0, np.int64)
+    crcs = t["crc32c"].to_numpy()[picked] if len(picked) else np.zeros(0, np.uint32)
     opened: dict[int, IO[bytes]] = {}
     out = ShardRead([], 0, 0, [])
     try:
@@ -164,6 +166,9 @@ def read(ti: TaskIndex, start: int, end: int, key_from: bytes | None,
                 i += 1
                 continue
             message = _pread(f, data_at + int(offsets[i]), int(lengths[i]))
+            if crc32c(message) != int(crcs[i]):
+                raise CorruptData(f"{ti.files[pos].path}: a batch at {int(offsets[i])} fails "
+                                  "its CRC32C (the disk changed it since it was written)")
             batch = pa.ipc.read_record_batch(pa.py_buffer(message), schema)
             if not whole[i]:
                 key = batch.column(KEY_COLUMN)
