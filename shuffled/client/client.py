@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from shuffled.client import pages, partitions, slabs, supervisor, tasks
 from shuffled.client.answers import json_dict
@@ -40,7 +40,9 @@ from shuffled.protocol import (
     task_path,
     validate_id,
 )
-from shuffled.slab.build import Slab
+
+if TYPE_CHECKING:
+    from shuffled.slab.build import Slab
 
 
 class ShuffleClient:

@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import http.client
 from dataclasses import dataclass
-from typing import Any
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any
 
 from shuffled.client.answers import json_dict
 from shuffled.client.http import Request, Transport
 from shuffled.errors import CorruptData
 from shuffled.protocol import ROWS_HEADER, Interval, format_instant, task_path, validate_id
-from shuffled.slab.build import Slab
-from shuffled.slab.keys import KEY_COLUMN
-from shuffled.slab.wire import CONTENT_TYPE
+
+if TYPE_CHECKING:  # pyarrow is imported by the calls that need it: the client alone does not
+    import pyarrow as pa
+
+    from shuffled.slab.build import Slab
 
 SLABS_HEADER = "X-Shuffled-Slabs"
+CONTENT_TYPE = "application/vnd.shuffled.slab"  # shuffled.slab.wire.CONTENT_TYPE
+KEY_COLUMN = "__key"  # shuffled.slab.keys.KEY_COLUMN
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,8 @@ def put_slab(http_: Transport, supervisor_task_id: str, slab: Slab) -> dict[str,
 
 
 def _shard(resp: http.client.HTTPResponse) -> SlabRead:
+    import pyarrow as pa
+
     data = resp.read()
     rows = int(resp.getheader(ROWS_HEADER) or 0)
     slabs = int(resp.getheader(SLABS_HEADER) or 0)

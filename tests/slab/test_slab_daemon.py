@@ -124,3 +124,12 @@ def test_delete_leaves_nothing(daemon_url: str, tmp_path: Path) -> None:
             assert conn.execute("SELECT COUNT(*) FROM slabs").fetchone()[0] == 0
         finally:
             conn.close()
+
+
+def test_the_clients_constants_are_the_formats() -> None:
+    """The client keeps pyarrow out of its import; its copies of the format's names agree."""
+    from shuffled.client import slabs as client_slabs
+    from shuffled.slab import wire
+
+    assert client_slabs.CONTENT_TYPE == wire.CONTENT_TYPE
+    assert client_slabs.KEY_COLUMN == keys.KEY_COLUMN
