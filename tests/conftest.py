@@ -59,7 +59,7 @@ def files_under(root: Path) -> list[Path]:
 def packed_size(bodies: Iterable[bytes], packs: int = 1) -> int:
     """Bytes ``packs`` packs hold for these Arrow streams appended to them (storage format
     3): each distinct schema message once per pack, each body, no end-of-stream marker."""
-    from shuffled.storage.arrowfile import inspect_bytes
+    from shuffled.storage.ondisk.arrowfile import inspect_bytes
 
     schemas: dict[int, int] = {}
     total = 0

@@ -63,7 +63,7 @@ class StoreCollector(Collector):
                                 value=sum(t.files for t in tasks))
         yield GaugeMetricFamily("shuffled_held_bytes", "Bytes of partial segments held.",
                                 value=sum(t.bytes for t in tasks))
-        # Quotas (shuffled.storage.admission): per task would be a label per task id
+        # Quotas (shuffled.storage.write.admission): per task would be a label per task id
         # (unbounded); the operator's limits and how close the nearest task is to its own.
         admission = self._store.admission
         yield GaugeMetricFamily("shuffled_task_quota_bytes", "Most bytes one task may hold "

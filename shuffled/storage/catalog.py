@@ -21,12 +21,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from shuffled.storage import layout
-from shuffled.storage.records import slot_key
+from shuffled.storage.ondisk import layout
+from shuffled.storage.ondisk.records import slot_key
 from shuffled.storage.slabs import rows as slabrows
 
 #: Storage format 3: ``offset`` is where the body starts, ``schema_at`` where the schema
-#: message is, ``size`` the whole stream's length (:class:`~.records.PartialMeta`).
+#: message is, ``size`` the whole stream's length (:class:`~shuffled.storage.ondisk.records.PartialMeta`).
 COLUMNS = ("sup", "start", "end", "pid", "sub", "generation", "pack", "offset", "size",
            "rows", "crc", "schema_len", "schema_crc", "body_crc", "dicts", "created",
            "schema_at")

@@ -5,20 +5,20 @@ those that need it through their constructors.
 
 - :class:`~.threads.IoThreads`: blocking work off the event loop (I/O threads, a writer
   thread per location's catalog);
-- :class:`~.book.TaskBook`: the figures of the tasks held;
-- :class:`~.horizon.Horizon`: generations, and the commit horizon paged readers stop at;
-- :class:`~.inflight.Uploads`: uploads in flight per task, and the per-task lock;
-- :class:`~.packsource.PackSource`: placement, the idle-pack pool, pack numbers;
-- :class:`~.committer.Committer`: written partials through the group commit (:mod:`.commit`)
+- :class:`~.lifecycle.book.TaskBook`: the figures of the tasks held;
+- :class:`~.commit.horizon.Horizon`: generations, and the commit horizon paged readers stop at;
+- :class:`~.write.inflight.Uploads`: uploads in flight per task, and the per-task lock;
+- :class:`~.write.packsource.PackSource`: placement, the idle-pack pool, pack numbers;
+- :class:`~.commit.committer.Committer`: written partials through the group commit (:mod:`.commit.group`)
   to visible ones, and the figures that follow;
-- :class:`~.upload.BulkSession`: one upload request's partials (:meth:`bulk`), written to
-  the packs it holds (:class:`~.sessionpacks.SessionPacks`);
-- :class:`~.seals.Seals` and :class:`~.removal.Removal`: seals, and deleting tasks;
-- :class:`~.verdicts.Verdicts`: the daemons a task's driver declared lost;
-- :class:`~.reads.Reader`: lookups, partitions, pages and opening packs;
+- :class:`~.write.upload.BulkSession`: one upload request's partials (:meth:`bulk`), written to
+  the packs it holds (:class:`~.write.sessionpacks.SessionPacks`);
+- :class:`~.lifecycle.seals.Seals` and :class:`~.lifecycle.removal.Removal`: seals, and deleting tasks;
+- :class:`~.lifecycle.verdicts.Verdicts`: the daemons a task's driver declared lost;
+- :class:`~.read.reads.Reader`: lookups, partitions, pages and opening packs;
 - :class:`~.slabs.service.Slabs`: slabs (one per phase-1 flush), their uploads and shard
   reads (docs/slab.md);
-- :mod:`.startup`: locking, checking and reconciling the locations at start;
+- :mod:`.lifecycle.startup`: locking, checking and reconciling the locations at start;
 - :class:`~.deep.DeepStorage` (with ``deep_storage`` only): sealed tasks copied to an
   object-store tier in the background, reads of packs no longer local served from it.
 
@@ -36,27 +36,27 @@ from typing import TYPE_CHECKING, IO, Any, TypeVar
 from shuffled.config import Settings
 from shuffled.errors import Conflict, InvalidBody, NotFound, ReadAgain
 from shuffled.protocol import PartialKey, PartitionKey, TaskDataState
-from shuffled.storage import startup
-from shuffled.storage.admission import Admission, Quota
-from shuffled.storage.book import TaskBook
+from shuffled.storage.lifecycle import startup
+from shuffled.storage.write.admission import Admission, Quota
+from shuffled.storage.lifecycle.book import TaskBook
 from shuffled.storage.catalog import Catalog
-from shuffled.storage.commit import GroupCommit
-from shuffled.storage.committer import Committer
-from shuffled.storage.horizon import Horizon
-from shuffled.storage.inflight import Uploads
+from shuffled.storage.commit.group import GroupCommit
+from shuffled.storage.commit.committer import Committer
+from shuffled.storage.commit.horizon import Horizon
+from shuffled.storage.write.inflight import Uploads
 from shuffled.storage.location import Location
-from shuffled.storage.packsource import PackSource
-from shuffled.storage.pageplan import SEALED_FLAG, position
-from shuffled.storage.reads import Reader
-from shuffled.storage.records import PartialMeta, TaskEntry
-from shuffled.storage.removal import Removal
-from shuffled.storage.seals import Seals
+from shuffled.storage.write.packsource import PackSource
+from shuffled.storage.read.pageplan import SEALED_FLAG, position
+from shuffled.storage.read.reads import Reader
+from shuffled.storage.ondisk.records import PartialMeta, TaskEntry
+from shuffled.storage.lifecycle.removal import Removal
+from shuffled.storage.lifecycle.seals import Seals
 from shuffled.storage.threads import IoThreads
-from shuffled.storage.outcomes import PutResult, Rejected
-from shuffled.storage.sessionpacks import INLINE_MAX, Writing
+from shuffled.storage.write.outcomes import PutResult, Rejected
+from shuffled.storage.write.sessionpacks import INLINE_MAX, Writing
 from shuffled.storage.slabs.service import Slabs
-from shuffled.storage.upload import BulkSession
-from shuffled.storage.verdicts import Verdicts
+from shuffled.storage.write.upload import BulkSession
+from shuffled.storage.lifecycle.verdicts import Verdicts
 
 if TYPE_CHECKING:
     from shuffled.storage.deep.peers import PeerTask
@@ -197,11 +197,11 @@ class Store:
 
     @property
     def seals(self) -> dict[str, frozenset[str]]:
-        """Supervisor task -> its committed subtasks, once sealed (see :mod:`.seals`)."""
+        """Supervisor task -> its committed subtasks, once sealed (see :mod:`.lifecycle.seals`)."""
         return self._seals.sealed
 
     async def seal(self, supervisor_task_id: str, sub_task_ids: Sequence[str]) -> bool:
-        """:meth:`.seals.Seals.seal`; readers waiting on the task hear of it."""
+        """:meth:`shuffled.storage.lifecycle.seals.Seals.seal`; readers waiting on the task hear of it."""
         if self.removal.deleting(supervisor_task_id):
             raise Conflict(f"a DELETE of {supervisor_task_id} is not finished here: it "
                            "cannot be sealed", supervisorTaskId=supervisor_task_id)
@@ -215,9 +215,9 @@ class Store:
         return new
 
     async def fail(self, supervisor_task_id: str) -> bool:
-        """Its supervisor's fail verdict, durable (:meth:`.seals.Seals.fail`): paged reads
+        """Its supervisor's fail verdict, durable (:meth:`shuffled.storage.lifecycle.seals.Seals.fail`): paged reads
         of the task answer empty and never complete, its uploads and seals are refused
-        (:mod:`.admission`), until it is deleted; its waiters hear of it. True if new."""
+        (:mod:`.write.admission`), until it is deleted; its waiters hear of it. True if new."""
         new = await self._seals.fail(supervisor_task_id)
         self.slabs.forget(supervisor_task_id)
         self._notify(supervisor_task_id)
@@ -317,13 +317,13 @@ class Store:
 
     async def delete_task(self, supervisor_task_id: str, *, if_accesses: int | None = None,
                           everyone: bool = False) -> TaskEntry | None:
-        """:meth:`.removal.Removal.delete_task`."""
+        """:meth:`shuffled.storage.lifecycle.removal.Removal.delete_task`."""
         self.slabs.forget(supervisor_task_id)
         return await self.removal.delete_task(supervisor_task_id, if_accesses=if_accesses,
                                               everyone=everyone)
 
     async def remove_leftovers(self) -> list[str]:
-        """:meth:`.removal.Removal.remove_leftovers`."""
+        """:meth:`shuffled.storage.lifecycle.removal.Removal.remove_leftovers`."""
         return await self.removal.remove_leftovers()
 
     async def probe_unhealthy(self) -> list[Location]:
@@ -359,7 +359,7 @@ class Store:
         return await self.reader.open_partial(key)
 
     async def localize(self, metas: Sequence[PartialMeta], *, missing: bool = False) -> bool:
-        """:meth:`.reads.Reader.localize`: packs no longer local read back from deep
+        """:meth:`shuffled.storage.read.reads.Reader.localize`: packs no longer local read back from deep
         storage."""
         return await self.reader.localize(metas, missing=missing)
 

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from shuffled.storage import arrowfile
+from shuffled.storage.ondisk import arrowfile
 
 MIB = 1 << 20
 

@@ -26,7 +26,7 @@ from shuffled.crc import crc32c
 from shuffled.protocol import PartialKey
 from shuffled.server.embedded import EmbeddedDaemon
 from shuffled.server.state import STATE
-from shuffled.storage.upload import SMALL
+from shuffled.storage.write.upload import SMALL
 from tests.conftest import (
     DAY, PREFIX, arrow_bytes, committed_bytes, files_under, pack_files, sample_table,
 )

@@ -21,7 +21,7 @@ from shuffled.crc import crc32c
 from shuffled.protocol import PartitionKey
 from shuffled.server.state import STATE
 from shuffled.storage import fast_plan
-from shuffled.storage.arrowfile import EOS, SchemaMessage, validate_bodies
+from shuffled.storage.ondisk.arrowfile import EOS, SchemaMessage, validate_bodies
 from tests.conftest import PREFIX, committed_bytes, pack_files, sample_table
 from tests.helpers.bulk import INTERVAL, MEDIA, frames_of, get, key, post
 

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pytest
 
 from shuffled import framing2
-from shuffled.storage.ipcshape import ROWS_FREE, ROWS_PER_BYTE
+from shuffled.storage.ondisk.ipcshape import ROWS_FREE, ROWS_PER_BYTE
 from tests.conftest import PREFIX, arrow_bytes
 from tests.helpers.procs import DaemonProcess, http_get
 

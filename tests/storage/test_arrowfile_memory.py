@@ -14,13 +14,13 @@ import numpy as np
 import pyarrow as pa
 
 from shuffled.crc import crc32c
-from shuffled.storage import arrowfile
+from shuffled.storage.ondisk import arrowfile
 
 SIZE_MIB = 96
 
 PROBE = """
 import sys
-from shuffled.storage import arrowfile
+from shuffled.storage.ondisk import arrowfile
 
 def hwm():
     with open("/proc/self/status") as fh:

@@ -1,6 +1,6 @@
 """The write path's pieces alone, with fakes (issue 38; as dask tests each buffer): the
-group commit (:mod:`shuffled.storage.commit`), the landing horizon
-(:mod:`shuffled.storage.horizon`) and admission (:mod:`shuffled.storage.admission`). The
+group commit (:mod:`shuffled.storage.commit.group`), the landing horizon
+(:mod:`shuffled.storage.commit.horizon`) and admission (:mod:`shuffled.storage.write.admission`). The
 daemon-level tests (test_packs, test_sealed_and_quotas) cover them together; these pin each
 rule where it is made."""
 
@@ -16,10 +16,10 @@ import pytest
 
 from shuffled.errors import QuotaExceeded, SealedConflict
 from shuffled.protocol import Interval, PartialKey
-from shuffled.storage.admission import Admission, Pending, Quota
-from shuffled.storage.book import TaskBook
-from shuffled.storage.commit import GroupCommit
-from shuffled.storage.horizon import Horizon
+from shuffled.storage.write.admission import Admission, Pending, Quota
+from shuffled.storage.lifecycle.book import TaskBook
+from shuffled.storage.commit.group import GroupCommit
+from shuffled.storage.commit.horizon import Horizon
 
 # --- fakes -----------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from shuffled.crc import crc32c
 from shuffled.errors import LocationLocked
 from shuffled.protocol import format_crc32c
 from shuffled.storage import Store
-from shuffled.storage import arrowfile
+from shuffled.storage.ondisk import arrowfile
 from tests.conftest import (
     DAY, PREFIX, arrow_bytes, catalog_rows, files_under, pack_files, sample_table,
 )

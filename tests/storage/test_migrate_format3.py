@@ -13,7 +13,7 @@ from pathlib import Path
 
 from shuffled.client import ShuffleClient
 from shuffled.protocol import Interval
-from shuffled.storage import layout
+from shuffled.storage.ondisk import layout
 from tests.conftest import pack_files
 from tests.helpers.procs import DaemonProcess
 from tests.helpers.slabs import HOUR, make_slab, rows_table

@@ -20,7 +20,7 @@ import pytest
 from shuffled.client import ShuffleClient
 from shuffled.crc import crc32c
 from shuffled.protocol import Interval, PartialKey
-from shuffled.storage import arrowfile, layout, packs
+from shuffled.storage.ondisk import arrowfile, layout, packs
 from shuffled.storage.catalog import Catalog
 from tests.conftest import PREFIX, arrow_bytes, sample_table
 from tests.helpers.procs import DaemonProcess, http_get

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from shuffled.errors import InvalidBody
-from shuffled.storage import arrowfile, packs
-from shuffled.storage.append import Append, Small, Written, append_small
+from shuffled.storage.ondisk import arrowfile, packs
+from shuffled.storage.write.append import Append, Small, Written, append_small
 from shuffled.storage.location import Location
-from shuffled.storage.streams import stream_pieces
+from shuffled.storage.read.streams import stream_pieces
 from shuffled.protocol import Interval, PartialKey
 from tests.conftest import arrow_bytes, sample_table
 

@@ -7,7 +7,7 @@ restarted; it kept whatever its locations hold), whether it is ``draining`` (sto
 supervisor waits for it to come back before deciding its data is lost) and what it holds of
 the task, against its quota. Its optional JSON body ``{"quota": {"bytes": N, "partials":
 M}}`` asks for tighter per-task quotas than the operator's (the spec's ``tuningConfig``
-``shuffleQuotaBytes``/``shuffleQuotaPartials``; :mod:`shuffled.storage.admission`). A
+``shuffleQuotaBytes``/``shuffleQuotaPartials``; :mod:`shuffled.storage.write.admission`). A
 heartbeat is answered while draining, when every other request gets 503. A
 daemon that does not answer at all is the supervisor's early sign of a lost daemon
 (docs/failover.md).

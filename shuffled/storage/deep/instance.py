@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from shuffled.storage.layout import meta_dir
+from shuffled.storage.ondisk.layout import meta_dir
 
 INSTANCE_FILE = "instance-id"
 _ID = re.compile(r"[0-9a-f]{32}")

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shuffled.storage.layout import meta_dir, write_json_atomic
+from shuffled.storage.ondisk.layout import meta_dir, write_json_atomic
 from shuffled.storage.location import Location
 from shuffled.storage.threads import IoThreads
 

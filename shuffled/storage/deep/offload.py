@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from shuffled.crc import crc32c
-from shuffled.storage import layout
+from shuffled.storage.ondisk import layout
 from shuffled.storage.catalog import Catalog, Row
 from shuffled.storage.deep import crypt, manifest
 from shuffled.storage.deep.journal import Copied, Entry, Journal

@@ -26,8 +26,8 @@ from shuffled.protocol import PartitionKey, TaskDataState
 from shuffled.storage.catalog import COLUMNS, Row
 from shuffled.storage.deep.journal import Copied
 from shuffled.storage.deep.manifest import pack_key
-from shuffled.storage.reads import Reader
-from shuffled.storage.records import PartialMeta
+from shuffled.storage.read.reads import Reader
+from shuffled.storage.ondisk.records import PartialMeta
 from shuffled.storage.threads import IoThreads
 
 PEER_DIR = "peer-"
@@ -78,7 +78,7 @@ Fetch = Callable[[Copied, Path, list[PartialMeta]], Awaitable[None]]
 class PeerTask(Reader):
     """A lost peer's share of one sealed task, read from the tier (event loop).
 
-    The store's :class:`~shuffled.storage.reads.Reader` over :class:`ManifestCatalog` s,
+    The store's :class:`~shuffled.storage.read.reads.Reader` over :class:`ManifestCatalog` s,
     with ``localize`` fetching packs from the tier instead of finding them on disk."""
 
     def __init__(self, *, sup: str, instance: str, subs: frozenset[str],

@@ -21,8 +21,8 @@ from shuffled.protocol import crc_hex
 from shuffled.storage.deep import crypt
 from shuffled.storage.deep.journal import Copied
 from shuffled.storage.deep.tier import Tier
-from shuffled.storage.layout import meta_dir
-from shuffled.storage.records import PartialMeta
+from shuffled.storage.ondisk.layout import meta_dir
+from shuffled.storage.ondisk.records import PartialMeta
 
 CACHE_DIR = "deep-cache"
 VERIFY_CHUNK = 1 << 20

@@ -31,7 +31,7 @@ from shuffled.storage.deep.offload import Offloader
 from shuffled.storage.deep.stats import DeepStats
 from shuffled.storage.deep.tier import Tier
 from shuffled.storage.location import Location
-from shuffled.storage.records import PartialMeta
+from shuffled.storage.ondisk.records import PartialMeta
 from shuffled.storage.threads import IoThreads
 
 log = logging.getLogger("shuffled.storage")

@@ -21,7 +21,7 @@ from shuffled.errors import InvalidBody
 from shuffled.slab import wire
 from shuffled.slab.keys import KEY_COLUMN
 from shuffled.slab.wire import KeyKind
-from shuffled.storage import ipcshape
+from shuffled.storage.ondisk import ipcshape
 
 _HEAD = struct.Struct("<Ii")
 _RECORD_BATCH = 3

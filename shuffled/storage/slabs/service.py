@@ -15,13 +15,13 @@ from typing import Any
 from shuffled.config import Settings
 from shuffled.errors import Conflict, DigestMismatch, InvalidBody, NotFound, QuotaExceeded, SealedConflict, TooLarge
 from shuffled.slab import wire
-from shuffled.storage import layout
-from shuffled.storage.book import TaskBook
+from shuffled.storage.ondisk import layout
+from shuffled.storage.lifecycle.book import TaskBook
 from shuffled.storage.catalog import Catalog, as_os_error
-from shuffled.storage.inflight import Uploads
+from shuffled.storage.write.inflight import Uploads
 from shuffled.storage.location import Location
-from shuffled.storage.roundrobin import RoundRobin
-from shuffled.storage.seals import Seals
+from shuffled.storage.write.roundrobin import RoundRobin
+from shuffled.storage.lifecycle.seals import Seals
 from shuffled.storage.slabs import files, receive, rows, shards
 from shuffled.storage.slabs.rows import SlabRow
 from shuffled.storage.threads import IoThreads

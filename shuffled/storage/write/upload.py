@@ -5,7 +5,7 @@ validated together, then appended with one write per :data:`WRITE_BATCH`; large 
 streamed onto a pack as they arrive. Each is committed on its own through the location's
 group commit as soon as it is written, without waiting for the rest of the session; the
 session's :meth:`finish` waits until every one of them is durable. Where each write goes
-(the session's packs, one per location) is :mod:`.sessionpacks`.
+(the session's packs, one per location) is :mod:`shuffled.storage.write.sessionpacks`.
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ from typing import NamedTuple
 
 from shuffled.errors import InsufficientStorage, InvalidBody, ShuffleError, TooLarge
 from shuffled.protocol import PartialKey, PartialStatus
-from shuffled.storage.admission import Pending
-from shuffled.storage.append import Append, Small, Written, append_small
-from shuffled.storage.arrowfile import EOS, SchemaMessage
-from shuffled.storage.committer import Landing
+from shuffled.storage.write.admission import Pending
+from shuffled.storage.write.append import Append, Small, Written, append_small
+from shuffled.storage.ondisk.arrowfile import EOS, SchemaMessage
+from shuffled.storage.commit.committer import Landing
 from shuffled.storage.location import Location
 from shuffled.storage.oserrors import marks_unhealthy, translate
-from shuffled.storage.outcomes import Outcome, PutResult, Rejected
-from shuffled.storage.records import PartialMeta
-from shuffled.storage.sessionpacks import SessionPacks, Writing, deleted
+from shuffled.storage.write.outcomes import Outcome, PutResult, Rejected
+from shuffled.storage.ondisk.records import PartialMeta
+from shuffled.storage.write.sessionpacks import SessionPacks, Writing, deleted
 
 SMALL = 1 << 20  # partials up to this size are gathered in memory
 WRITE_BATCH = 1 << 20  # bytes gathered before one I/O-thread hop writes them

@@ -1,9 +1,9 @@
 """Appending partial segments to a pack: CRC while streaming, validate, or cut it off.
 
 Every function here blocks; the store calls them from its I/O threads. An uploaded stream
-is stored as storage format 3 has it (:class:`~.records.PartialMeta`): its schema message
+is stored as storage format 3 has it (:class:`~shuffled.storage.ondisk.records.PartialMeta`): its schema message
 once per pack and schema, its body, no end-of-stream marker. Nothing appended is visible
-until the group commit (:mod:`shuffled.storage.commit`) records it in the catalog; a
+until the group commit (:mod:`shuffled.storage.commit.group`) records it in the catalog; a
 refused partial is cut off the pack's end, so it leaves nothing.
 """
 
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from shuffled.crc import crc32c
 from shuffled.errors import DigestMismatch, ShuffleError
 from shuffled.protocol import PartialKey, crc_hex
-from shuffled.storage import arrowfile
-from shuffled.storage.packs import Pack
-from shuffled.storage.records import PartialMeta
+from shuffled.storage.ondisk import arrowfile
+from shuffled.storage.ondisk.packs import Pack
+from shuffled.storage.ondisk.records import PartialMeta
 
 
 @dataclass(slots=True, kw_only=True)
@@ -170,7 +170,7 @@ def append_small(pack: Pack, items: Sequence[Small], fsync: bool = False,
                  ) -> list[Written | ShuffleError]:
     """Validate small partials held in memory and append the good ones with one write: per
     schema, its message once per pack; per partial, its body. Bodies of one schema are
-    validated together (:func:`~.arrowfile.validate_bodies`).
+    validated together (:func:`~shuffled.storage.ondisk.arrowfile.validate_bodies`).
 
     Per item: a :class:`Written`, or the domain error refusing it (nothing of it written).
     """

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from shuffled.errors import InsufficientStorage
-from shuffled.storage import layout
+from shuffled.storage.ondisk import layout
 from shuffled.storage.location import Location
 
 MAX_IDLE = 4

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shuffled.errors import ConfigError
-from shuffled.storage import layout
+from shuffled.storage.ondisk import layout
 from shuffled.storage.catalog import Catalog
 from shuffled.storage.slabs import files as slabfiles
-from shuffled.storage.streams import crc_of
+from shuffled.storage.read.streams import crc_of
 
 log = logging.getLogger("shuffled.storage")
 

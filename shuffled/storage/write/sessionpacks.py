@@ -4,7 +4,7 @@ A session holds at most one pack per location (taken from the pool or created) a
 to it without interleaving with other uploads; a pack that fills up, fails or belongs to a
 task being deleted is put aside and released when the session ends (partials of it may
 still be waiting for their group commit). Placing a write picks the location by round
-robin, checks its file system and writes in one I/O-thread call (:func:`.packs.on_pack`).
+robin, checks its file system and writes in one I/O-thread call (:func:`shuffled.storage.ondisk.packs.on_pack`).
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from typing import Any
 
 from shuffled.config import Settings
 from shuffled.errors import Conflict, InsufficientStorage, ShuffleError
-from shuffled.storage import packs
-from shuffled.storage.admission import Admission
-from shuffled.storage.committer import Committer
-from shuffled.storage.inflight import Uploads
+from shuffled.storage.ondisk import packs
+from shuffled.storage.write.admission import Admission
+from shuffled.storage.commit.committer import Committer
+from shuffled.storage.write.inflight import Uploads
 from shuffled.storage.location import Location
 from shuffled.storage.oserrors import FULL_ERRNOS, marks_unhealthy, translate
-from shuffled.storage.packs import Pack
-from shuffled.storage.packsource import PackSource
+from shuffled.storage.ondisk.packs import Pack
+from shuffled.storage.write.packsource import PackSource
 from shuffled.storage.threads import IoThreads
 
 INLINE_MAX = 256 << 10  # appends up to this size to an open pack run on the loop (place)

@@ -1,6 +1,6 @@
 """The task book: the figures of every supervisor task held (event loop only).
 
-Per task a :class:`~.records.TaskEntry`: bytes and partials held (per location too), its
+Per task a :class:`~shuffled.storage.ondisk.records.TaskEntry`: bytes and partials held (per location too), its
 partitions, what was served and received, last access (its expiry) and an access count.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from shuffled.storage.records import TaskEntry
+from shuffled.storage.ondisk.records import TaskEntry
 
 
 class TaskBook:

@@ -1,4 +1,4 @@
-"""What became of each partial segment of an upload session (:meth:`.upload.BulkSession.finish`)."""
+"""What became of each partial segment of an upload session (:meth:`shuffled.storage.write.upload.BulkSession.finish`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Literal
 
 from shuffled.errors import ShuffleError
 from shuffled.protocol import PartialStatus
-from shuffled.storage.records import PartialMeta
+from shuffled.storage.ondisk.records import PartialMeta
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """A stored partial as the Arrow IPC stream it was uploaded as, and partitions as one stream.
 
-Storage format 3 keeps a partial in two ranges of its pack (:class:`~.records.PartialMeta`):
+Storage format 3 keeps a partial in two ranges of its pack (:class:`~shuffled.storage.ondisk.records.PartialMeta`):
 its schema message and its body; the end-of-stream marker is implied. This module turns
 those ranges into what readers get, without decoding where it can:
 
@@ -29,8 +29,8 @@ import pyarrow as pa
 from shuffled.crc import combine, crc32c
 from shuffled.errors import Conflict, CorruptData
 from shuffled.protocol import crc_hex
-from shuffled.storage.arrowfile import EOS, EOS_CRC
-from shuffled.storage.records import PartialMeta
+from shuffled.storage.ondisk.arrowfile import EOS, EOS_CRC
+from shuffled.storage.ondisk.records import PartialMeta
 
 VERIFY_CHUNK = 1 << 20
 Range = tuple[int, int] | bytes  # (offset, length) in the pack, or literal bytes

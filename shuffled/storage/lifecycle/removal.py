@@ -1,7 +1,7 @@
 """Removing a supervisor task's data: a DELETE, an expiry, and what a failed one left.
 
 Removing a task touches every location (its catalog rows, its packs, its seal and verdict)
-and is made atomic by a tombstone (:mod:`.marks`, kind ``deleting``): under the task's
+and is made atomic by a tombstone (:mod:`shuffled.storage.ondisk.marks`, kind ``deleting``): under the task's
 lock, its open upload sessions are refused and commits already under way land; the
 tombstone is written (synced) on every healthy location before anything is removed;
 then rows go from every catalog, packs and marks from every location (rows first: a pack
@@ -23,15 +23,15 @@ import shutil
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from shuffled.storage import marks
-from shuffled.storage.book import TaskBook
+from shuffled.storage.ondisk import marks
+from shuffled.storage.lifecycle.book import TaskBook
 from shuffled.storage.catalog import Catalog
-from shuffled.storage.inflight import Uploads
+from shuffled.storage.write.inflight import Uploads
 from shuffled.storage.location import Location
 from shuffled.storage.oserrors import marks_unhealthy, translate
-from shuffled.storage.packsource import PackSource
-from shuffled.storage.records import TaskEntry
-from shuffled.storage.seals import Seals
+from shuffled.storage.write.packsource import PackSource
+from shuffled.storage.ondisk.records import TaskEntry
+from shuffled.storage.lifecycle.seals import Seals
 from shuffled.storage.threads import IoThreads
 
 if TYPE_CHECKING:

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from shuffled.protocol import Interval
-from shuffled.storage import layout, packs
+from shuffled.storage.ondisk import layout, packs
 from shuffled.storage.catalog import Catalog
 from shuffled.storage.location import Location
 from shuffled.storage.slabs import rows as slabrows

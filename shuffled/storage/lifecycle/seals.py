@@ -10,9 +10,9 @@ Both must survive a restart and outlive any expiry while the task is held, or a 
 daemon would answer "not complete" for ever, or "complete" for a task its supervisor
 failed. Each is one small versioned JSON file per task in every location's metadata
 directory (``<location>/.shuffled/seals/<sup>.json``, ``.../failed/<sup>.json``, see
-:mod:`.marks`), written atomically before the request is answered; any copy serves at start
+:mod:`shuffled.storage.ondisk.marks`), written atomically before the request is answered; any copy serves at start
 (seal copies agree: a second seal may only add subtasks, and the newest replaces every
-copy). Both go only with the task's data (:mod:`.removal`).
+copy). Both go only with the task's data (:mod:`shuffled.storage.lifecycle.removal`).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from shuffled.errors import Conflict
-from shuffled.storage import marks
-from shuffled.storage.book import TaskBook
-from shuffled.storage.inflight import Uploads
+from shuffled.storage.ondisk import marks
+from shuffled.storage.lifecycle.book import TaskBook
+from shuffled.storage.write.inflight import Uploads
 from shuffled.storage.location import Location
 from shuffled.storage.threads import IoThreads
 
@@ -151,7 +151,7 @@ class Seals:
         return True
 
     def forget(self, sup: str) -> None:
-        """Forget the task's seal and verdict (its removal is under way: :mod:`.removal`
+        """Forget the task's seal and verdict (its removal is under way: :mod:`shuffled.storage.lifecycle.removal`
         removes their files with its data; the caller holds its lock)."""
         self.sealed.pop(sup, None)
         self.failed_tasks.discard(sup)

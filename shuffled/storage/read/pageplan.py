@@ -22,10 +22,10 @@ from collections.abc import Mapping, Sequence
 from typing import IO
 from dataclasses import dataclass, field
 
-from shuffled.storage.arrowfile import EOS
-from shuffled.storage.records import PartialMeta
+from shuffled.storage.ondisk.arrowfile import EOS
+from shuffled.storage.ondisk.records import PartialMeta
 from shuffled.crc import crc32c
-from shuffled.storage.streams import crc_of, messages
+from shuffled.storage.read.streams import crc_of, messages
 
 BATCH_BITS = 20  # record batches addressable per partial: 1M
 MAX_TOKEN = (1 << 128) - 1  # generations are wide (time-based), so tokens are too

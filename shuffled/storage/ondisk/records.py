@@ -37,7 +37,7 @@ class PartialMeta:
     bytes at ``schema_at`` (shared by the partials of the pack with the same schema), and its
     body, the dictionary and record batch messages, ``body_len`` bytes at ``offset``; the
     end-of-stream marker is not stored. Bodies of consecutive uploads are adjacent, so a
-    partition's partials written together are one byte range (:mod:`.streams`)."""
+    partition's partials written together are one byte range (:mod:`shuffled.storage.read.streams`)."""
 
     key: PartialKey
     generation: int

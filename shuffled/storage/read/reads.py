@@ -25,7 +25,7 @@ from shuffled.errors import BadRequest, Conflict, NotFound
 from shuffled.protocol import PartialKey, PartitionKey
 from shuffled.storage.catalog import Row
 from shuffled.storage.oserrors import translate
-from shuffled.storage.records import PartialMeta
+from shuffled.storage.ondisk.records import PartialMeta
 from shuffled.storage.threads import IoThreads
 
 
@@ -51,7 +51,7 @@ class Tier(Protocol):
 
 
 class Holds(Protocol):
-    """Which tasks are held (the store's :class:`~shuffled.storage.book.TaskBook`)."""
+    """Which tasks are held (the store's :class:`~shuffled.storage.lifecycle.book.TaskBook`)."""
 
     def __contains__(self, sup: str, /) -> bool: ...
 

@@ -13,9 +13,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from shuffled.storage import packs
+from shuffled.storage.ondisk import packs
 from shuffled.storage.location import Location
-from shuffled.storage.roundrobin import RoundRobin
+from shuffled.storage.write.roundrobin import RoundRobin
 from shuffled.storage.threads import IoThreads
 
 log = logging.getLogger("shuffled.storage")

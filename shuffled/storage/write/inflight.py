@@ -2,7 +2,7 @@
 
 A DELETE of a task (or its seal) takes the task's lock; an upload waits for a DELETE under
 way before it starts, and a DELETE refuses the task's open upload sessions, lets commits
-already under way land, and only then removes the task's files (:mod:`.removal`).
+already under way land, and only then removes the task's files (:mod:`shuffled.storage.lifecycle.removal`).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from shuffled.crc import combine, crc32c
 from shuffled.errors import InvalidBody
-from shuffled.storage import ipcshape
+from shuffled.storage.ondisk import ipcshape
 
 CONTINUATION = ipcshape.CONTINUATION
 EOS = CONTINUATION + b"\x00\x00\x00\x00"  # Arrow IPC end-of-stream marker (format >= 1.0)

@@ -3,12 +3,12 @@ directory, ``<location>/.shuffled/<kind>/<supervisorTaskId>.json``.
 
 Three kinds, each a state that must survive a restart:
 
-- ``seals``: the subtasks its supervisor committed (:mod:`.seals`);
-- ``failed``: its supervisor's fail verdict (:mod:`.seals`);
+- ``seals``: the subtasks its supervisor committed (:mod:`shuffled.storage.lifecycle.seals`);
+- ``failed``: its supervisor's fail verdict (:mod:`shuffled.storage.lifecycle.seals`);
 - ``deleting``: a DELETE (or an expiry) under way, the tombstone that makes removing a
   task across locations atomic: written everywhere before anything is removed, removed
   only once everything is, and finished at start if a crash came between
-  (:mod:`.removal`).
+  (:mod:`shuffled.storage.lifecycle.removal`).
 
 Writes are atomic (a temporary file renamed over the mark) and, with ``fsync``, synced
 with their directory before the caller answers; a removal is synced too, since a mark that
@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from shuffled.storage.layout import fsync_dir, meta_dir, write_json_atomic
+from shuffled.storage.ondisk.layout import fsync_dir, meta_dir, write_json_atomic
 from shuffled.storage.location import Location
 from shuffled.storage.oserrors import translate
 from shuffled.storage.threads import IoThreads

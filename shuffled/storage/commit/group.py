@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from shuffled.storage.catalog import Catalog, Row
-from shuffled.storage.packs import Pack
-from shuffled.storage.records import PartialMeta
+from shuffled.storage.ondisk.packs import Pack
+from shuffled.storage.ondisk.records import PartialMeta
 
 
 @dataclass(slots=True)

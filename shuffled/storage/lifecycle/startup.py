@@ -8,13 +8,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shuffled.storage import reconcile
-from shuffled.storage.book import TaskBook
+from shuffled.storage.lifecycle import reconcile
+from shuffled.storage.lifecycle.book import TaskBook
 from shuffled.storage.catalog import Catalog
-from shuffled.storage.horizon import Horizon
+from shuffled.storage.commit.horizon import Horizon
 from shuffled.storage.location import Location
-from shuffled.storage.packsource import PackSource
-from shuffled.storage.seals import Seals
+from shuffled.storage.write.packsource import PackSource
+from shuffled.storage.lifecycle.seals import Seals
 from shuffled.storage.threads import IoThreads
 
 log = logging.getLogger("shuffled.storage")

@@ -1,7 +1,7 @@
 """From written to visible: a session's partials handed to their location's group commit,
 and the task's figures updated once they land.
 
-Every partial gets its generation here (:class:`~.horizon.Horizon`), held until its group
+Every partial gets its generation here (:class:`~shuffled.storage.commit.horizon.Horizon`), held until its group
 lands; the outcome says, per partial, the size of the copy it replaced (None: new), wherever
 that copy was: an older copy in another location is forgotten there in the background.
 """
@@ -13,15 +13,15 @@ import time
 from collections.abc import Callable, Sequence
 
 from shuffled.protocol import PartialKey
-from shuffled.storage.append import Written
-from shuffled.storage.book import TaskBook
+from shuffled.storage.write.append import Written
+from shuffled.storage.lifecycle.book import TaskBook
 from shuffled.storage.catalog import Catalog, Row
-from shuffled.storage.commit import GroupCommit, Landed
-from shuffled.storage.horizon import Horizon
-from shuffled.storage.inflight import Uploads
+from shuffled.storage.commit.group import GroupCommit, Landed
+from shuffled.storage.commit.horizon import Horizon
+from shuffled.storage.write.inflight import Uploads
 from shuffled.storage.location import Location
-from shuffled.storage.packsource import PackSource
-from shuffled.storage.records import PartialMeta, TaskEntry
+from shuffled.storage.write.packsource import PackSource
+from shuffled.storage.ondisk.records import PartialMeta, TaskEntry
 from shuffled.storage.threads import IoThreads
 
 #: A group's commit: once landed, per partial the generation it replaced (None: new).
