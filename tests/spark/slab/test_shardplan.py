@@ -20,7 +20,7 @@ from shuffled.slab.keys import KEY_COLUMN
 from shuffled.spark.phase1.slabs import Keying, cut_slab
 from shuffled.spark.phase2 import shardplan
 from shuffled.spark.rows.rollup import CHUNK, TIME, Layout
-from tests.helpers.slabs import decode
+from tests.helpers.slab_decode import decode
 
 DAY = 86_400_000
 LAYOUT = Layout((("country", "string"), ("device", "string"), ("user", "string")),
