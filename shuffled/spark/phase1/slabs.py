@@ -16,8 +16,6 @@ chunk) are what the late plan (:mod:`shuffled.spark.phase2.shardplan`) is made f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -27,22 +25,11 @@ from shuffled.slab import sketch
 from shuffled.slab.build import BATCH_ROWS, Slab, build
 from shuffled.slab.keys import KEY_COLUMN
 from shuffled.slab.wire import KeyKind
+from shuffled.spark.phase1.config import Keying
 from shuffled.spark.phase1.partials import COMPRESS_MIN_BYTES
 from shuffled.spark.phase1.spark_compat.murmur3 import spark_hash
 from shuffled.spark.rows.rollup import CHUNK, Layout
 from shuffled.spark.spec.granularity import bucket_end
-
-
-@dataclass(frozen=True)
-class Keying:
-    """How a slab's rows are keyed: ``kind`` ``hashed`` or ``range``, over ``columns``."""
-
-    kind: str
-    columns: tuple[str, ...]
-
-    @property
-    def key_kind(self) -> KeyKind:
-        return KeyKind.HASH if self.kind == "hashed" else KeyKind.TUPLE
 
 
 def _plain(col: pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -98,6 +85,6 @@ def cut_slab(table: pa.Table, layout: Layout, keying: Keying, granularity: str, 
                else None)
     # The sample's draw is seeded by the slab's identity: an attempt run again samples alike.
     return build(data, chunk_start, chunk_ends(chunk_start, granularity),
-                 kind=keying.key_kind, sub_task_id=sub_task_id, slab_id=slab_id,
+                 kind=KeyKind.HASH if keying.kind == "hashed" else KeyKind.TUPLE, sub_task_id=sub_task_id, slab_id=slab_id,
                  attempt=attempt, rollup_hashes=hashes, batch_rows=batch_rows,
                  seed=slab_id, options=options)

@@ -17,7 +17,8 @@ import pyarrow as pa
 import pytest
 
 from shuffled.slab.keys import KEY_COLUMN
-from shuffled.spark.phase1.slabs import Keying, cut_slab
+from shuffled.spark.phase1.config import Keying
+from shuffled.spark.phase1.slabs import cut_slab
 from shuffled.spark.phase2 import shardplan
 from shuffled.spark.rows.rollup import CHUNK, TIME, Layout
 from tests.helpers.slab_decode import decode
