@@ -97,9 +97,9 @@ def run_phase1(job: Job, keyed: Keying, ninput: native.NativeInput,
     def run(index: int, it: Iterable[list[native.Split]]) -> Iterator[tuple[Any, Any]]:
         merged: dict[int, shardplan.ChunkStats] = {}
 
-        def on_slab(stats: bytes, server: str) -> None:  # the task's upload thread
+        def on_slab(stats: bytes, server: str, sample: Any) -> None:  # the upload thread
             table = pa.ipc.open_stream(pa.py_buffer(stats)).read_all()
-            for st in shardplan.from_stats(table, server):
+            for st in shardplan.from_stats(table, server, sample):
                 have = merged.get(st.start)
                 merged[st.start] = st if have is None else shardplan.merge(have, st)
 

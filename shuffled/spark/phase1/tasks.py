@@ -48,7 +48,7 @@ from shuffled.spark.phase1.native.reader import NativeInput, Split, read_split
 from shuffled.spark.phase1.native.text.blocks import ByteMeter
 from shuffled.spark.phase1.partials import EOS, Encoder, encode_flush
 from shuffled.spark.phase1.ring import Placer
-from shuffled.spark.phase1.slabs import cut_slab
+from shuffled.spark.phase1.slabs import KeySample, cut_slab
 from shuffled.spark.phase1.config import Phase1Config
 from shuffled.spark.phase1.native.timeorder import AT_ONCE, TimeOrdered
 from shuffled.spark.rows.multivalue import has_multi
@@ -70,9 +70,10 @@ RECHECK = 8
 SCATTERED = 0.95
 
 
-#: Told of each slab stored: its statistics section (Arrow IPC bytes) and its daemon. The
-#: driver's closure merges them per chunk (the late plan, phase2.shardplan).
-OnSlab = Callable[[bytes, str], None]
+#: Told of each slab stored: its statistics section (Arrow IPC bytes), its daemon and its
+#: sample of distinct range keys. The driver's closure merges them per chunk (the late
+#: plan, phase2.shardplan).
+OnSlab = Callable[[bytes, str, KeySample | None], None]
 
 
 class _Task:
@@ -332,7 +333,7 @@ class _Task:
         assert self.cfg.slabs is not None
         sub = f"p{self.partition}-a{self.attempt}"
         slab_id = len(self.slabs)
-        slab = cut_slab(table, self.cfg.layout, self.cfg.slabs, self.cfg.segment_granularity,
+        slab, sample = cut_slab(table, self.cfg.layout, self.cfg.slabs, self.cfg.segment_granularity,
                         sub_task_id=sub, slab_id=slab_id, attempt=self.attempt_number,
                         compression=self.cfg.compression)
         rows = table.num_rows
@@ -346,7 +347,7 @@ class _Task:
                                    attempt=self.attempt_number, rows=rows, bytes=slab.size,
                                    chunks=slab.chunks))
         if self.on_slab is not None:
-            self.on_slab(slab.stats, server)
+            self.on_slab(slab.stats, server, sample)
         self.cfg.hooks.phase1_uploaded(self.partition, self.attempt_number, len(self.slabs))
 
 

@@ -5,26 +5,30 @@ Druid's ``partitionsSpec`` (https://druid.apache.org/docs/latest/ingestion/nativ
 ``targetRowsPerSegment`` asks for segments of about that many rows, ``maxRowsPerSegment``
 for a maximum. Here, per chunk:
 
-- the rolled-up rows are estimated from the merged HyperLogLog of its slabs (capped by the
-  rows phase 1 shipped, an upper bound: rollup only removes rows);
-- the shard count is ``ceil(estimate / targetRowsPerSegment)``; for ``maxRowsPerSegment``
+- the rolled-up rows are counted from the sample when it holds them all, else estimated
+  from the merged HyperLogLog of its slabs (capped by the rows phase 1 shipped, an upper
+  bound: rollup only removes rows);
+- the shard count is ``ceil(rows / targetRowsPerSegment)``; for ``maxRowsPerSegment``
   (a hard cap) the smallest count whose shards stay under the cap at three standard errors
   of every estimate involved (:func:`shard_count`);
-- the bounds are equal ranges of the 32-bit hash space (hashed) or weighted quantiles of
-  the merged sample of range keys (range, single_dim), each shard a half-open key range
-  ``[key_from, key_to)`` of :mod:`shuffled.slab.keys` bytes (None: unbounded).
+- the bounds are equal ranges of the 32-bit hash space (hashed) or quantiles of a
+  bottom-k sample of the chunk's distinct rolled-up rows' range keys (range, single_dim;
+  merged over slabs it counts a row once however many subtasks shipped it), each shard a
+  half-open key range ``[key_from, key_to)`` of :mod:`shuffled.slab.keys` bytes (None:
+  unbounded).
 
 What a chunk holds here is bounded whatever the input (:class:`ChunkStats`: 2 KiB of
-registers, at most :data:`PLAN_SAMPLE` weighted keys, the daemons), so the statistics are
-merged per chunk on the executors (``reduceByKey``) and only the plan, bounded by the
-shards, reaches the driver. Pure functions over numpy and pyarrow.
+registers, at most :data:`PLAN_SAMPLE` keys, the daemons), so the statistics are merged
+per chunk on the executors (``reduceByKey``) and only the plan, bounded by the shards,
+reaches the driver. Pure functions over numpy and pyarrow.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -34,8 +38,9 @@ from shuffled.slab import keys as slab_keys
 from shuffled.slab import sketch
 
 HASH_SPACE = 1 << 32
-#: Weighted range keys a chunk's merged statistics keep: a shard's share of its chunk is
-#: then known to about sqrt(shards / PLAN_SAMPLE) of itself (a slab brings at most 256).
+#: Distinct rolled-up rows a chunk's merged sample keeps (range; as many as the slab
+#: writer's ``slabs.SAMPLE``): a shard's share of its chunk is then known to about
+#: sqrt(shards / PLAN_SAMPLE) of itself.
 PLAN_SAMPLE = 4096
 #: The HLL's relative standard error (2^11 registers): 1.04 / sqrt(m), about 2.3%.
 HLL_RSE = 1.04 / math.sqrt(sketch.REGISTERS)
@@ -48,80 +53,81 @@ Bound = tuple[bytes | None, bytes | None]  # [key_from, key_to): None is unbound
 @dataclass(frozen=True)
 class ChunkStats:
     """One time chunk's statistics merged over slabs: rows shipped, HLL registers of the
-    rolled-up keys, a weighted sample of range keys (sorted; each key stands for
-    ``weights[i]`` rows) and the daemons holding its slabs."""
+    rolled-up keys, a bottom-k sample of its distinct rolled-up rows (range: their keys,
+    sorted by key, with their 64-bit hashes; :class:`shuffled.spark.phase1.slabs.KeySample`)
+    and the daemons holding its slabs."""
 
     start: int
     end: int
     rows: int
     regs: np.ndarray
     keys: pa.Array
-    weights: np.ndarray
+    hashes: np.ndarray
     servers: frozenset[str]
 
     @property
-    def estimate(self) -> int:
-        """The chunk's rolled-up rows, estimated (never over the rows shipped)."""
-        if self.rows == 0:
-            return 0
-        return max(1, min(self.rows, round(sketch.estimate(self.regs))))
+    def exact_sample(self) -> bool:
+        """The sample holds every distinct rolled-up row (fewer than it may keep)."""
+        return 0 < len(self.keys) < PLAN_SAMPLE
 
     @property
-    def exact_sample(self) -> bool:
-        """The sample holds every row shipped (each of weight 1): no sampling error."""
-        return len(self.keys) == self.rows and bool(np.all(self.weights == 1.0))
+    def estimate(self) -> int:
+        """The chunk's rolled-up rows: counted when the sample holds them all, else the
+        HLL's estimate (never over the rows shipped)."""
+        if self.rows == 0:
+            return 0
+        if self.exact_sample:
+            return len(self.keys)
+        return max(1, min(self.rows, round(sketch.estimate(self.regs))))
 
 
-def from_stats(table: pa.Table, server: str) -> Iterator[ChunkStats]:
+_NO_KEYS = pa.array([], pa.binary())
+_NO_HASHES = np.zeros(0, np.uint64)
+
+
+def from_stats(table: pa.Table, server: str, sample: Any = None) -> Iterator[ChunkStats]:
     """A slab's statistics section (:data:`shuffled.slab.sketch.STATS_SCHEMA`), one
-    :class:`ChunkStats` per chunk, its slab held on ``server``."""
+    :class:`ChunkStats` per chunk, its slab held on ``server``; ``sample`` its
+    :class:`~shuffled.spark.phase1.slabs.KeySample` (range keys), if any."""
     starts = table.column("chunk_start").to_pylist()
     ends = table.column("chunk_end").to_pylist()
     rows = table.column("rows").to_pylist()
     hll = table.column("hll").combine_chunks()
-    samples = table.column("sample").combine_chunks()
+    cuts: dict[int, tuple[int, int]] = {}
+    if sample is not None and len(sample.chunks):
+        change = np.flatnonzero(sample.chunks[1:] != sample.chunks[:-1]) + 1
+        firsts = np.concatenate([[0], change])
+        lasts = np.append(change, len(sample.chunks))
+        cuts = {int(sample.chunks[a]): (int(a), int(b))
+                for a, b in zip(firsts, lasts, strict=True)}
     for i, (start, end, n) in enumerate(zip(starts, ends, rows, strict=True)):
         regs = np.frombuffer(hll[i].as_buffer(), dtype=np.uint8).copy()
-        picked = samples[i].values if samples[i].is_valid else pa.array([], pa.binary())
-        picked = picked.cast(pa.binary())
-        weights = np.full(len(picked), n / len(picked) if len(picked) else 0.0)
-        yield _sorted(ChunkStats(int(start), int(end), int(n), regs, picked, weights,
+        keys, hashes = _NO_KEYS, _NO_HASHES
+        if int(start) in cuts:
+            a, b = cuts[int(start)]
+            keys, hashes = sample.keys.slice(a, b - a), sample.hashes[a:b]
+        yield _by_key(ChunkStats(int(start), int(end), int(n), regs, keys, hashes,
                                  frozenset([server])))
 
 
-def _sorted(st: ChunkStats) -> ChunkStats:
+def _by_key(st: ChunkStats) -> ChunkStats:
     if len(st.keys) < 2:
         return st
     order = pc.sort_indices(st.keys)
-    return ChunkStats(st.start, st.end, st.rows, st.regs, st.keys.take(order),
-                      st.weights[order.to_numpy()], st.servers)
-
-
-def compact(keys: pa.Array, weights: np.ndarray, size: int = PLAN_SAMPLE,
-            ) -> tuple[pa.Array, np.ndarray]:
-    """At most ``size`` of ``keys`` (sorted) keeping their weighted quantiles: the keys at
-    ``size`` equally spaced points of the cumulative weight, each then standing for an
-    equal share (systematic sampling; each compaction moves a quantile by at most one
-    share). Deterministic, so a chunk's plan does not depend on the merge order's luck."""
-    if len(keys) <= size:
-        return keys, weights
-    total = float(weights.sum())
-    cum = np.cumsum(weights)
-    points = (np.arange(size) + 0.5) * (total / size)
-    at = np.minimum(np.searchsorted(cum, points, side="left"), len(keys) - 1)
-    return keys.take(pa.array(at)), np.full(size, total / size)
+    return replace(st, keys=st.keys.take(order), hashes=st.hashes[order.to_numpy()])
 
 
 def merge(a: ChunkStats, b: ChunkStats, size: int = PLAN_SAMPLE) -> ChunkStats:
-    """Two statistics of one chunk as one (registers by maximum, samples weighted)."""
-    keys = pa.concat_arrays([a.keys, b.keys])
-    weights = np.concatenate([a.weights, b.weights])
-    if len(keys) > 1:
-        order = pc.sort_indices(keys)
-        keys, weights = keys.take(order), weights[order.to_numpy()]
-    keys, weights = compact(keys, weights, size)
-    return ChunkStats(a.start, max(a.end, b.end), a.rows + b.rows, np.maximum(a.regs, b.regs),
-                      keys, weights, a.servers | b.servers)
+    """Two statistics of one chunk as one: registers by maximum; of the samples, the rows
+    of the ``size`` smallest distinct hashes (a row two slabs hold counts once)."""
+    keys, hashes = a.keys, a.hashes
+    if len(b.keys):
+        keys = pa.concat_arrays([a.keys, b.keys]) if len(a.keys) else b.keys
+        hashes = np.concatenate([a.hashes, b.hashes])
+        uniq, first = np.unique(hashes, return_index=True)  # sorted by hash
+        keys, hashes = keys.take(pa.array(first[:size])), uniq[:size]
+    return _by_key(ChunkStats(a.start, max(a.end, b.end), a.rows + b.rows,
+                              np.maximum(a.regs, b.regs), keys, hashes, a.servers | b.servers))
 
 
 def shard_count(estimate: int, *, target: int | None = None, cap: int | None = None,
@@ -161,25 +167,47 @@ def hash_bounds(shards: int) -> list[Bound]:
     return list(zip(edges[:-1], edges[1:], strict=True))
 
 
-def range_bounds(keys: pa.Array, weights: np.ndarray, shards: int) -> list[Bound]:
-    """Up to ``shards`` key ranges cut at the weighted quantiles of ``keys`` (sorted): the
-    key at cumulative weight ``i / shards`` starts shard ``i``; a cut that repeats the one
-    before it, or the chunk's smallest key, is dropped (a key is never split)."""
-    if shards <= 1 or len(keys) == 0:
-        return [(None, None)]
-    cum = np.cumsum(weights)
-    total = float(cum[-1])
+def _groups(keys: pa.Array) -> tuple[list[bytes], np.ndarray]:
+    """The distinct keys of ``keys`` (sorted) and the rank where each starts."""
     values = keys.to_pylist()
-    cuts: list[bytes] = []
-    for i in range(1, shards):
-        at = int(np.searchsorted(cum, total * i / shards, side="right"))
-        if at >= len(values):
-            break
-        key = values[at]
-        if key > values[0] and (not cuts or key > cuts[-1]):
-            cuts.append(key)
+    starts = [0] + [i for i in range(1, len(values)) if values[i] != values[i - 1]]
+    return [values[i] for i in starts], np.array(starts, dtype=np.int64)
+
+
+def _edges(cuts: list[bytes]) -> list[Bound]:
     edges: list[bytes | None] = [None, *cuts, None]
     return list(zip(edges[:-1], edges[1:], strict=True))
+
+
+def range_bounds(keys: pa.Array, shards: int) -> list[Bound]:
+    """Up to ``shards`` key ranges cut at the quantiles of ``keys`` (sorted: a sample of
+    distinct rolled-up rows): shard ``i`` starts at the key starting nearest rank
+    ``i * n / shards`` (a key is never split: cuts that would repeat are dropped)."""
+    if shards <= 1 or len(keys) == 0:
+        return [(None, None)]
+    distinct, starts = _groups(keys)
+    cuts: list[bytes] = []
+    for i in range(1, shards):
+        want = i * len(keys) / shards
+        at = int(np.argmin(np.abs(starts - want)))
+        if at > 0 and (not cuts or distinct[at] > cuts[-1]):
+            cuts.append(distinct[at])
+    return _edges(cuts)
+
+
+def packed_bounds(keys: pa.Array, cap: int) -> list[Bound]:
+    """Key ranges of at most ``cap`` of ``keys`` (sorted, every distinct rolled-up row of
+    the chunk), packed in order; a key with more rows than the cap is a shard alone."""
+    distinct, starts = _groups(keys)
+    sizes = np.diff(np.append(starts, len(keys)))
+    cuts: list[bytes] = []
+    held = 0
+    for key, n in zip(distinct, sizes.tolist(), strict=True):
+        if held and held + n > cap:
+            cuts.append(key)
+            held = 0
+        held += n
+    return _edges(cuts)
 
 
 @dataclass(frozen=True)
@@ -205,14 +233,12 @@ def plan_chunk(st: ChunkStats, kind: str, *, target: int | None = None,
     est = st.estimate
     if kind == "hashed":
         bounds = hash_bounds(shard_count(est, target=target, cap=cap))
+    elif st.exact_sample:  # every distinct row is in the sample: no estimate's error
+        bounds = (packed_bounds(st.keys, cap) if cap is not None
+                  else range_bounds(st.keys, shard_count(est, target=target)))
     else:
-        sample = None if st.exact_sample else len(st.keys)
-        k = shard_count(est, target=target, cap=cap, sample=sample if cap else None)
-        if cap is not None and sample is None:
-            # Every row shipped is in the sample: cut by those rows (at least the
-            # rolled-up ones), no estimate's error to allow for.
-            k = shard_count(st.rows, target=cap)
-        bounds = range_bounds(st.keys, st.weights, k)
+        bounds = range_bounds(st.keys, shard_count(est, target=target, cap=cap,
+                                                   sample=len(st.keys)))
     return ChunkPlan(st.start, st.end, st.rows, est, tuple(bounds), tuple(sorted(st.servers)))
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from shuffled.slab.keys import KEY_COLUMN
 from shuffled.spark.phase1.config import Keying
-from shuffled.spark.phase1.slabs import cut_slab
+from shuffled.spark.phase1.slabs import SAMPLE, cut_slab
 from shuffled.spark.phase2 import shardplan
 from shuffled.spark.rows.rollup import CHUNK, TIME, Layout
 from tests.helpers.slab_decode import decode
@@ -52,23 +52,24 @@ def rolled(table: pa.Table) -> pa.Table:
     return out.rename_columns([*out.column_names[:-1], "count"])
 
 
-def slabs_of(raw: pa.Table, keying: Keying, subtasks: int, seed: int) -> list[pa.Table]:
+def slabs_of(raw: pa.Table, keying: Keying, subtasks: int, seed: int) -> list:
     """The raw rows spread over ``subtasks`` at random, each rolled up and cut as a slab;
-    returns the decoded slabs' statistics and data."""
+    returns the decoded slabs (statistics and data), each with its key sample."""
     rng = np.random.default_rng(seed)
     of = rng.integers(0, subtasks, raw.num_rows)
     out = []
     for t in range(subtasks):
         part = rolled(raw.filter(pa.array(of == t)))
-        slab = cut_slab(part, LAYOUT, keying, "day", sub_task_id=f"p{t}", slab_id=0, attempt=0)
-        out.append(decode(slab))
+        slab, sample = cut_slab(part, LAYOUT, keying, "day", sub_task_id=f"p{t}", slab_id=0,
+                                attempt=0)
+        out.append((decode(slab), sample))
     return out
 
 
 def plans(decoded: list, kind: str, **goal: int) -> dict[int, shardplan.ChunkPlan]:
     per: dict[int, list[shardplan.ChunkStats]] = {}
-    for d in decoded:
-        for st in shardplan.from_stats(d.stats, "http://d"):
+    for d, sample in decoded:
+        for st in shardplan.from_stats(d.stats, "http://d", sample):
             per.setdefault(st.start, []).append(st)
     return {c: shardplan.plan_chunk(reduce(shardplan.merge, sts), kind, **goal)
             for c, sts in per.items()}
@@ -78,7 +79,7 @@ def shard_sizes(decoded: list, plan: dict[int, shardplan.ChunkPlan]) -> dict[tup
     """Exact rolled-up rows per (chunk, shard): distinct keys over every slab, each placed
     by its key in its chunk's ranges."""
     keyed: dict[tuple[int, tuple], bytes] = {}
-    for d in decoded:
+    for d, _ in decoded:
         starts = d.index.column("chunk_start").to_pylist()
         rows = d.index.column("rows").to_pylist()
         chunk_of = [s for s, n in zip(starts, rows) for _ in range(n)]
@@ -142,7 +143,7 @@ def test_range_never_splits_a_key_and_only_its_shard_may_be_over() -> None:
 
 def _countries_in(decoded: list, chunk: int, lo: bytes | None, hi: bytes | None) -> set[str]:
     out = set()
-    for d in decoded:
+    for d, _ in decoded:
         starts = d.index.column("chunk_start").to_pylist()
         rows = d.index.column("rows").to_pylist()
         chunk_of = [s for s, n in zip(starts, rows) for _ in range(n)]
@@ -184,13 +185,14 @@ def test_hash_ranges_cover_the_space_in_equal_parts() -> None:
 def test_a_chunk_s_statistics_stay_bounded_however_many_slabs() -> None:
     """300 slabs of one chunk merge into 2 KiB of registers and at most PLAN_SAMPLE keys,
     and a chunk's plan holds its shards' bounds only."""
+    assert SAMPLE == shardplan.PLAN_SAMPLE  # the merged sample is exact below it
     rng = np.random.default_rng(9)
     merged = None
     for t in range(300):
         part = rolled(skewed_rows(rng, 400, 1))
-        slab = cut_slab(part, LAYOUT, Keying("range", ("user",)), "day", sub_task_id=f"p{t}",
-                        slab_id=t, attempt=0)
-        (st,) = shardplan.from_stats(decode(slab).stats, f"http://d{t % 3}")
+        slab, sample = cut_slab(part, LAYOUT, Keying("range", ("user",)), "day",
+                                sub_task_id=f"p{t}", slab_id=t, attempt=0)
+        (st,) = shardplan.from_stats(decode(slab).stats, f"http://d{t % 3}", sample)
         merged = st if merged is None else shardplan.merge(merged, st)
         assert len(merged.keys) <= shardplan.PLAN_SAMPLE
         assert merged.regs.nbytes == 2048
