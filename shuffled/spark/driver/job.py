@@ -16,10 +16,10 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from shuffled.client import ShuffleClient
-from shuffled.errors import ShuffleError
 from shuffled.protocol import PEERS_PATH
 from shuffled.spark.driver import durable, late, parse_errors, recompute
 from shuffled.spark.driver.context import JobContext
+from shuffled.spark.driver.failed import IngestionFailed
 from shuffled.spark.driver.report import counted, size
 from shuffled.spark.phase1.native import reader as native
 from shuffled.spark.phase1 import sink
@@ -37,12 +37,6 @@ from shuffled.spark.rows.rollup import BAD, BUCKET, CHUNK, TIME
 from shuffled.spark.spec.model import PartitionPlan
 
 log = logging.getLogger("shuffled.spark")
-
-
-class IngestionFailed(ShuffleError):
-    """The ingestion could not complete (e.g. too many parse exceptions, lost data)."""
-
-    code = "ingestion_failed"
 
 
 class Job:

@@ -25,11 +25,13 @@ import os
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
 from shuffled.spark import records
+from shuffled.spark.driver import durable
+from shuffled.spark.driver.failed import IngestionFailed
 from shuffled.spark.driver.report import counted, size
 from shuffled.spark.phase1 import tasks as phase1
 from shuffled.spark.phase1.config import Keying, Phase1Config
@@ -40,8 +42,8 @@ from shuffled.spark.phase2.slabmerge import Shard, balance, make_phase2_slabs
 from shuffled.spark.rows.rollup import TIME
 from shuffled.spark.spec.model import IngestSpec, PartitionPlan
 
-if TYPE_CHECKING:
-    from shuffled.spark.driver.job import Job
+#: The driver's :class:`shuffled.spark.driver.job.Job` (typed loosely: it imports this).
+Job = Any
 
 log = logging.getLogger("shuffled.spark")
 
@@ -150,9 +152,6 @@ def partition_plan(spec: IngestSpec, keyed: Keying,
 
 def seal(job: Job, slabs: list[records.SlabSent]) -> None:
     """Seal each daemon with the subtasks that stored slabs there."""
-    from shuffled.spark.driver import durable
-    from shuffled.spark.driver.job import IngestionFailed
-
     on: dict[str, set[str]] = {}
     for sl in slabs:
         on.setdefault(sl.server, set()).add(sl.sub)
@@ -167,8 +166,6 @@ def seal(job: Job, slabs: list[records.SlabSent]) -> None:
 def phase2(job: Job, slabs: list[records.SlabSent],
            plans: list[shardplan.ChunkPlan]) -> list[records.Segment]:
     """Merge every shard of the plan; checks each chunk's rows read against phase 1's."""
-    from shuffled.spark.driver.job import IngestionFailed
-
     ctx = job.ctx
     ctx.enter("phase 2 (merge)")
     if ctx.rows is not None:
