@@ -28,14 +28,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+
 from bench import client, pyclient
 from bench.context import Ctx
 from bench.daemon import Daemon
 from bench.data import END, START, PartialFile, total, write_partials
 from bench.peers import Nginx
 from bench.procs import Tree
-from bench.stats import Result, alternate, compare, median
+from bench.stats import Result, absolute, alternate, compare, median
 from shuffled.protocol import Interval
+from shuffled.slab import build
+from shuffled.slab.wire import KeyKind
 
 INTERVAL = Interval.parse(START, END)
 
@@ -97,6 +102,7 @@ class _Shuffled:
     def __init__(self, daemon: Daemon, files: list[PartialFile], parallel: int) -> None:
         self.daemon, self.files, self.parallel = daemon, files, parallel
         self.bodies = [f.path.read_bytes() for f in files]
+        self.slab_bytes: build.Slab | None = None
         self.n = 0
 
     def _sup(self) -> str:
@@ -123,6 +129,20 @@ class _Shuffled:
         """Every partial in ONE ``put_partials`` request."""
         sup = self._sup()
         pyclient.put_bulk(self.daemon.url, sup, self._items(sup))
+
+    def slab(self) -> None:
+        """The same rows as ONE slab (docs/slab.md): one batch per partial, one request."""
+        if self.slab_bytes is None:
+            tables = [pa.ipc.open_stream(b).read_all() for b in self.bodies]
+            rows = [t.num_rows for t in tables]
+            table = pa.concat_tables(tables).combine_chunks()
+            chunk = np.zeros(table.num_rows, np.int64)
+            # One batch per partial: the cuts fall where the partials end.
+            partition = np.repeat(np.arange(len(rows), dtype=np.int32), rows)
+            self.slab_bytes = build.build(
+                table, chunk, chunk + 1, kind=KeyKind.NONE, sub_task_id="s", slab_id=0,
+                attempt=0, batch_rows=max(rows), partition=partition)
+        pyclient.put_slab(self.daemon.url, self._sup(), self.slab_bytes)
 
     def after(self) -> None:
         """Delete the last sample's task (untimed)."""
@@ -174,6 +194,7 @@ def _small(ctx: Ctx, files: list[PartialFile], durable: Daemon, fast: Daemon, n:
         "durable": _timed(ours_d.threads, nbytes, ours_d.after, lambda: durable.tree),
         "loop": _timed(lambda: _fdatasync_loop(ours_d.bodies, dd_dir), nbytes, _clear(dd_dir)),
         "bulk": _timed(ours_d.bulk, nbytes, ours_d.after, lambda: durable.tree),
+        "slab": _timed(ours_d.slab, nbytes, ours_d.after, lambda: durable.tree),
         "dd_one": _timed(lambda: _dd_one(joined, dd_dir), nbytes, _clear(dd_dir)),
         "nofsync": _timed(ours_f.curl, nbytes, ours_f.after, lambda: fast.tree),
         "webdav": _timed(_nginx_put(n.url, files, par), nbytes, _clear(n.root / "put"),
@@ -192,6 +213,12 @@ def _small(ctx: Ctx, files: list[PartialFile], durable: Daemon, fast: Daemon, n:
         compare("ingest_small_bulk", f"3. {what} in ONE bulk upload (put_partials), fsync on "
                 f"vs dd conv=fdatasync of the same bytes", median(got["bulk"]["mbps"]),
                 median(got["dd_one"]["mbps"]), "MB/s", ">=", 0.8, **common),
+        compare("ingest_small_slab", f"3. {what} as ONE slab (put_slab: one batch per "
+                f"partial), fsync on vs dd conv=fdatasync of the same bytes",
+                median(got["slab"]["mbps"]), median(got["dd_one"]["mbps"]), "MB/s", ">=",
+                0.8, **common),
+        absolute("ingest_small_slab_cpu", f"3. {what} as ONE slab: daemon CPU per GB",
+                 median(got["slab"]["cpu_per_gb"]), "CPU s/GB", "<=", 1.0, **common),
         compare("ingest_small_nofsync", f"3. PUT {what}, curl {par} in flight, fsync off vs "
                 f"nginx WebDAV PUT", median(got["nofsync"]["mbps"]),
                 median(got["webdav"]["mbps"]), "MB/s", ">=", 0.8, **common),

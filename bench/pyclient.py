@@ -16,6 +16,7 @@ from typing import Any
 
 from shuffled.client import ShuffleClient
 from shuffled.protocol import Interval, PartialKey
+from shuffled.slab.build import Slab
 
 Item = tuple[PartialKey, bytes]
 STORED = {"created", "replaced"}
@@ -42,6 +43,16 @@ def put_bulk(url: str, sup: str, items: Sequence[Item], timeout: float = 300.0,
     began = time.perf_counter()
     with ShuffleClient(url, timeout=timeout, token=token) as c:
         _check(c.put_partials(sup, list(items)), items)
+    return time.perf_counter() - began
+
+
+def put_slab(url: str, sup: str, slab: Slab, timeout: float = 300.0) -> float:
+    """Store one slab (``put_slab``); wall seconds (client made inside)."""
+    began = time.perf_counter()
+    with ShuffleClient(url, timeout=timeout) as c:
+        ack = c.put_slab(sup, slab)
+    if ack.get("rows") != slab.rows:
+        raise AssertionError(f"slab stored {ack.get('rows')} rows of {slab.rows}")
     return time.perf_counter() - began
 
 

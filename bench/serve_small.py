@@ -15,7 +15,7 @@ from collections.abc import Callable
 from bench import client
 from bench.context import Ctx
 from bench.data import END, START, total, write_partials
-from bench.fixtures import mirror, partial_urls, upload_bulk
+from bench.fixtures import mirror, partial_urls, upload_bulk, upload_slab
 from bench.procs import Tree
 from bench.stats import Result, alternate, compare, median
 
@@ -44,10 +44,12 @@ def run(ctx: Ctx) -> list[Result]:
         nginx_urls = [n.url + p for p in mirror(n.root, "small", files)]
         per_partial = partial_urls(d, "bench-small", files)
         aggregate = [d.partition_url("bench-small", START, END, 0)]
+        shard = [upload_slab(d, "bench-slab", files)]
         par = s.small_parallel
         sides = {
             "nginx": _sampler(nginx_urls, par, payload, payload, lambda: n.tree),
             "aggregate": _sampler(aggregate, 1, None, payload, lambda: d.tree),
+            "shard": _sampler(shard, 1, None, payload, lambda: d.tree),
             "per_partial": _sampler(per_partial, par, payload, payload, lambda: d.tree),
         }
         for warm in sides.values():
@@ -68,6 +70,12 @@ def run(ctx: Ctx) -> list[Result]:
         compare("serve_small_cpu", f"2. GET partition of {what}: server CPU per GB, "
                 f"aggregate GET vs nginx", median(o["cpu_per_gb"]), median(b["cpu_per_gb"]),
                 "CPU s/GB", "<=", 2.0, **common),
+        compare("serve_small_shard",
+                f"2. GET the same rows as ONE slab's shard (GET .../shard) vs nginx {par} conns",
+                median(got["shard"]["mbps"]), median(b["mbps"]), "MB/s", ">=", 2.0, **common),
+        compare("serve_small_shard_cpu", f"2. GET the same rows as ONE slab's shard: server "
+                f"CPU per GB vs nginx", median(got["shard"]["cpu_per_gb"]),
+                median(b["cpu_per_gb"]), "CPU s/GB", "<=", 2.0, **common),
         compare("serve_small_per_partial",
                 f"2. GET partition of {what}: shuffled per-partial GETs vs nginx, {par} conns",
                 median(p["mbps"]), median(b["mbps"]), "MB/s", None, None, **common),

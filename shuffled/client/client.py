@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
-from shuffled.client import pages, partitions, supervisor, tasks
+from shuffled.client import pages, partitions, slabs, supervisor, tasks
 from shuffled.client.answers import json_dict
 from shuffled.client.bulk import Batch
 from shuffled.client.bulk import upload as bulk_upload
@@ -33,12 +33,16 @@ from shuffled.errors import DigestMismatch, ShuffleError
 from shuffled.protocol import (
     ARROW_STREAM,
     CONTENT_DIGEST,
+    Interval,
     PartialKey,
     PartitionKey,
     format_crc32c,
     task_path,
     validate_id,
 )
+
+if TYPE_CHECKING:
+    from shuffled.slab.build import Slab
 
 
 class ShuffleClient:
@@ -295,6 +299,17 @@ class ShuffleClient:
                                 poll=poll, deadline=deadline)
 
     # -- tasks --------------------------------------------------------------------------
+
+    # -- slabs (shuffled.client.slabs, docs/slab.md) ---------------------------------------
+
+    def put_slab(self, supervisor_task_id: str, slab: Slab) -> dict[str, Any]:
+        """:func:`.slabs.put_slab`."""
+        return slabs.put_slab(self._http, supervisor_task_id, slab)
+
+    def read_shard(self, supervisor_task_id: str, interval: Interval,
+                   key_from: bytes | None, key_to: bytes | None) -> slabs.SlabRead:
+        """:func:`.slabs.read_shard`."""
+        return slabs.read_shard(self._http, supervisor_task_id, interval, key_from, key_to)
 
     # -- the supervisor's calls (shuffled.client.supervisor) ------------------------------
 

@@ -101,6 +101,12 @@ FIELDS: tuple[Field, ...] = (
     Field("max_bulk_schema_bytes", parse_size,
           "bytes of SCHEMA frames one bulk upload (format 2) may send (413 past it)",
           "--max-bulk-schema-bytes", "SIZE"),
+    Field("max_slab_index_bytes", parse_size,
+          "bytes of a slab's index section, and of its statistics section (400 past it; "
+          "held in memory while the slab is checked)", "--max-slab-index-bytes", "SIZE"),
+    Field("max_slab_batch_bytes", parse_size,
+          "largest record batch a slab may carry (400 past it): a shard read decodes the "
+          "batches at its edges whole", "--max-slab-batch-bytes", "SIZE"),
     Field("request_head_timeout", parse_duration,
           "a connection must send a whole request head within this long of opening or of "
           "its previous answer (idle and slowloris connections are closed)",
@@ -178,6 +184,8 @@ class Settings:
     upload_idle_timeout: float = 60.0
     max_lost_marks_bytes: int = 4 << 20
     max_bulk_schema_bytes: int = 4 << 20
+    max_slab_index_bytes: int = 16 << 20
+    max_slab_batch_bytes: int = 64 << 20
     request_head_timeout: float = 30.0
     send_idle_timeout: float = 60.0
     shutdown_timeout: float = 30.0

@@ -43,6 +43,7 @@ class Served(StrEnum):
     PARTIAL = "partial"  # one partial segment
     PARTITION = "partition"  # whole partitions as one Arrow stream
     PAGES = "pages"  # a page of a paged partition read
+    SHARD = "shard"  # a shard read from slabs
 
 # Statuses of shuffled_http_requests_total exported at zero for every route (export_routes).
 ROUTE_STATUSES = ("200", "500")

@@ -23,7 +23,7 @@ from shuffled.server.middleware import (
 from shuffled.server.state import STATE, DaemonState
 from shuffled.server.waiters import TaskWatch
 from shuffled.server.routes import (
-    bulk, heartbeat, lost, pages, partials, partitions, peers, status, tasks, ui,
+    bulk, heartbeat, lost, pages, partials, partitions, peers, slabs, status, tasks, ui,
 )
 from shuffled.storage import Store
 
@@ -74,6 +74,7 @@ def make_app(settings: Settings, *, registry: CollectorRegistry | None = None,
     drain.on_drain.append(watch.wake_all)
     metrics.long_poll_waiters.set_function(lambda: watch.waiting)
     pages.install(app, task, watch)
+    slabs.install(app, task)  # slabs in, shards out (docs/slab.md)
     lost.install(app, task)  # the driver's lost-daemon verdicts (PUT/GET .../lost)
     # A lost peer's share from deep storage: the read routes under /peers/{instance}.
     peers.install(app, task, {

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from shuffled.storage import layout
 from shuffled.storage.records import slot_key
+from shuffled.storage.slabs import rows as slabrows
 
 #: Storage format 3: ``offset`` is where the body starts, ``schema_at`` where the schema
 #: message is, ``size`` the whole stream's length (:class:`~.records.PartialMeta`).
@@ -124,7 +125,7 @@ class Catalog:
     def open(self) -> None:
         self.path.parent.mkdir(exist_ok=True)
         self._writer = _connect(self.path, self.fsync)
-        self._writer.executescript(_SCHEMA)
+        self._writer.executescript(_SCHEMA + slabrows.SCHEMA)
         self._reader = _connect(self.path, self.fsync)
 
     def close(self) -> None:
@@ -184,7 +185,9 @@ class Catalog:
 
     @_disk_errors
     def delete_task(self, sup: str) -> None:
-        self.writer.execute("DELETE FROM partials WHERE sup = ?", (sup,))
+        with _transaction(self.writer):
+            self.writer.execute("DELETE FROM partials WHERE sup = ?", (sup,))
+            slabrows.delete_task(self.writer, sup)
 
     @_disk_errors
     def forget(self, row: Row) -> None:

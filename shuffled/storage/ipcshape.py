@@ -177,6 +177,13 @@ def check_message(metadata: bytes | memoryview, batch: Layout,
         raise InvalidBody(f"an Arrow message's metadata is malformed: {exc}") from exc
 
 
+def record_batch_rows(metadata: bytes | memoryview) -> int:
+    """The rows a record batch message declares (after :func:`check_message` passed it)."""
+    message = _Table(metadata, _U32.unpack_from(metadata, 0)[0])
+    header = message.table(2)
+    return 0 if header is None else header.scalar(0, _I64)
+
+
 class Walker:
     """Checks the messages of ``data[start:end]`` (a stream's messages after its schema
     message) with :func:`check_message`, a record batch at a time, so that a reader

@@ -1,4 +1,4 @@
-"""Where things live in a location (storage format 3: packs, schemas kept once).
+"""Where things live in a location (storage format 4: packs, schemas kept once; slabs).
 
 ```
 <location>/.lock                      exclusive lock of the daemon using it
@@ -6,6 +6,7 @@
 <location>/.shuffled/format           the format mark: "shuffled-storage 3"
 <location>/.shuffled/catalog.sqlite   the index of every partial segment held here
 <location>/<supervisorTaskId>/<n>.pack  partial segments of that task, appended back to back
+<location>/<supervisorTaskId>/<sub>.<slab>.<attempt>.slab  one slab (docs/slab.md), whole
 ```
 
 A pack holds schema messages and partial segments' bodies (their dictionary and record
@@ -17,7 +18,8 @@ one contiguous range (one ``sendfile``). A replaced partial's old bytes stay in 
 task's directory.
 
 Older formats are refused at start with a message naming ``shuffled migrate``, which
-converts them in place (:mod:`shuffled.storage.migrate`): format 2 (0.1.0: each partial a
+converts them in place (:mod:`shuffled.storage.migrate`): format 3 by adding the catalog's
+slabs table, format 2 (0.1.0: each partial a
 whole stream in its pack) by rewriting the catalog only, format 1 (one ``.arrow`` file +
 ``.json`` sidecar per partial under ``<sup>/<interval>/<partition>/<sub>/``) by copying.
 """
@@ -29,7 +31,7 @@ import os
 import uuid
 from pathlib import Path
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 FORMAT_TEXT = f"shuffled-storage {FORMAT_VERSION}\n"
 META_DIR = ".shuffled"
 FORMAT_NAME = "format"

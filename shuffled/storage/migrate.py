@@ -1,4 +1,8 @@
-"""``shuffled migrate``: convert a location to the current storage format (3) in place.
+"""``shuffled migrate``: convert a location to the current storage format (4) in place.
+
+Format 3 (shuffled before slabs) needs no byte moved: the catalog gains its ``slabs`` table,
+then the format mark is written (the commit point). A format-3 daemon refuses a format-4
+location by its mark, so slabs are never half-seen by an older release.
 
 Format 2 (shuffled 0.1.0: packs, each partial a whole Arrow IPC stream in its pack) needs no
 byte moved: a partial's stream ``[offset, offset + size)`` is its schema message
@@ -34,6 +38,7 @@ from shuffled.protocol import Interval
 from shuffled.storage import layout, packs
 from shuffled.storage.catalog import Catalog
 from shuffled.storage.location import Location
+from shuffled.storage.slabs import rows as slabrows
 
 log = logging.getLogger("shuffled.storage")
 _DATA, _SIDECAR = ".arrow", ".json"
@@ -93,11 +98,16 @@ def migrate_location(root: Path, fsync: bool = True,
     location = Location(0, root, None, 0)
     location.open()  # the exclusive lock: refuses while a daemon uses the location
     try:
-        if layout.read_format(root) == 2:
-            done.partials = _catalog_2_to_3(root, fsync)
+        found = layout.read_format(root)
+        if found in (2, 3):
+            if found == 2:
+                done.partials = _catalog_2_to_3(root, fsync)
+                progress(f"{root}: storage format 2 -> 3: {done.partials} partial segments "
+                         f"(catalog rewritten, no data moved)")
+            _catalog_3_to_4(root, fsync)
             layout.write_format(root, fsync)  # the commit point
-            progress(f"{root}: storage format 2 -> 3: {done.partials} partial segments "
-                     f"(catalog rewritten, no data moved)")
+            progress(f"{root}: storage format 3 -> {layout.FORMAT_VERSION}: the catalog gained "
+                     f"its slabs table (no data moved)")
             return done
         if layout.read_format(root) == layout.FORMAT_VERSION:
             # Past the commit point; a run interrupted there may have left old files.
@@ -148,6 +158,16 @@ def migrate_location(root: Path, fsync: bool = True,
         return done
     finally:
         location.close()
+
+
+def _catalog_3_to_4(root: Path, fsync: bool) -> None:
+    """Format 4 is format 3 and slabs: the catalog gains its ``slabs`` table (idempotent)."""
+    conn = sqlite3.connect(layout.catalog_path(root), isolation_level=None)
+    try:
+        conn.execute(f"PRAGMA synchronous={'FULL' if fsync else 'OFF'}")
+        conn.executescript(slabrows.SCHEMA)
+    finally:
+        conn.close()
 
 
 def _catalog_2_to_3(root: Path, fsync: bool) -> int:

@@ -17,6 +17,7 @@ from pathlib import Path
 from shuffled.errors import ConfigError
 from shuffled.storage import layout
 from shuffled.storage.catalog import Catalog
+from shuffled.storage.slabs import files as slabfiles
 from shuffled.storage.streams import crc_of
 
 log = logging.getLogger("shuffled.storage")
@@ -41,6 +42,13 @@ def check_format(root: Path, fsync: bool) -> None:
         raise LegacyLayout(f"location {root}: {exc}", setting="locations") from exc
     if version == layout.FORMAT_VERSION:
         return
+    if version == 3:
+        raise LegacyLayout(
+            f"location {root} holds storage format 3, written by shuffled before slabs; this "
+            f"version reads format {layout.FORMAT_VERSION} (the same packs, and slabs). Stop "
+            f"the daemon and run `shuffled migrate --location {root}` to convert it in place "
+            f"(it adds a catalog table: seconds, no data moved, nothing is lost)",
+            setting="locations", location=str(root))
     if version is not None and version < layout.FORMAT_VERSION:
         raise LegacyLayout(
             f"location {root} holds storage format {version}, written by shuffled 0.1 (each "
@@ -126,6 +134,9 @@ def reconcile(root: Path, catalog: Catalog,
         sup = entry.name
         for item in os.scandir(entry.path):
             number = layout.pack_number(item.name)
+            if number is None and (slabfiles.parse_name(item.name) is not None
+                                   or slabfiles.is_temporary(item.name)):
+                continue  # settled by shuffled.storage.slabs.service.reconcile_slabs
             if number is None:
                 log.warning("ignoring unexpected file %s", item.path)
                 continue

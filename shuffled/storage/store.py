@@ -16,6 +16,8 @@ those that need it through their constructors.
 - :class:`~.seals.Seals` and :class:`~.removal.Removal`: seals, and deleting tasks;
 - :class:`~.verdicts.Verdicts`: the daemons a task's driver declared lost;
 - :class:`~.reads.Reader`: lookups, partitions, pages and opening packs;
+- :class:`~.slabs.service.Slabs`: slabs (one per phase-1 flush), their uploads and shard
+  reads (docs/slab.md);
 - :mod:`.startup`: locking, checking and reconciling the locations at start;
 - :class:`~.deep.DeepStorage` (with ``deep_storage`` only): sealed tasks copied to an
   object-store tier in the background, reads of packs no longer local served from it.
@@ -52,6 +54,7 @@ from shuffled.storage.seals import Seals
 from shuffled.storage.threads import IoThreads
 from shuffled.storage.outcomes import PutResult, Rejected
 from shuffled.storage.sessionpacks import INLINE_MAX, Writing
+from shuffled.storage.slabs.service import Slabs
 from shuffled.storage.upload import BulkSession
 from shuffled.storage.verdicts import Verdicts
 
@@ -126,7 +129,13 @@ class Store:
                                 threads=self.threads, uploads=self.uploads, packs=self.packs,
                                 committer=self.committer, admission=self.admission,
                                 make_room=self.evictor.make_room if self.evictor else None)
+        self.slabs = Slabs(settings=settings, locations=self.locations, catalogs=self.catalogs,
+                           threads=self.threads, book=self.book, uploads=self.uploads,
+                           seals=self._seals, placement=self.packs.placement,
+                           deleting=self.removal.deleting, quota_of=self.admission.of,
+                           notify=self._notify, clock=clock)
         self.recovered_partials = 0
+        self.recovered_slabs = 0
         self.dropped_on_recovery = 0
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -150,6 +159,7 @@ class Store:
         opened = await startup.load(self.locations, self.catalogs, self.threads, self.book,
                                     self.generations, self.packs, self._seals, kept)
         self.recovered_partials = opened.recovered
+        self.recovered_slabs = await self.slabs.load()
         self.dropped_on_recovery = opened.dropped
         if self.deep is not None:
             await self.deep.start(held=self.book.entries)
@@ -196,6 +206,7 @@ class Store:
             raise Conflict(f"a DELETE of {supervisor_task_id} is not finished here: it "
                            "cannot be sealed", supervisorTaskId=supervisor_task_id)
         new = await self._seals.seal(supervisor_task_id, sub_task_ids)
+        self.slabs.forget(supervisor_task_id)
         self._notify(supervisor_task_id)
         if self.deep is not None:
             # In the background; a repeated seal retries an offload that failed (a job
@@ -208,6 +219,7 @@ class Store:
         of the task answer empty and never complete, its uploads and seals are refused
         (:mod:`.admission`), until it is deleted; its waiters hear of it. True if new."""
         new = await self._seals.fail(supervisor_task_id)
+        self.slabs.forget(supervisor_task_id)
         self._notify(supervisor_task_id)
         return new
 
@@ -306,6 +318,7 @@ class Store:
     async def delete_task(self, supervisor_task_id: str, *, if_accesses: int | None = None,
                           everyone: bool = False) -> TaskEntry | None:
         """:meth:`.removal.Removal.delete_task`."""
+        self.slabs.forget(supervisor_task_id)
         return await self.removal.delete_task(supervisor_task_id, if_accesses=if_accesses,
                                               everyone=everyone)
 

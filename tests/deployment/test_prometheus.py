@@ -153,7 +153,7 @@ def test_served_bytes_read_back_through_prometheus(daemon: RunningDaemon,
     status, text = http("GET", f"{daemon.url}/metrics")
     assert status == 200
     # ... and what Prometheus has scraped, once it has caught up.
-    expected = {"partial": partial_bytes, "partition": len(whole), "pages": 0}
+    expected = {"partial": partial_bytes, "partition": len(whole), "pages": 0, "shard": 0}
     for route, value in expected.items():
         assert f'shuffled_served_bytes_total{{route="{route}"}} {float(value)}' \
             in text.decode(), route

@@ -40,7 +40,7 @@ SEEN: Counter[tuple[str, int]] = Counter()  # (method, status) of every generate
 schema = schemathesis.openapi.from_path(SPEC_PATH).exclude(path_regex="^/peers/")
 
 
-@schemathesis.serializer(ARROW, framing.MEDIA_TYPE)
+@schemathesis.serializer(ARROW, framing.MEDIA_TYPE, "application/vnd.shuffled.slab")
 def arrow_body(ctx: schemathesis.SerializationContext, value: object) -> dict[str, bytes]:
     """Arrow and bulk bodies go out as the bytes they are."""
     return {"data": serialize_binary(value)}

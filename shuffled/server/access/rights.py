@@ -41,6 +41,8 @@ TASK_PATH = f"{API_PREFIX}/tasks/{{sup}}"
 TASK_RIGHTS: dict[tuple[str, str], Scope] = {
     ("PUT", "/{sub}/partition"): Scope.WRITE,
     ("POST", "/partials"): Scope.WRITE,
+    ("POST", "/slabs"): Scope.WRITE,
+    ("GET", "/shard"): Scope.READ,
     ("GET", "/{sub}/partition"): Scope.READ,
     ("GET", "/partition"): Scope.READ,
     ("POST", "/partitions"): Scope.READ,  # a bulk read: the body names the partitions

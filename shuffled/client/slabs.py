@@ -1,0 +1,81 @@
+"""The slab calls (docs/slab.md): a phase-1 flush stored as one slab, a shard read back.
+
+``put_slab`` sends the slab with its Content-Length (its prefix names every section's
+length, and the daemon holds it to that); it is idempotent by (subTaskId, slabId, attempt),
+so a retry after a cut connection is safe. ``read_shard`` reads one shard of a chunk of a
+sealed task from this daemon's slabs and checks the rows against the daemon's count.
+"""
+
+from __future__ import annotations
+
+import http.client
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from shuffled.client.answers import json_dict
+from shuffled.client.http import Request, Transport
+from shuffled.errors import CorruptData
+from shuffled.protocol import ROWS_HEADER, Interval, format_instant, task_path, validate_id
+
+if TYPE_CHECKING:  # pyarrow is imported by the calls that need it: the client alone does not
+    import pyarrow as pa
+
+    from shuffled.slab.build import Slab
+
+SLABS_HEADER = "X-Shuffled-Slabs"
+CONTENT_TYPE = "application/vnd.shuffled.slab"  # shuffled.slab.wire.CONTENT_TYPE
+KEY_COLUMN = "__key"  # shuffled.slab.keys.KEY_COLUMN
+
+
+@dataclass(frozen=True)
+class SlabRead:
+    """A shard's rows from one daemon (``__key`` dropped), and the daemon's counts."""
+
+    table: pa.Table | None  # None: no rows, and no slab to take a schema from
+    rows: int
+    slabs: int
+
+
+def put_slab(http_: Transport, supervisor_task_id: str, slab: Slab) -> dict[str, Any]:
+    """``POST /tasks/{id}/slabs``: 201 stored, 200 held already with the same bytes."""
+    sup = validate_id(supervisor_task_id, "supervisorTaskId")
+    body = b"".join(slab.parts())
+    return http_.request(Request("POST", f"{task_path(sup)}/slabs", body=body,
+                                 headers={"Content-Type": CONTENT_TYPE}, handle=json_dict,
+                                 what=f"slab of {sup}"))
+
+
+def _shard(resp: http.client.HTTPResponse) -> SlabRead:
+    import pyarrow as pa
+
+    data = resp.read()
+    rows = int(resp.getheader(ROWS_HEADER) or 0)
+    slabs = int(resp.getheader(SLABS_HEADER) or 0)
+    if not data:
+        if rows:
+            raise CorruptData(f"a shard of {rows} rows came with no body")
+        return SlabRead(None, 0, slabs)
+    try:
+        table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise CorruptData(f"a shard's answer is not an Arrow stream: {exc}") from exc
+    if table.num_rows != rows:
+        raise CorruptData(f"a shard's answer holds {table.num_rows} rows; the daemon said "
+                          f"{rows}")
+    if KEY_COLUMN in table.column_names:
+        table = table.drop_columns([KEY_COLUMN])
+    return SlabRead(table, rows, slabs)
+
+
+def read_shard(http_: Transport, supervisor_task_id: str, interval: Interval,
+               key_from: bytes | None, key_to: bytes | None) -> SlabRead:
+    """``GET /tasks/{id}/shard``: the rows of chunk ``interval`` whose key is in
+    ``[key_from, key_to)`` (None: unbounded)."""
+    sup = validate_id(supervisor_task_id, "supervisorTaskId")
+    query = [("start", format_instant(interval.start)), ("end", format_instant(interval.end))]
+    if key_from is not None:
+        query.append(("keyFrom", key_from.hex()))
+    if key_to is not None:
+        query.append(("keyTo", key_to.hex()))
+    return http_.request(Request("GET", f"{task_path(sup)}/shard", query=query, handle=_shard,
+                                 what=f"shard of {sup} {interval}"))

@@ -1,0 +1,207 @@
+"""A shard's rows from the slabs of a sealed task: batches chosen from the task's index in
+one vectorised pass (chunk, key range), runs of whole batches sent as file ranges, the
+batches at a shard's edges trimmed to its keys (at most two per slab and shard).
+
+A task's index is the concatenation of its slabs' index sections (each a few KiB), built
+on the first read after the seal and kept until the task changes (:class:`TaskIndex`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from shuffled.crc import crc32c
+from shuffled.errors import Conflict, CorruptData
+from shuffled.slab import wire
+from shuffled.slab.keys import KEY_COLUMN
+from shuffled.storage.slabs.rows import SlabRow
+
+
+@dataclass(frozen=True)
+class SlabFile:
+    path: Path
+    data_at: int
+    schema_len: int  # the data section's schema message (its first batch's offset)
+
+
+@dataclass
+class TaskIndex:
+    files: list[SlabFile]
+    index: pa.Table  # the slabs' index rows, and "slab": the position in ``files``
+    slabs: int  # slabs of the sealed subtasks held (zero-batch ones too)
+    rows: int
+    _schemas: dict[int, tuple[bytes, pa.Schema]] = field(default_factory=dict)
+
+
+def newest_attempts(rows: list[tuple[Path, SlabRow]]) -> list[tuple[Path, SlabRow]]:
+    """Per (subtask, slab) the highest attempt: a flush sent again replaces its slab."""
+    best: dict[tuple[str, int], tuple[Path, SlabRow]] = {}
+    for path, row in rows:
+        key = (row.sub, row.slab)
+        if key not in best or best[key][1].attempt < row.attempt:
+            best[key] = (path, row)
+    return [best[k] for k in sorted(best)]
+
+
+def build(rows: list[tuple[Path, SlabRow]]) -> TaskIndex:
+    """The index of ``rows`` (each with its file's path); blocking (decodes the BLOBs)."""
+    kept = newest_attempts(rows)
+    tables: list[pa.Table] = []
+    out_files: list[SlabFile] = []
+    for path, row in kept:
+        idx = pa.ipc.open_stream(pa.py_buffer(row.idx)).read_all()
+        if not idx.num_rows:
+            continue
+        first = int(idx.column("offset")[0].as_py())
+        pos = len(out_files)
+        out_files.append(SlabFile(path, row.data_at, first))
+        tables.append(idx.append_column("slab", pa.array(np.full(idx.num_rows, pos, np.int32))))
+    schema = wire.INDEX_SCHEMA.append(pa.field("slab", pa.int32()))
+    index = pa.concat_tables(tables) if tables else schema.empty_table()
+    return TaskIndex(out_files, index, len(kept), sum(r.rows for _, r in kept))
+
+
+@dataclass
+class ShardRead:
+    """What to send: bytes and (file, offset, length) ranges; files to close after."""
+
+    parts: list[bytes | tuple[IO[bytes], int, int]]
+    length: int
+    rows: int
+    files: list[IO[bytes]]
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+
+
+def select(ti: TaskIndex, start: int, end: int, key_from: bytes | None,
+           key_to: bytes | None) -> tuple[np.ndarray, np.ndarray]:
+    """Positions in the task's index of the shard's batches, and which of them are whole
+    (every key inside the range)."""
+    t = ti.index
+    if not t.num_rows:
+        return np.zeros(0, np.int64), np.zeros(0, bool)
+    mask = pc.and_(pc.equal(t["chunk_start"], start), pc.equal(t["chunk_end"], end))
+    whole = pa.array(np.ones(t.num_rows, bool))
+    if key_from is not None:
+        k = pa.scalar(key_from, pa.binary())
+        mask = pc.and_(mask, pc.greater_equal(t["key_hi"], k))
+        whole = pc.and_(whole, pc.greater_equal(t["key_lo"], k))
+    if key_to is not None:
+        k = pa.scalar(key_to, pa.binary())
+        mask = pc.and_(mask, pc.less(t["key_lo"], k))
+        whole = pc.and_(whole, pc.less(t["key_hi"], k))
+    picked = np.flatnonzero(np.asarray(mask.combine_chunks() if isinstance(mask, pa.ChunkedArray)
+                                       else mask, dtype=bool))
+    whole_np = np.asarray(whole.combine_chunks() if isinstance(whole, pa.ChunkedArray)
+                          else whole, dtype=bool)
+    return picked, whole_np[picked]
+
+
+def _pread(f: IO[bytes], offset: int, length: int) -> bytes:
+    data = os.pread(f.fileno(), length, offset)
+    if len(data) != length:
+        raise OSError(5, f"slab file {f.name} is shorter than its index says")
+    return data
+
+
+def _schema(ti: TaskIndex, pos: int, f: IO[bytes]) -> tuple[bytes, pa.Schema]:
+    held = ti._schemas.get(pos)
+    if held is None:
+        sf = ti.files[pos]
+        raw = _pread(f, sf.data_at, sf.schema_len)
+        held = ti._schemas[pos] = (raw, pa.ipc.read_schema(pa.py_buffer(raw)))
+    return held
+
+
+def read(ti: TaskIndex, start: int, end: int, key_from: bytes | None,
+         key_to: bytes | None) -> ShardRead:
+    """The shard's stream as parts; blocking (opens files, trims edge batches)."""
+    picked, whole = select(ti, start, end, key_from, key_to)
+    t = ti.index
+    slab_of = t["slab"].to_numpy()[picked] if len(picked) else np.zeros(0, np.int32)
+    offsets = t["offset"].to_numpy()[picked] if len(picked) else np.zeros(0, np.int64)
+    lengths = t["length"].to_numpy()[picked] if len(picked) else np.zeros(0, np.int64)
+    rows = t["rows"].to_numpy()[picked] if len(picked) else np.zeros(0, np.int64)
+    crcs = t["crc32c"].to_numpy()[picked] if len(picked) else np.zeros(0, np.uint32)
+    opened: dict[int, IO[bytes]] = {}
+    out = ShardRead([], 0, 0, [])
+    try:
+        out_schema: tuple[bytes, pa.Schema] | None = None
+        # Runs: consecutive picked batches of one slab, contiguous and whole.
+        run_start = 0
+        n = len(picked)
+        i = 0
+        while i < n:
+            pos = int(slab_of[i])
+            f = opened.get(pos)
+            if f is None:
+                f = opened[pos] = open(ti.files[pos].path, "rb")
+                out.files.append(f)
+            raw_schema, schema = _schema(ti, pos, f)
+            if out_schema is None:
+                out_schema = (raw_schema, schema)
+                out.parts.append(raw_schema)
+                out.length += len(raw_schema)
+            same_schema = raw_schema == out_schema[0]
+            data_at = ti.files[pos].data_at
+            if whole[i] and same_schema:
+                run_start = i
+                while (i + 1 < n and whole[i + 1] and slab_of[i + 1] == pos
+                       and offsets[i + 1] == offsets[i] + lengths[i]):
+                    i += 1
+                off = int(offsets[run_start])
+                length = int(offsets[i] + lengths[i]) - off
+                out.parts.append((f, data_at + off, length))
+                out.length += length
+                out.rows += int(rows[run_start: i + 1].sum())
+                i += 1
+                continue
+            message = _pread(f, data_at + int(offsets[i]), int(lengths[i]))
+            if crc32c(message) != int(crcs[i]):
+                raise CorruptData(f"{ti.files[pos].path}: a batch at {int(offsets[i])} fails "
+                                  "its CRC32C (the disk changed it since it was written)")
+            batch = pa.ipc.read_record_batch(pa.py_buffer(message), schema)
+            if not whole[i]:
+                key = batch.column(KEY_COLUMN)
+                keep = pa.array(np.ones(batch.num_rows, bool))
+                if key_from is not None:
+                    keep = pc.and_(keep, pc.greater_equal(key, pa.scalar(key_from, pa.binary())))
+                if key_to is not None:
+                    keep = pc.and_(keep, pc.less(key, pa.scalar(key_to, pa.binary())))
+                batch = batch.filter(keep)
+            if not same_schema:
+                try:
+                    batch = pa.Table.from_batches([batch]).cast(out_schema[1]).to_batches()[0] \
+                        if batch.num_rows else pa.RecordBatch.from_pylist([], out_schema[1])
+                except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+                    raise Conflict(f"the slabs of this task have schemas that do not convert "
+                                   f"to one another: {exc}") from exc
+            if batch.num_rows:
+                data = batch.serialize().to_pybytes()
+                out.parts.append(data)
+                out.length += len(data)
+                out.rows += batch.num_rows
+            i += 1
+        if out_schema is None and ti.files:
+            pos = 0
+            f = opened[pos] = open(ti.files[pos].path, "rb")
+            out.files.append(f)
+            raw_schema, _ = _schema(ti, pos, f)
+            out.parts.append(raw_schema)
+            out.length += len(raw_schema)
+        if out.parts:
+            out.parts.append(wire.EOS)
+            out.length += len(wire.EOS)
+        return out
+    except BaseException:
+        out.close()
+        raise

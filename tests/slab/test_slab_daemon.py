@@ -1,0 +1,135 @@
+"""Slabs through a real daemon on loopback (docs/slab.md): what goes in comes out, by
+shard, exactly once; what a client declares is checked; nothing is left on disk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import sqlite3
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from shuffled.client import ShuffleClient
+from shuffled.client.answers import json_dict
+from shuffled.client.http import Request
+from shuffled.errors import Conflict, InvalidBody
+from shuffled.protocol import Interval
+from shuffled.slab import build, keys
+from shuffled.slab.wire import CONTENT_TYPE, KeyKind
+from tests.helpers.slabs import HOUR, make_slab, rows_table
+
+
+def _sorted(t: pa.Table) -> list[tuple]:
+    cols = ["__time", "dim", "user", "count"]
+    return sorted(zip(*(t[c].to_pylist() for c in cols)))
+
+
+def _chunk(t: pa.Table, c: int) -> pa.Table:
+    return t.filter(pc.equal(pc.divide(t["__time"], HOUR), c))
+
+
+@pytest.mark.parametrize("kind", [KeyKind.HASH, KeyKind.TUPLE])
+def test_shards_partition_every_row_exactly_once(daemon_url: str, kind: KeyKind) -> None:
+    sup = f"slab-{kind.name.lower()}"
+    parts = [rows_table(3000, seed=s) for s in range(3)]
+    with ShuffleClient(daemon_url) as client:
+        for i, part in enumerate(parts):
+            ack = client.put_slab(sup, make_slab(part, sub=f"s{i}", kind=kind))
+            assert ack["new"] is True and ack["rows"] == 3000
+        client.seal(sup, ["s0", "s1", "s2"])
+        everything = pa.concat_tables(parts)
+        if kind == KeyKind.HASH:
+            bounds = [None, (1 << 30).to_bytes(4, "big"), (3 << 30).to_bytes(4, "big"), None]
+        else:
+            bounds = [None, keys.encode_tuple(["d15", None]), keys.encode_tuple(["d3", "u5"]),
+                      None]
+        for c in range(3):
+            got = []
+            for lo, hi in zip(bounds[:-1], bounds[1:]):
+                read = client.read_shard(sup, Interval(c * HOUR, (c + 1) * HOUR), lo, hi)
+                assert read.slabs == 3
+                assert read.table is not None and read.rows == read.table.num_rows
+                got.append(read.table)
+            assert _sorted(pa.concat_tables(got)) == _sorted(_chunk(everything, c))
+            assert all(t.num_rows for t in got)  # each range holds some rows: a real split
+
+
+def test_a_slab_sent_again_is_stored_once(daemon_url: str) -> None:
+    slab = make_slab(rows_table(500))
+    with ShuffleClient(daemon_url) as client:
+        assert client.put_slab("again", slab)["new"] is True
+        assert client.put_slab("again", slab)["new"] is False
+        other = make_slab(rows_table(500, seed=9))
+        with pytest.raises(Conflict):
+            client.put_slab("again", other)  # same (sub, slab, attempt), other bytes
+        client.seal("again", ["sub0"])
+        read = client.read_shard("again", Interval(0, HOUR), None, None)
+        assert read.rows == _chunk(rows_table(500), 0).num_rows
+
+
+def test_reads_take_the_sealed_subtasks_and_the_newest_attempt(daemon_url: str) -> None:
+    first, retry, stray = rows_table(400, seed=1), rows_table(300, seed=2), rows_table(200, seed=3)
+    with ShuffleClient(daemon_url) as client:
+        client.put_slab("att", make_slab(first, sub="a", attempt=0))
+        client.put_slab("att", make_slab(retry, sub="a", attempt=1))
+        client.put_slab("att", make_slab(stray, sub="b"))
+        with pytest.raises(Conflict):  # not sealed: no shard is served
+            client.read_shard("att", Interval(0, HOUR), None, None)
+        client.seal("att", ["a"])
+        read = client.read_shard("att", Interval(0, HOUR), None, None)
+        assert read.slabs == 1
+        assert _sorted(read.table) == _sorted(_chunk(retry, 0))
+
+
+def test_declared_sizes_are_checked_before_they_are_believed(daemon_url: str) -> None:
+    slab = make_slab(rows_table(500))
+    body = bytearray(b"".join(slab.parts()))
+    with ShuffleClient(daemon_url) as client:
+        # A data section longer than the bytes sent: refused, not waited for.
+        bad = bytearray(body)
+        bad[28:36] = (len(slab.data) + 10).to_bytes(8, "little")
+        huge_index = bytearray(body)
+        huge_index[12:20] = (1 << 40).to_bytes(8, "little")
+        huge_header = bytearray(body)
+        huge_header[8:12] = (1 << 31).to_bytes(4, "little")
+        nulls = pa.table({"n": pa.nulls(1 << 22)})
+        lying = build.build(nulls, np.zeros(1 << 22, np.int64), np.ones(1 << 22, np.int64),
+                            kind=KeyKind.NONE, sub_task_id="s", slab_id=0, attempt=0,
+                            batch_rows=1 << 22)
+        assert len(lying.data) < 1000  # 4M rows declared in a few hundred bytes of data
+        for raw, why in ((bytes(bad), "Content-Length"), (bytes(body[:-1]), "Content-Length"),
+                         (b"SHS2" + bytes(body[4:]), "version"),
+                         (bytes(huge_index), "index section of 1099511627776 bytes"),
+                         (bytes(huge_header), "header section"),
+                         (b"".join(lying.parts()), "declares 4194304 rows")):
+            with pytest.raises(InvalidBody, match=why):
+                client._http.request(Request("POST", "/druid/worker/v1/shuffle/tasks/hostile/slabs",
+                                             body=raw, headers={"Content-Type": CONTENT_TYPE},
+                                             handle=json_dict, what="hostile"))
+
+
+def test_delete_leaves_nothing(daemon_url: str, tmp_path: Path) -> None:
+    with ShuffleClient(daemon_url) as client:
+        client.put_slab("gone", make_slab(rows_table(500)))
+        client.seal("gone", ["sub0"])
+        client.delete_task("gone")
+    assert not (tmp_path / "emb0" / "gone").exists()
+    assert not (tmp_path / "emb1" / "gone").exists()
+    for root in (tmp_path / "emb0", tmp_path / "emb1"):
+        conn = sqlite3.connect(root / ".shuffled" / "catalog.sqlite")
+        try:
+            assert conn.execute("SELECT COUNT(*) FROM slabs").fetchone()[0] == 0
+        finally:
+            conn.close()
+
+
+def test_the_clients_constants_are_the_formats() -> None:
+    """The client keeps pyarrow out of its import; its copies of the format's names agree."""
+    from shuffled.client import slabs as client_slabs
+    from shuffled.slab import wire
+
+    assert client_slabs.CONTENT_TYPE == wire.CONTENT_TYPE
+    assert client_slabs.KEY_COLUMN == keys.KEY_COLUMN
