@@ -43,6 +43,20 @@ class Partial:
 
 
 @dataclass(frozen=True)
+class SlabSent:
+    """One slab a committed phase-1 attempt stored (a flush, every chunk and key of it)."""
+
+    task: int  # the Spark partition (phase-1 subtask) that wrote it
+    server: str  # the daemon that stored it
+    sub: str  # its subTaskId: p<task>-a<attempt> (one per attempt, sealed by name)
+    slab: int  # its slabId: the flush's number in the attempt
+    attempt: int
+    rows: int
+    bytes: int
+    chunks: int
+
+
+@dataclass(frozen=True)
 class TaskStats:
     """What a phase-1 attempt did (its last line)."""
 
@@ -126,9 +140,9 @@ class Lost:
         return (self.start, self.end, self.partition)
 
 
-Record = Union[Partial, TaskStats, Declined, Segment, Lost]
-_KINDS: dict[str, type[Record]] = {"partial": Partial, "stats": TaskStats, "declined": Declined,
-                                   "segment": Segment, "lost": Lost}
+Record = Union[Partial, SlabSent, TaskStats, Declined, Segment, Lost]
+_KINDS: dict[str, type[Record]] = {"partial": Partial, "slab": SlabSent, "stats": TaskStats,
+                                   "declined": Declined, "segment": Segment, "lost": Lost}
 _KIND_OF = {cls: kind for kind, cls in _KINDS.items()}
 
 
@@ -192,4 +206,4 @@ def load(line: str) -> Record:
 
 
 __all__ = ["Declined", "Lost", "Partial", "PartitionId", "Record", "RecordError", "Segment",
-           "TaskStats", "VERSION", "dump", "load"]
+           "SlabSent", "TaskStats", "VERSION", "dump", "load"]

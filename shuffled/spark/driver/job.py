@@ -16,10 +16,10 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from shuffled.client import ShuffleClient
-from shuffled.errors import ShuffleError
 from shuffled.protocol import PEERS_PATH
-from shuffled.spark.driver import durable, parse_errors, recompute
+from shuffled.spark.driver import durable, late, parse_errors, recompute
 from shuffled.spark.driver.context import JobContext
+from shuffled.spark.driver.failed import IngestionFailed
 from shuffled.spark.driver.report import counted, size
 from shuffled.spark.phase1.native import reader as native
 from shuffled.spark.phase1 import sink
@@ -39,12 +39,6 @@ from shuffled.spark.spec.model import PartitionPlan
 log = logging.getLogger("shuffled.spark")
 
 
-class IngestionFailed(ShuffleError):
-    """The ingestion could not complete (e.g. too many parse exceptions, lost data)."""
-
-    code = "ingestion_failed"
-
-
 class Job:
     """The driver's steps of one ingestion, all reading one :class:`JobContext`."""
 
@@ -59,6 +53,8 @@ class Job:
         self._handoff: DataFrame | None = None
         self.may_be_multi: tuple[str, ...] = ()  # string dimensions whose input may hold arrays
         self.multi_value: set[str] = set()  # those phase 1 saw holding multi-values
+        self.slabs: list[records.SlabSent] = []  # the late plan's committed slabs
+        self._declined: str | None = None  # the native reader met what it does not read
 
     def run(self) -> tuple[list[records.Segment], PartitionPlan]:
         s = self.spec
@@ -66,6 +62,13 @@ class Job:
         rows = load_input(self.spark, s, self.ctx.files)
         self.may_be_multi = multi_value_dimensions(rows, s)
         prepared = prepare(rows, s)
+        keyed = late.keying(s, self.ctx.reader)
+        if isinstance(keyed, str):
+            log.info("partitions are determined by a first pass: %s", keyed)
+        else:
+            done = self._late(keyed)
+            if done is not None:
+                return done
         self.ctx.enter("determine partitions")
         started = time.monotonic()
         determined = determine(prepared, s)
@@ -95,6 +98,55 @@ class Job:
         self.recovery.restarts = self.ctx.monitor.restarts() if self.ctx.monitor else {}
         return staged, plan
 
+    def _late(self, keyed: late.Keying) -> tuple[list[records.Segment], PartitionPlan] | None:
+        """The late plan (issue 36, :mod:`.late`): phase 1 as slabs, the shards chosen
+        from their statistics, phase 2 by key ranges; None when the native reader cannot
+        read this input (then the determine pass and today's phase 1 run)."""
+        s = self.spec
+        self.ctx.enter("phase 1 (partial segments)")
+        started = time.monotonic()
+        planned = native.plan_native(s, late.placeholder(s, keyed), self.ctx.files,
+                                     self._sizing())
+        if isinstance(planned, str):
+            self._declined = planned
+            log.info("the late plan needs the native reader: %s", planned)
+            return None
+        if self.ctx.rows is not None:
+            self.ctx.rows.start()
+        self.say("phase 1: rolling up and shuffling slabs (shards chosen after phase 1); "
+                 f"reading {counted(len(self.ctx.files), s.input_format.type + ' file')} "
+                 f"natively in {counted(len(planned[1]), 'task')}")
+        self._native_input = planned
+        lines, plans = late.run_phase1(self, keyed, *planned)
+        declined = [r.reason for r in map(records.load, lines) if isinstance(r, records.Declined)]
+        if declined:  # nothing sealed names these slabs: they are never read
+            self._native_input = None
+            self._declined = f"the native reader met what it does not read: {declined[0]}"
+            self.say(f"phase 1: {self._declined}; determining partitions and reading "
+                     "through the JVM")
+            return None
+        self._collect(lines, started, "native", planned[0].reason)
+        plan = late.partition_plan(s, keyed, plans)
+        self.report.phase("determinePartitions", time.monotonic(), method="latePlan",
+                          timeChunks=len(plans),
+                          estimatedRows=sum(p.estimate for p in plans),
+                          # what reached the driver: the shards' bounds, per chunk
+                          rowsToDriver=sum(p.shards for p in plans), slabs=len(self.slabs))
+        self.say(late.describe(plans, self.slabs))
+        self.ctx.hooks.between_phases()
+        late.seal(self, self.slabs)
+        self.ctx.hooks.after_seal()
+        staged = late.phase2(self, self.slabs, plans)
+        self.recovery.restarts = self.ctx.monitor.restarts() if self.ctx.monitor else {}
+        return staged, plan
+
+    def _sizing(self) -> native.SplitSizing:
+        conf = self.spark.conf
+        return native.SplitSizing(
+            native.parse_bytes(conf.get("spark.sql.files.maxPartitionBytes", "128m") or "128m"),
+            native.parse_bytes(conf.get("spark.sql.files.openCostInBytes", "4m") or "4m"),
+            self.spark.sparkContext.defaultParallelism, self.spec.max_concurrent_subtasks)
+
     def phase1(self, prepared: DataFrame, plan: PartitionPlan) -> list[records.Partial]:
         s = self.spec
         self.ctx.enter("phase 1 (partial segments)")
@@ -103,14 +155,9 @@ class Job:
         self.say("phase 1: rolling up and shuffling partial segments")
         started = time.monotonic()
         cfg = self.ctx.phase1_config(self.may_be_multi)
-        why_not = "the JVM reader was asked for"
-        if self.ctx.reader != "jvm":
-            conf = self.spark.conf
-            sizing = native.SplitSizing(
-                native.parse_bytes(conf.get("spark.sql.files.maxPartitionBytes", "128m") or "128m"),
-                native.parse_bytes(conf.get("spark.sql.files.openCostInBytes", "4m") or "4m"),
-                self.spark.sparkContext.defaultParallelism, s.max_concurrent_subtasks)
-            planned = native.plan_native(s, plan, self.ctx.files, sizing)
+        why_not = self._declined or "the JVM reader was asked for"
+        if self.ctx.reader != "jvm" and self._declined is None:
+            planned = native.plan_native(s, plan, self.ctx.files, self._sizing())
             if not isinstance(planned, str):
                 self.say(f"phase 1 reads {counted(len(self.ctx.files), s.input_format.type + ' file')} "
                          f"natively in {counted(len(planned[1]), 'task')}")
@@ -251,6 +298,8 @@ class Job:
         for record in map(records.load, lines):
             if isinstance(record, records.Partial):
                 partials.append(record)
+            elif isinstance(record, records.SlabSent):
+                self.slabs.append(record)
             elif isinstance(record, records.TaskStats):
                 self.report.add_subtask(record)
                 bad.extend(dict(b) for b in record.bad)
@@ -263,7 +312,8 @@ class Job:
         self.report.unparseable_events = bad
         r = self.report.rows
         self.report.phase("partialSegmentGeneration", started, subtasks=len(self.report.subtasks),
-                          partials=len(partials), bytesShuffled=self.report.bytes_shuffled,
+                          partials=len(partials), slabs=len(self.slabs) or None,
+                          bytesShuffled=self.report.bytes_shuffled,
                           replicas=self.spec.shuffle_replicas,
                           bytesReplicated=self.report.bytes_replicated,
                           replicationSeconds=self.report.replication_ms / 1000,
@@ -280,7 +330,8 @@ class Job:
         self.say(f"phase 1 done: {counted(len(self.report.subtasks), 'subtask')}, "
                  f"{counted(r['processed'], 'row')}, {r['processedWithError']:,} with errors, "
                  f"{r['unparseable']:,} unparseable, "
-                 f"{r['thrownAway']:,} thrown away, {counted(len(partials), 'partial')}, "
+                 f"{r['thrownAway']:,} thrown away, "
+                 f"{counted(len(self.slabs), 'slab') if self.slabs else counted(len(partials), 'partial')}, "
                  f"{size(self.report.bytes_shuffled)} shuffled")
         failed = parse_errors.over_limit(s, r, bad)
         if failed:

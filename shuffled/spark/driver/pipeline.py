@@ -26,7 +26,7 @@ from shuffled.protocol import format_instant
 from shuffled.spark.fs import remote
 from shuffled.spark.spec.model import IngestSpec
 from shuffled.spark.driver.job import IngestionFailed, Job
-from shuffled.spark.driver import sparkfailure
+from shuffled.spark.driver import late, sparkfailure
 from shuffled.spark.driver.monitor import Monitor, RowCount, Timing, stage_status
 from shuffled.spark.driver.watchdog import DEFAULT_STALL_SECONDS, Watchdog
 from shuffled.spark.phase2.iceberg import IcebergOutput, is_iceberg, publish_iceberg
@@ -356,7 +356,11 @@ def validate(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[str],
         shards = f"{p.num_shards:,} shards a time chunk (known up front)"
     else:
         rows = f"at most {p.max_rows:,}" if p.max_rows else f"about {p.target_rows:,}"
-        shards = f"shards of {rows} rows, chosen by a first pass over the input"
+        keyed = late.keying(s, "auto")
+        when = ("chosen after phase 1 from its slabs' statistics (one pass; a first pass "
+                "if the native reader cannot read the input)" if not isinstance(keyed, str)
+                else "chosen by a first pass over the input")
+        shards = f"shards of {rows} rows, {when}"
     source = s.input_source
     where = source.base_dir or ", ".join(source.uris + source.prefixes) or source.type
     compressed = sorted({f.rsplit(".", 1)[-1] for f in files

@@ -10,6 +10,15 @@ from shuffled.spark.rows.rollup import Layout
 
 
 @dataclass(frozen=True)
+class Keying:
+    """How a slab's rows are keyed (:mod:`.slabs`): ``kind`` ``hashed`` (Spark's hash of
+    ``columns``) or ``range`` (the tuple of ``columns``)."""
+
+    kind: str
+    columns: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Phase1Config:
     """Everything a phase-1 task needs; pickled into the Spark closure."""
 
@@ -33,6 +42,9 @@ class Phase1Config:
     # String dimensions that may carry multi-values (rows.multivalue's one-string form):
     # the task reports which of them did, so phase 2 stores those as list<string>.
     multi_value: tuple[str, ...] = ()
+    # The late plan (issue 36, docs/slab.md): flushes go out as slabs keyed so, their
+    # shards chosen after phase 1; None: partials of the partition known up front.
+    slabs: Keying | None = None
 
     @property
     def pending_limit(self) -> int:

@@ -20,6 +20,7 @@ from typing import Any
 from shuffled.client import RetryPolicy, ShuffleClient, daemon_failed
 from shuffled.errors import ShuffleError
 from shuffled.protocol import PartialKey
+from shuffled.slab.build import Slab
 
 #: Writes give up on a daemon quickly: another one takes the flush just as well. Spans a
 #: brief blip (a few seconds), not a restart: a restarting daemon is passed over.
@@ -125,6 +126,29 @@ class Placer:
         if held is not None:
             held.clear()
         return Placed(tuple(servers), answers, failovers, replica_ms)
+
+    def put_slab(self, sup: str, slab: Slab) -> tuple[str, int]:
+        """Store one slab on the first daemon of the ring that takes it (one copy: the slab
+        path runs with one replica), failing over as :meth:`put` does. Returns the daemon
+        and the failovers it took."""
+        failovers = 0
+        for server in self.order:
+            if server in self.down:
+                continue
+            try:
+                self._client(server).put_slab(sup, slab)
+            except Exception as exc:
+                if not daemon_failed(exc):  # else it is the task's own error
+                    raise
+                self.down.add(server)
+                self.errors[server] = getattr(exc, "message", None) or repr(exc)
+                self._close(server)
+                failovers += 1
+                continue
+            return server, failovers
+        tried = "; ".join(f"{s}: {e}" for s, e in self.errors.items())
+        raise AllDaemonsFailed(f"no shuffle daemon took a slab of {sup}: {tried}",
+                               servers=sorted(self.errors))
 
     def _close(self, server: str) -> None:
         client = self._clients.pop(server, None)

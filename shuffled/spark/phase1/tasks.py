@@ -42,12 +42,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from shuffled.protocol import Interval, PartialKey
-from shuffled.spark.records import Partial, Record, TaskStats, dump
+from shuffled.spark.records import Partial, Record, SlabSent, TaskStats, dump
 from shuffled.spark.spec.granularity import bucket_end
 from shuffled.spark.phase1.native.reader import NativeInput, Split, read_split
 from shuffled.spark.phase1.native.text.blocks import ByteMeter
 from shuffled.spark.phase1.partials import EOS, Encoder, encode_flush
 from shuffled.spark.phase1.ring import Placer
+from shuffled.spark.phase1.slabs import KeySample, cut_slab
 from shuffled.spark.phase1.config import Phase1Config
 from shuffled.spark.phase1.native.timeorder import AT_ONCE, TimeOrdered
 from shuffled.spark.rows.multivalue import has_multi
@@ -69,9 +70,16 @@ RECHECK = 8
 SCATTERED = 0.95
 
 
+#: Told of each slab stored: its statistics section (Arrow IPC bytes), its daemon and its
+#: sample of distinct range keys. The driver's closure merges them per chunk (the late
+#: plan, phase2.shardplan).
+OnSlab = Callable[[bytes, str, KeySample | None], None]
+
+
 class _Task:
     def __init__(self, cfg: Phase1Config, bucketer: Bucketing | None = None,
-                 watermark: Callable[[], int | None] | None = None) -> None:
+                 watermark: Callable[[], int | None] | None = None,
+                 on_slab: OnSlab | None = None) -> None:
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
@@ -93,6 +101,8 @@ class _Task:
         self.scattered = False  # the last combine of held tables kept nearly every row
         self.flushes = 0
         self.uploads: list[Partial] = []
+        self.slabs: list[SlabSent] = []
+        self.on_slab = on_slab
         self.stats = {"rows_in": 0, "processed": 0, "processed_with_error": 0,
                       "unparseable": 0, "thrown_away": 0,
                       "bytes_processed": 0, "bytes_shuffled": 0, "bytes_before_compression": 0,
@@ -272,9 +282,12 @@ class _Task:
         """On the upload thread: partition, cut and send one flush's partials to its
         daemons (the placer fails over past unusable ones, docs/failover.md)."""
         table = holder.pop()
-        buckets = self.bucketer(table) if self.bucketer is not None else None
         self.multi.update(d for d in self.cfg.multi_value
                           if d not in self.multi and has_multi(table.column(d)))
+        if self.cfg.slabs is not None:
+            self._upload_slab(table)
+            return
+        buckets = self.bucketer(table) if self.bucketer is not None else None
         if self.keep is not None:  # a recompute: only the keys that were lost
             table, buckets = only_keys(table, buckets, self.keep)
         sup, gran = self.cfg.supervisor_task_id, self.cfg.segment_granularity
@@ -314,7 +327,60 @@ class _Task:
             self.cfg.hooks.phase1_uploaded(self.partition, self.attempt_number, len(self.uploads))
 
 
-def run_native_task(cfg: Phase1Config, native: NativeInput, splits: Iterator[Split]) -> list[str]:
+    def _upload_slab(self, table: pa.Table) -> None:
+        """On the upload thread: one flush as slabs (its shards are chosen after phase 1,
+        docs/slab.md), on the first daemon of the task's ring that takes them: one slab
+        per :data:`SLAB_CHUNKS` time chunks, so that a slab's statistics (2 KiB of
+        registers and a sample a chunk) stay within what a daemon takes (16 MiB)."""
+        for piece in by_chunks(table, SLAB_CHUNKS):
+            self._put_slab(piece)
+
+    def _put_slab(self, table: pa.Table) -> None:
+        assert self.cfg.slabs is not None
+        sub = f"p{self.partition}-a{self.attempt}"
+        slab_id = len(self.slabs)
+        slab, sample = cut_slab(table, self.cfg.layout, self.cfg.slabs,
+                                self.cfg.segment_granularity, sub_task_id=sub, slab_id=slab_id,
+                                attempt=self.attempt_number, compression=self.cfg.compression)
+        rows = table.num_rows
+        self.stats["bytes_before_compression"] += table.nbytes
+        del table
+        server, failovers = self.placer.put_slab(self.cfg.supervisor_task_id, slab)
+        self.stats["bytes_shuffled"] += slab.size
+        self.stats["failovers"] += failovers
+        self.stats["rows_shipped"] += rows
+        self.slabs.append(SlabSent(task=self.partition, server=server, sub=sub, slab=slab_id,
+                                   attempt=self.attempt_number, rows=rows, bytes=slab.size,
+                                   chunks=slab.chunks))
+        if self.on_slab is not None:
+            self.on_slab(slab.stats, server, sample)
+        self.cfg.hooks.phase1_uploaded(self.partition, self.attempt_number, len(self.slabs))
+
+
+#: Time chunks a slab holds at most: its statistics are 2 KiB of registers and a sample of
+#: at most 256 range keys a chunk, and a daemon takes 16 MiB of them (20.8 MB for 10,000
+#: day chunks were refused).
+SLAB_CHUNKS = 1024
+
+
+def by_chunks(table: pa.Table, most: int) -> Iterator[pa.Table]:
+    """``table``'s rows in pieces of at most ``most`` time chunks (``table`` itself when it
+    holds no more)."""
+    chunks = table.column(CHUNK).to_numpy()
+    distinct = np.unique(chunks)
+    if len(distinct) <= most:
+        yield table
+        return
+    for lo in range(0, len(distinct), most):
+        first = distinct[lo]
+        mask = chunks >= first
+        if lo + most < len(distinct):
+            mask &= chunks < distinct[lo + most]
+        yield table.filter(pa.array(mask))
+
+
+def run_native_task(cfg: Phase1Config, native: NativeInput, splits: Iterator[Split],
+                    on_slab: OnSlab | None = None) -> list[str]:
     """Run one phase-1 subtask reading its Parquet splits itself (see :mod:`shuffled.spark.phase1.native.reader`)."""
     columns = list(dict.fromkeys([native.ts_column, *(d for d, _ in native.dims),
                                   *(m[2] for m in native.metrics)]))
@@ -328,13 +394,14 @@ def run_native_task(cfg: Phase1Config, native: NativeInput, splits: Iterator[Spl
     at_once = min(AT_ONCE, cfg.max_bytes // (64 << 20)) if cfg.max_bytes else AT_ONCE
     meter = ByteMeter()  # text input: the bytes read (Parquet's: counted by the driver)
     tables = TimeOrdered([read_split(s, native, columns, meter) for s in per_file], at_once)
-    return run_task(cfg, iter(tables), native.bucketer, lambda: tables.watermark, meter)
+    return run_task(cfg, iter(tables), native.bucketer, lambda: tables.watermark, meter,
+                    on_slab)
 
 
 def run_task(cfg: Phase1Config, batches: Iterator[pa.RecordBatch | pa.Table],
              bucketer: Bucketing | None = None,
              watermark: Callable[[], int | None] | None = None,
-             meter: ByteMeter | None = None) -> list[str]:
+             meter: ByteMeter | None = None, on_slab: OnSlab | None = None) -> list[str]:
     """Run one phase-1 subtask over its input batches; returns its JSON result lines.
     ``watermark`` says below which time chunk the input has moved (see
     :mod:`shuffled.spark.phase1.native.timeorder`)."""
@@ -342,7 +409,7 @@ def run_task(cfg: Phase1Config, batches: Iterator[pa.RecordBatch | pa.Table],
     release_free_memory()  # what earlier tasks of this worker freed, so RSS shows ours
     reset_peak_rss()
     baseline = rss()
-    task = _Task(cfg, bucketer, watermark)
+    task = _Task(cfg, bucketer, watermark, on_slab)
     try:
         for batch in batches:
             task.add(batch)
@@ -358,7 +425,7 @@ def run_task(cfg: Phase1Config, batches: Iterator[pa.RecordBatch | pa.Table],
                       ms=int((time.monotonic() - started) * 1000), bad=tuple(task.bad),
                       peak_rss=peak_rss(), rss_at_start=baseline,
                       multi_value=tuple(sorted(task.multi)), **task.stats)
-    records: list[Record] = [*task.uploads, stats]
+    records: list[Record] = [*task.uploads, *task.slabs, stats]
     return [dump(u) for u in records]
 
 

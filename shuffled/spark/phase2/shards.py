@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from shuffled.spark.records import Segment
-from shuffled.spark.spec.differences import HASH_FUNCTION
+from shuffled.spark.spec.differences import HASH_FUNCTION, HASH_RANGE_FUNCTION
 from shuffled.spark.spec.model import IngestSpec, PartitionPlan
 
 # Spark's hash(): Murmur3 x86_32, seed 42 (docs/differences-from-druid.md)
@@ -40,6 +40,13 @@ def shard_spec_builder(spec: IngestSpec, plan: PartitionPlan,
             return {"type": "numbered", "partitionNum": num,
                     "partitions": counts[(s.start, s.end)]}
         shards = plan.shards(s.start)
+        ranges = plan.hash_ranges.get(s.start)
+        if kind == "hashed" and ranges is not None:  # the late plan: a range of the hash
+            lo, hi = ranges[num]
+            return {"type": "hashed", "partitionNum": num, "partitions": shards,
+                    "numCorePartitions": shards,
+                    "partitionDimensions": list(spec.partitions.dimensions),
+                    "partitionFunction": HASH_RANGE_FUNCTION, "start": lo, "end": hi}
         if kind == "hashed":
             return {"type": "hashed", "partitionNum": num, "partitions": shards,
                     "numCorePartitions": shards,

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 #: The hash function hashed partitioning uses (the shardSpec's ``partitionFunction``):
 #: Spark's ``hash()``, Murmur3 x86_32 with seed 42 (phase2.shards writes it).
 HASH_FUNCTION = "spark_murmur3_32"
+#: The late plan's hashed shards (docs/slab.md): ranges of that hash as a uint32.
+HASH_RANGE_FUNCTION = "murmur3_32_range"
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,19 @@ DIFFERENCES: tuple[Difference, ...] = (
         "partition numbers differ from Druid's, so these segments must not be mixed with "
         "Druid's hashed segments of the same interval.",
         "spec.tuningConfig.partitionsSpec.partitionFunction"),
+    Difference(
+        "Hash partitioning without numShards",
+        "With `targetRowsPerSegment` or `maxRowsPerSegment` and no `numShards` (native reader, "
+        "one shuffle replica), a time chunk's shards are ranges of the same hash as a uint32, "
+        "equal parts of [0, 2^32), chosen after phase 1 from its rolled-up rows' HLL; the "
+        f"shardSpec says `\"partitionFunction\": \"{HASH_RANGE_FUNCTION}\"` with the shard's "
+        "`start` (inclusive) and `end` (exclusive; null: unbounded). `maxRowsPerSegment` is a "
+        "hard cap here, met at three standard errors of the estimates.",
+        "`hash % numShards` after a determine-partitions pass over the input (HLL of each "
+        "interval's rows); `maxRowsPerSegment` is the deprecated name of the target.",
+        "The shard count is known only after phase 1 has read the input once, when rows are "
+        "already written ordered by hash: a range of it can be read from every slab, `hash % "
+        "n` cannot (docs/slab.md). It saves the second pass over the input."),
     Difference(
         "HLL sketch string encoding",
         "`HLLSketchBuild` hashes each value's UTF-8 bytes and needs `\"stringEncoding\": \"UTF8\"`; "

@@ -239,6 +239,8 @@ class PartitionPlan:
     ``hashed``: ``pmod(hash(cols), shards)`` with ``shards`` = ``per_chunk[chunk]`` or
     ``num_shards``; ``cols`` are the partition dimensions, or ``__time`` plus every dimension.
     ``range``: partition i of a chunk holds keys in [boundaries[i-1], boundaries[i]).
+    ``hash_ranges`` (the late plan, docs/slab.md): per chunk, partition i holds the rows
+    whose uint32 ``hash(cols)`` is in ``[start, end)`` of its pair (None: unbounded).
     """
 
     kind: str
@@ -246,8 +248,11 @@ class PartitionPlan:
     num_shards: int = 1
     per_chunk: dict[int, int] = field(default_factory=dict)
     boundaries: dict[int, list[tuple[str | None, ...]]] = field(default_factory=dict)
+    hash_ranges: dict[int, list[tuple[int | None, int | None]]] = field(default_factory=dict)
 
     def shards(self, chunk: int) -> int:
+        if chunk in self.hash_ranges:
+            return len(self.hash_ranges[chunk])
         if self.kind == "range":
             return len(self.boundaries.get(chunk, [])) + 1
         return self.per_chunk.get(chunk, self.num_shards)

@@ -1,0 +1,245 @@
+"""The late plan's driver steps (issue 36, docs/slab.md): a spec Druid users write
+(``hashed`` or ``range``/``single_dim`` with ``targetRowsPerSegment`` or
+``maxRowsPerSegment`` and no ``numShards``) ingested in ONE pass over the input.
+
+Phase 1 writes each flush as a slab without knowing the shard count; each task merges its
+slabs' statistics per time chunk and yields them beside its result lines; one Spark job
+then merges them per chunk on the executors (``reduceByKey``) and plans each chunk's
+shards there (:mod:`shuffled.spark.phase2.shardplan`): the driver collects the task
+results (a line per slab) and the plan (bounded by the shards), never the statistics.
+Phase 2 reads each shard, a key range of its chunk, from the daemons holding the chunk's
+slabs (:mod:`shuffled.spark.phase2.slabmerge`).
+
+Taken only where it holds today's guarantees for less: the native reader (the JVM reader
+keeps the determine pass: its rows reach Python through the data source sink, whose
+commit messages carry no statistics), one shuffle replica and local durability (a lost
+daemon fails the ingestion, naming it, instead of being recomputed: replicas, deep
+storage and recompute stay on the numShards path). Anything else falls back to
+:func:`shuffled.spark.phase1.determine.determine` and the partials.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
+from typing import Any
+
+import pyarrow as pa
+
+from shuffled.spark import records
+from shuffled.spark.driver import durable
+from shuffled.spark.driver.failed import IngestionFailed
+from shuffled.spark.driver.report import counted, size
+from shuffled.spark.phase1 import tasks as phase1
+from shuffled.spark.phase1.config import Keying, Phase1Config
+from shuffled.spark.phase1.native import reader as native
+from shuffled.spark.phase1.native.text.blocks import Declined
+from shuffled.spark.phase2 import shardplan
+from shuffled.spark.phase2.slabmerge import Shard, balance, make_phase2_slabs
+from shuffled.spark.rows.rollup import TIME
+from shuffled.spark.spec.model import IngestSpec, PartitionPlan
+
+#: The driver's :class:`shuffled.spark.driver.job.Job` (typed loosely: it imports this).
+Job = Any
+
+log = logging.getLogger("shuffled.spark")
+
+ROWS_PER_MERGE_TASK = 2_000_000
+
+
+def keying(spec: IngestSpec, reader: str) -> Keying | str:
+    """How slabs are keyed for ``spec``, or why the late plan is not taken."""
+    ps = spec.partitions
+    if ps.type not in ("hashed", "range", "single_dim"):
+        return f"{ps.type} partitioning"
+    if ps.num_shards:
+        return "numShards is given (the plan is known up front)"
+    if reader == "jvm":
+        return "the JVM reader was asked for (it keeps the determine pass)"
+    if spec.shuffle_replicas > 1:
+        return "shuffleReplicas > 1 (replicated slabs are not built yet)"
+    if spec.shuffle_durability != "local":
+        return "shuffleDurability deep (slabs are not offloaded yet)"
+    if ps.type == "hashed":
+        return Keying("hashed", tuple(ps.dimensions or (TIME, *spec.dimension_names)))
+    return Keying("range", tuple(ps.dimensions))
+
+
+def placeholder(spec: IngestSpec, keyed: Keying) -> PartitionPlan:
+    """The plan phase 1's native input is built with (its bucketer is not used by slabs)."""
+    return PartitionPlan("hashed" if keyed.kind == "hashed" else "range",
+                         spec.partitions.dimensions, num_shards=1)
+
+
+def _goal(spec: IngestSpec) -> dict[str, int]:
+    ps = spec.partitions
+    return {"cap": ps.max_rows} if ps.max_rows else {"target": ps.target_rows}
+
+
+def _combine(a: Any, b: Any) -> Any:
+    if isinstance(a, list):  # a task's lines: one map output per task, never two
+        return a + b
+    return shardplan.merge(a, b)
+
+
+def run_phase1(job: Job, keyed: Keying, ninput: native.NativeInput,
+               tasks: list[list[native.Split]],
+               ) -> tuple[list[str], list[shardplan.ChunkPlan]]:
+    """Phase 1 over slabs and the plan, in one Spark job: each task's result lines, and
+    each chunk's shards (planned on the executors)."""
+    cfg: Phase1Config = replace(job.ctx.phase1_config(job.may_be_multi), slabs=keyed)
+    sc = job.spark.sparkContext
+    rows = job.ctx.rows.acc if job.ctx.rows is not None else None
+    shuffled = job.ctx.rows.shuffled if job.ctx.rows is not None else None
+    kind, goal = keyed.kind, _goal(job.spec)
+
+    def run(index: int, it: Iterable[list[native.Split]]) -> Iterator[tuple[Any, Any]]:
+        merged: dict[int, shardplan.ChunkStats] = {}
+
+        def on_slab(stats: bytes, server: str, sample: Any) -> None:  # the upload thread
+            table = pa.ipc.open_stream(pa.py_buffer(stats)).read_all()
+            for st in shardplan.from_stats(table, server, sample):
+                have = merged.get(st.start)
+                merged[st.start] = st if have is None else shardplan.merge(have, st)
+
+        try:
+            lines = phase1.run_native_task(cfg, ninput, (x for t in it for x in t), on_slab)
+        except Declined as exc:  # the JVM reads it again (job.phase1)
+            yield ("t", index), [records.dump(records.Declined(str(exc)))]
+            return
+        if rows is not None and shuffled is not None:
+            stats = records.load(lines[-1])
+            if isinstance(stats, records.TaskStats):
+                rows.add(stats.rows_in)
+                shuffled.add(stats.bytes_shuffled)
+        yield ("t", index), lines
+        for start, st in merged.items():
+            yield ("c", start), st
+
+    def plan(kv: tuple[Any, Any]) -> tuple[Any, Any]:
+        key, value = kv
+        if key[0] == "t":
+            return kv
+        return key, shardplan.plan_chunk(value, kind, **goal)
+
+    reducers = max(1, sc.defaultParallelism)
+    got = (sc.parallelize(tasks, len(tasks)).mapPartitionsWithIndex(run)
+           .reduceByKey(_combine, reducers).map(plan).collect())
+    lines = [line for key, value in sorted(got, key=lambda kv: kv[0])
+             if key[0] == "t" for line in value]
+    plans = sorted((v for k, v in got if k[0] == "c"), key=lambda p: p.start)
+    return lines, plans
+
+
+def partition_plan(spec: IngestSpec, keyed: Keying,
+                   plans: list[shardplan.ChunkPlan]) -> PartitionPlan:
+    """The late plan as the manifest's shardSpecs read it."""
+    dims = spec.partitions.dimensions
+    if keyed.kind == "hashed":
+        ranges = {p.start: [(shardplan.hash_of_bound(lo), shardplan.hash_of_bound(hi))
+                            for lo, hi in p.bounds] for p in plans}
+        return PartitionPlan("hashed", dims, num_shards=1,
+                             per_chunk={p.start: p.shards for p in plans}, hash_ranges=ranges)
+    bounds: dict[int, list[tuple[str | None, ...]]] = {}
+    for p in plans:
+        cuts = [shardplan.tuple_of_bound(lo) for lo, _ in p.bounds[1:]]
+        bounds[p.start] = [tuple(c) for c in cuts if c is not None]
+    return PartitionPlan("range", dims, boundaries=bounds)
+
+
+def seal(job: Job, slabs: list[records.SlabSent]) -> None:
+    """Seal each daemon with the subtasks that stored slabs there."""
+    on: dict[str, set[str]] = {}
+    for sl in slabs:
+        on.setdefault(sl.server, set()).add(sl.sub)
+    failed = durable.seal(job.ctx, on, job.shares, job._admin, durable=False)
+    if failed:
+        raise IngestionFailed(f"the shuffle daemons {', '.join(failed)} could not be sealed "
+                              "(the late plan keeps one copy of each slab: nothing to "
+                              "recompute from; numShards or shuffleReplicas take the "
+                              "recovering path)")
+
+
+def phase2(job: Job, slabs: list[records.SlabSent],
+           plans: list[shardplan.ChunkPlan]) -> list[records.Segment]:
+    """Merge every shard of the plan; checks each chunk's rows read against phase 1's."""
+    ctx = job.ctx
+    ctx.enter("phase 2 (merge)")
+    if ctx.rows is not None:
+        ctx.rows.start()
+    started = time.monotonic()
+    shards = [Shard(p.start, p.end, i, lo, hi, p.servers, p.estimate // max(p.shards, 1))
+              for p in plans if p.rows for i, (lo, hi) in enumerate(p.bounds)]
+    if not shards:
+        job.report.phase("partialSegmentMerge", started, tasks=0, partitions=0)
+        job.say("phase 2: no rows to merge")
+        return []
+    slabs_on: dict[str, int] = {}
+    for sl in slabs:
+        slabs_on[sl.server] = slabs_on.get(sl.server, 0) + 1
+    total_rows = sum(p.rows for p in plans)
+    tasks = job.spec.total_merge_tasks
+    cores = job.spark.sparkContext.defaultParallelism
+    if tasks is None:
+        wanted = -(-total_rows // ROWS_PER_MERGE_TASK)
+        tasks = max(1, min(len(shards), max(cores, min(wanted, 4 * cores))))
+    groups = balance(shards, tasks)
+    job.say(f"phase 2: merging {counted(len(shards), 'shard')} in "
+            f"{counted(len(groups), 'task')}")
+    os.makedirs(ctx.staging, exist_ok=True)
+    fn = make_phase2_slabs(ctx.phase2_config(tuple(sorted(job.multi_value))), slabs_on)
+    acc = ctx.rows.acc if ctx.rows is not None else None
+
+    def run(it: Iterable[list[Shard]]) -> Iterator[str]:
+        for line in fn(s for g in it for s in g):
+            if acc is not None:
+                done = records.load(line)
+                acc.add(done.rows if isinstance(done, records.Segment) else 0)
+            yield line
+
+    got = [records.load(x) for x in
+           job.spark.sparkContext.parallelize(groups, len(groups)).mapPartitions(run).collect()]
+    lost = [r for r in got if isinstance(r, records.Lost)]
+    if lost:
+        servers = sorted({s for r in lost for s in r.lost})
+        raise IngestionFailed(
+            f"phase 2 could not read {counted(len(lost), 'shard')} from {', '.join(servers)}: "
+            f"{lost[0].why}. The late plan keeps one copy of each slab and does not "
+            "recompute; run again, or give numShards or shuffleReplicas > 1 for the "
+            "recovering path")
+    results = [r for r in got if isinstance(r, records.Segment)]
+    read: dict[int, int] = {}
+    for r in results:
+        read[r.start] = read.get(r.start, 0) + r.rows_in
+    expected = {p.start: p.rows for p in plans if p.rows}
+    if read != expected or len(results) != len(shards):
+        short = sorted(c for c in expected if read.get(c) != expected[c])[:3]
+        raise IngestionFailed("phase 2 read other rows than phase 1 stored (chunks "
+                              f"{short}): a daemon lost slabs")
+    report = job.report
+    report.rows_out = sum(r.rows for r in results)
+    report.bytes_fetched = sum(r.bytes_fetched for r in results)
+    spent = {f"{k}Seconds": round(sum(getattr(r, f"{k}_ms") for r in results) / 1000, 3)
+             for k in ("fetch", "merge", "write")}
+    spilled = [r for r in results if r.spill_files is not None]
+    report.phase("partialSegmentMerge", started, tasks=len(groups), partitions=len(results),
+                 rowsOut=report.rows_out, **spent,
+                 memoryBudgetBytes=job.spec.max_bytes_in_memory or None,
+                 peakTaskRssBytes=max((r.peak_rss for r in results), default=0),
+                 peakTaskRssGrowthBytes=max((r.peak_rss - r.rss_at_start for r in results),
+                                            default=0),
+                 partitionsSpilled=len(spilled),
+                 spillBytes=sum(r.spill_bytes or 0 for r in spilled))
+    ctx.settle()
+    job.say(f"phase 2 done: {counted(len(results), 'segment')}, "
+            f"{counted(report.rows_out, 'row')}")
+    return results
+
+
+def describe(plans: list[shardplan.ChunkPlan], slabs: list[records.SlabSent]) -> str:
+    shards = shardplan.total_shards(plans)
+    return (f"late plan: {counted(len(plans), 'time chunk')}, {counted(shards, 'shard')} "
+            f"from {counted(len(slabs), 'slab')} ({size(sum(s.bytes for s in slabs))})")

@@ -1,0 +1,124 @@
+"""A phase-1 flush as a slab (docs/slab.md, issue 36): written without knowing the shard
+count, its rows ordered by (time chunk, key) so that any key range chosen after phase 1 is
+a contiguous run of each slab.
+
+The key of a row:
+
+- hashed: Spark's ``hash()`` of the partition columns (the partition dimensions, or
+  ``__time`` and every dimension), as a uint32: the hash today's hashed shardSpec takes
+  ``pmod`` of (:mod:`.spark_compat.murmur3`), stored as 4 big-endian bytes;
+- range / single_dim: the partition dimensions' tuple, order-preserving bytes
+  (:func:`shuffled.slab.keys.tuple_keys`), nulls first as in today's range partitioning.
+
+Each slab's statistics (rows, an HLL of the rolled-up keys, a sample of range keys per
+chunk) are what the late plan (:mod:`shuffled.spark.phase2.shardplan`) is made from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from shuffled.slab import keys as slab_keys
+from shuffled.slab import sketch
+from shuffled.slab.build import BATCH_ROWS, Slab, build
+from shuffled.slab.keys import KEY_COLUMN
+from shuffled.slab.wire import KeyKind
+from shuffled.spark.phase1.config import Keying
+from shuffled.spark.phase1.partials import COMPRESS_MIN_BYTES
+from shuffled.spark.phase1.spark_compat.murmur3 import spark_hash
+from shuffled.spark.rows.rollup import CHUNK, Layout
+from shuffled.spark.spec.granularity import bucket_end
+
+
+def _plain(col: pa.Array | pa.ChunkedArray) -> pa.Array:
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    return arr.dictionary_decode() if pa.types.is_dictionary(arr.type) else arr
+
+
+def hash_values(table: pa.Table, columns: tuple[str, ...]) -> np.ndarray:
+    """The uint32 key of every row: Spark's ``hash(columns)``'s 32 bits."""
+    return spark_hash([table.column(c) for c in columns]).astype(np.int32).view(np.uint32)
+
+
+def row_keys(table: pa.Table, keying: Keying) -> tuple[pa.Array, np.ndarray]:
+    """Each row's key bytes and the order grouping rows by (chunk, key)."""
+    chunks = table.column(CHUNK).to_numpy()
+    if keying.kind == "hashed":
+        h = hash_values(table, keying.columns)
+        return slab_keys.hash_keys(h), np.lexsort((h, chunks))
+    keys = slab_keys.tuple_keys([_plain(table.column(c)) for c in keying.columns])
+    order = pc.sort_indices(pa.table({"c": pa.array(chunks), "k": keys}),
+                            sort_keys=[("c", "ascending"), ("k", "ascending")])
+    return keys, order.to_numpy()
+
+
+def chunk_ends(chunk_start: np.ndarray, granularity: str) -> np.ndarray:
+    """Each row's chunk end (computed once per distinct chunk)."""
+    if not len(chunk_start):
+        return chunk_start.copy()
+    uniq, inverse = np.unique(chunk_start, return_inverse=True)
+    ends = np.array([bucket_end(int(c), granularity) for c in uniq.tolist()], dtype=np.int64)
+    return ends[inverse]
+
+
+#: Distinct rolled-up rows a slab's key sample keeps per chunk (range keys only).
+SAMPLE = 4096
+
+
+@dataclass(frozen=True)
+class KeySample:
+    """Per chunk, the rows of the ``SAMPLE`` smallest rolled-up-key hashes (a bottom-k
+    sample: merged over slabs by keeping the smallest hashes again, it is a uniform sample
+    of the chunk's DISTINCT rolled-up rows, each once however many subtasks shipped it),
+    with their range keys. The slab's own reservoir sample is of rows as shipped, which
+    over-weighs keys that many subtasks hold (they fold in phase 2): measured, a tail
+    shard came out 1.05x over maxRowsPerSegment with it."""
+
+    chunks: np.ndarray  # int64 chunk start per sampled row
+    hashes: np.ndarray  # uint64
+    keys: pa.Array  # binary
+
+
+def bottom_k(chunks: np.ndarray, hashes: np.ndarray, keys: pa.Array, k: int = SAMPLE,
+             ) -> KeySample:
+    """The rows of the ``k`` smallest ``hashes`` in each chunk (vectorised)."""
+    order = np.lexsort((hashes, chunks))
+    c = chunks[order]
+    first = np.flatnonzero(np.concatenate([[True], c[1:] != c[:-1]])) if len(c) else \
+        np.zeros(0, np.int64)
+    rank = np.arange(len(c)) - np.repeat(first, np.diff(np.append(first, len(c))))
+    pick = order[rank < k]
+    return KeySample(chunks[pick], hashes[pick], keys.take(pa.array(pick)))
+
+
+def cut_slab(table: pa.Table, layout: Layout, keying: Keying, granularity: str, *,
+             sub_task_id: str, slab_id: int, attempt: int, compression: str = "none",
+             batch_rows: int = BATCH_ROWS) -> tuple[Slab, KeySample | None]:
+    """``table`` (rolled-up rows: ``__chunk`` and the layout's columns, strings maybe
+    dictionary-encoded) as one slab: the layout's columns in their plain types and
+    ``__key``, in (chunk, key) order; and for range keys its :class:`KeySample`."""
+    keys, order = row_keys(table, keying)
+    take = pa.array(order)
+    schema = layout.schema()
+    columns = [_plain(table.column(f.name)).take(take) for f in schema]
+    columns = [c if c.type == f.type else c.cast(f.type, safe=False)
+               for c, f in zip(columns, schema, strict=True)]
+    data = pa.Table.from_arrays([*columns, keys.take(take)],
+                                schema=schema.append(pa.field(KEY_COLUMN, pa.binary())))
+    chunk_start = table.column(CHUNK).to_numpy()[order].astype(np.int64)
+    hashes = sketch.row_hashes([data.column(k) for k in layout.keys])
+    batches = max(1, -(-data.num_rows // batch_rows))
+    options = (pa.ipc.IpcWriteOptions(compression=compression)
+               if compression != "none" and data.nbytes >= COMPRESS_MIN_BYTES * batches
+               else None)
+    sample = (bottom_k(chunk_start, hashes, data.column(KEY_COLUMN).combine_chunks())
+              if keying.kind != "hashed" else None)
+    # The sample's draw is seeded by the slab's identity: an attempt run again samples alike.
+    return build(data, chunk_start, chunk_ends(chunk_start, granularity),
+                 kind=KeyKind.HASH if keying.kind == "hashed" else KeyKind.TUPLE, sub_task_id=sub_task_id, slab_id=slab_id,
+                 attempt=attempt, rollup_hashes=hashes, batch_rows=batch_rows,
+                 seed=slab_id, options=options), sample

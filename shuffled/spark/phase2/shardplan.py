@@ -1,0 +1,262 @@
+"""The late plan (docs/slab.md, issue 36): each time chunk's shards, chosen after phase 1
+from its slabs' statistics instead of by a first pass over the input.
+
+Druid's ``partitionsSpec`` (https://druid.apache.org/docs/latest/ingestion/native-batch#partitionsspec):
+``targetRowsPerSegment`` asks for segments of about that many rows, ``maxRowsPerSegment``
+for a maximum. Here, per chunk:
+
+- the rolled-up rows are counted from the sample when it holds them all, else estimated
+  from the merged HyperLogLog of its slabs (capped by the rows phase 1 shipped, an upper
+  bound: rollup only removes rows);
+- the shard count is ``ceil(rows / targetRowsPerSegment)``; for ``maxRowsPerSegment``
+  (a hard cap) the smallest count whose shards stay under the cap at three standard errors
+  of every estimate involved (:func:`shard_count`);
+- the bounds are equal ranges of the 32-bit hash space (hashed) or quantiles of a
+  bottom-k sample of the chunk's distinct rolled-up rows' range keys (range, single_dim;
+  merged over slabs it counts a row once however many subtasks shipped it), each shard a
+  half-open key range ``[key_from, key_to)`` of :mod:`shuffled.slab.keys` bytes (None:
+  unbounded).
+
+What a chunk holds here is bounded whatever the input (:class:`ChunkStats`: 2 KiB of
+registers, at most :data:`PLAN_SAMPLE` keys, the daemons), so the statistics are merged
+per chunk on the executors (``reduceByKey``) and only the plan, bounded by the shards,
+reaches the driver. Pure functions over numpy and pyarrow.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from shuffled.slab import keys as slab_keys
+from shuffled.slab import sketch
+
+HASH_SPACE = 1 << 32
+#: Distinct rolled-up rows a chunk's merged sample keeps (range; as many as the slab
+#: writer's ``slabs.SAMPLE``): a shard's share of its chunk is then known to about
+#: sqrt(shards / PLAN_SAMPLE) of itself.
+PLAN_SAMPLE = 4096
+#: The HLL's relative standard error (2^11 registers): 1.04 / sqrt(m), about 2.3%.
+HLL_RSE = 1.04 / math.sqrt(sketch.REGISTERS)
+#: Standard errors of margin for maxRowsPerSegment's cap.
+SIGMAS = 3.0
+
+Bound = tuple[bytes | None, bytes | None]  # [key_from, key_to): None is unbounded
+
+
+@dataclass(frozen=True)
+class ChunkStats:
+    """One time chunk's statistics merged over slabs: rows shipped, HLL registers of the
+    rolled-up keys, a bottom-k sample of its distinct rolled-up rows (range: their keys,
+    sorted by key, with their 64-bit hashes; :class:`shuffled.spark.phase1.slabs.KeySample`)
+    and the daemons holding its slabs."""
+
+    start: int
+    end: int
+    rows: int
+    regs: np.ndarray
+    keys: pa.Array
+    hashes: np.ndarray
+    servers: frozenset[str]
+
+    @property
+    def exact_sample(self) -> bool:
+        """The sample holds every distinct rolled-up row (fewer than it may keep)."""
+        return 0 < len(self.keys) < PLAN_SAMPLE
+
+    @property
+    def estimate(self) -> int:
+        """The chunk's rolled-up rows: counted when the sample holds them all, else the
+        HLL's estimate (never over the rows shipped)."""
+        if self.rows == 0:
+            return 0
+        if self.exact_sample:
+            return len(self.keys)
+        return max(1, min(self.rows, round(sketch.estimate(self.regs))))
+
+
+_NO_KEYS = pa.array([], pa.binary())
+_NO_HASHES = np.zeros(0, np.uint64)
+
+
+def from_stats(table: pa.Table, server: str, sample: Any = None) -> Iterator[ChunkStats]:
+    """A slab's statistics section (:data:`shuffled.slab.sketch.STATS_SCHEMA`), one
+    :class:`ChunkStats` per chunk, its slab held on ``server``; ``sample`` its
+    :class:`~shuffled.spark.phase1.slabs.KeySample` (range keys), if any."""
+    starts = table.column("chunk_start").to_pylist()
+    ends = table.column("chunk_end").to_pylist()
+    rows = table.column("rows").to_pylist()
+    hll = table.column("hll").combine_chunks()
+    cuts: dict[int, tuple[int, int]] = {}
+    if sample is not None and len(sample.chunks):
+        change = np.flatnonzero(sample.chunks[1:] != sample.chunks[:-1]) + 1
+        firsts = np.concatenate([[0], change])
+        lasts = np.append(change, len(sample.chunks))
+        cuts = {int(sample.chunks[a]): (int(a), int(b))
+                for a, b in zip(firsts, lasts, strict=True)}
+    for i, (start, end, n) in enumerate(zip(starts, ends, rows, strict=True)):
+        regs = np.frombuffer(hll[i].as_buffer(), dtype=np.uint8).copy()
+        keys, hashes = _NO_KEYS, _NO_HASHES
+        if int(start) in cuts:
+            a, b = cuts[int(start)]
+            keys, hashes = sample.keys.slice(a, b - a), sample.hashes[a:b]
+        yield _by_key(ChunkStats(int(start), int(end), int(n), regs, keys, hashes,
+                                 frozenset([server])))
+
+
+def _by_key(st: ChunkStats) -> ChunkStats:
+    if len(st.keys) < 2:
+        return st
+    order = pc.sort_indices(st.keys)
+    return replace(st, keys=st.keys.take(order), hashes=st.hashes[order.to_numpy()])
+
+
+def merge(a: ChunkStats, b: ChunkStats, size: int = PLAN_SAMPLE) -> ChunkStats:
+    """Two statistics of one chunk as one: registers by maximum; of the samples, the rows
+    of the ``size`` smallest distinct hashes (a row two slabs hold counts once)."""
+    keys, hashes = a.keys, a.hashes
+    if len(b.keys):
+        keys = pa.concat_arrays([a.keys, b.keys]) if len(a.keys) else b.keys
+        hashes = np.concatenate([a.hashes, b.hashes])
+        uniq, first = np.unique(hashes, return_index=True)  # sorted by hash
+        keys, hashes = keys.take(pa.array(first[:size])), uniq[:size]
+    return _by_key(ChunkStats(a.start, max(a.end, b.end), a.rows + b.rows,
+                              np.maximum(a.regs, b.regs), keys, hashes, a.servers | b.servers))
+
+
+def shard_count(estimate: int, *, target: int | None = None, cap: int | None = None,
+                sample: int | None = None) -> int:
+    """Shards for a chunk of ``estimate`` rolled-up rows.
+
+    ``target`` (targetRowsPerSegment): ``ceil(estimate / target)``, shards of about the
+    target. ``cap`` (maxRowsPerSegment, a hard cap): the smallest count whose shards stay
+    under the cap with the estimate at its upper three-sigma bound (HLL: 2.3% standard
+    error) and, per shard, three sigmas of its own spread: hashed (``sample`` None) a
+    hash range's rows are binomial (sd ``sqrt(rows)``); range, a shard between two
+    quantiles of a sample of ``sample`` keys holds its share to about ``sqrt(shards /
+    sample)`` of itself."""
+    if estimate <= 0:
+        return 1
+    if cap is None:
+        return max(1, math.ceil(estimate / max(target or 1, 1)))
+    high = estimate * (1 + SIGMAS * HLL_RSE)
+
+    def fits(k: int) -> bool:
+        per = high / k
+        spread = (SIGMAS * math.sqrt(per) if sample is None
+                  else SIGMAS * per * math.sqrt(k / max(sample, 1)))
+        return per + spread <= cap
+
+    k = max(1, math.ceil(high / cap))
+    limit = max(k, sample or k) if sample is not None else max(k, 1) * 4 + 16
+    while k < limit and not fits(k):
+        k += 1
+    return k
+
+
+def hash_bounds(shards: int) -> list[Bound]:
+    """``shards`` equal ranges of the 32-bit hash space, as 4-byte big-endian keys."""
+    cuts = [(i * HASH_SPACE) // shards for i in range(1, shards)]
+    edges: list[bytes | None] = [None, *(c.to_bytes(4, "big") for c in cuts), None]
+    return list(zip(edges[:-1], edges[1:], strict=True))
+
+
+def _groups(keys: pa.Array) -> tuple[list[bytes], np.ndarray]:
+    """The distinct keys of ``keys`` (sorted) and the rank where each starts."""
+    values = keys.to_pylist()
+    starts = [0] + [i for i in range(1, len(values)) if values[i] != values[i - 1]]
+    return [values[i] for i in starts], np.array(starts, dtype=np.int64)
+
+
+def _edges(cuts: list[bytes]) -> list[Bound]:
+    edges: list[bytes | None] = [None, *cuts, None]
+    return list(zip(edges[:-1], edges[1:], strict=True))
+
+
+def range_bounds(keys: pa.Array, shards: int) -> list[Bound]:
+    """Up to ``shards`` key ranges cut at the quantiles of ``keys`` (sorted: a sample of
+    distinct rolled-up rows): shard ``i`` starts at the key starting nearest rank
+    ``i * n / shards`` (a key is never split: cuts that would repeat are dropped)."""
+    if shards <= 1 or len(keys) == 0:
+        return [(None, None)]
+    distinct, starts = _groups(keys)
+    cuts: list[bytes] = []
+    for i in range(1, shards):
+        want = i * len(keys) / shards
+        at = int(np.argmin(np.abs(starts - want)))
+        if at > 0 and (not cuts or distinct[at] > cuts[-1]):
+            cuts.append(distinct[at])
+    return _edges(cuts)
+
+
+def packed_bounds(keys: pa.Array, cap: int) -> list[Bound]:
+    """Key ranges of at most ``cap`` of ``keys`` (sorted, every distinct rolled-up row of
+    the chunk), packed in order; a key with more rows than the cap is a shard alone."""
+    distinct, starts = _groups(keys)
+    sizes = np.diff(np.append(starts, len(keys)))
+    cuts: list[bytes] = []
+    held = 0
+    for key, n in zip(distinct, sizes.tolist(), strict=True):
+        if held and held + n > cap:
+            cuts.append(key)
+            held = 0
+        held += n
+    return _edges(cuts)
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """One chunk's shards: their key ranges, in order (the shard number is the position),
+    with the figures they were chosen from and the daemons holding the chunk's slabs."""
+
+    start: int
+    end: int
+    rows: int  # shipped by phase 1 (exact): what phase 2 must read in all
+    estimate: int  # rolled-up rows, estimated
+    bounds: tuple[Bound, ...]
+    servers: tuple[str, ...]
+
+    @property
+    def shards(self) -> int:
+        return len(self.bounds)
+
+
+def plan_chunk(st: ChunkStats, kind: str, *, target: int | None = None,
+               cap: int | None = None) -> ChunkPlan:
+    """The shards of one chunk: ``kind`` ``hashed`` or ``range`` (``single_dim`` too)."""
+    est = st.estimate
+    if kind == "hashed":
+        bounds = hash_bounds(shard_count(est, target=target, cap=cap))
+    elif st.exact_sample:  # every distinct row is in the sample: no estimate's error
+        bounds = (packed_bounds(st.keys, cap) if cap is not None
+                  else range_bounds(st.keys, shard_count(est, target=target)))
+    else:
+        bounds = range_bounds(st.keys, shard_count(est, target=target, cap=cap,
+                                                   sample=len(st.keys)))
+    return ChunkPlan(st.start, st.end, st.rows, est, tuple(bounds), tuple(sorted(st.servers)))
+
+
+def in_range(key: bytes, bound: Bound) -> bool:
+    """Whether ``key`` falls in ``[key_from, key_to)``."""
+    lo, hi = bound
+    return (lo is None or key >= lo) and (hi is None or key < hi)
+
+
+def hash_of_bound(edge: bytes | None) -> int | None:
+    """A hash range's edge as the uint32 it stands for (None: unbounded)."""
+    return None if edge is None else slab_keys.hash_of(edge)
+
+
+def tuple_of_bound(edge: bytes | None) -> list[str | None] | None:
+    """A range's edge as the tuple of dimension values it stands for (None: unbounded)."""
+    return None if edge is None else slab_keys.decode_tuple(edge)
+
+
+def total_shards(plans: Sequence[ChunkPlan]) -> int:
+    return sum(p.shards for p in plans)

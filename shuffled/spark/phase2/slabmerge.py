@@ -1,0 +1,203 @@
+"""Phase 2 over slabs (docs/slab.md, issue 36): each shard of the late plan is a key range
+``[key_from, key_to)`` of its chunk, read from every daemon holding slabs of that chunk
+(``read_shard``: the sealed subtasks' rows of that range) and merged with perfect rollup
+as a partition is (:func:`.merge.merge_partitions`; one too big for the budget merged
+within it, :func:`.spill.merge_bounded`).
+
+A daemon's answer says how many slabs of the sealed subtasks it holds for the task: fewer
+than phase 1 stored there means it lost some (a restart without its location), and the
+shard is reported :class:`~shuffled.spark.records.Lost` rather than merged short. The
+slab path keeps one copy of each slab and does not recompute: the driver fails the
+ingestion naming the daemon (its numShards and replica paths keep those guarantees).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from shuffled.client import ShuffleClient, daemon_failed
+from shuffled.protocol import Interval
+from shuffled.spark.phase2.durable import sync_files
+from shuffled.spark.phase2.merge import _segment_table, _write, merge_partitions
+from shuffled.spark.phase2.plan import Phase2Config
+from shuffled.spark.phase2.publish import segment_name
+from shuffled.spark.phase2.spill import WORK_FACTOR, merge_bounded
+from shuffled.spark.records import Lost, Segment, dump
+from shuffled.spark.rows.memory import peak_rss, release_free_memory, reset_peak_rss, rss
+
+BATCH_SHARDS = 128  # shards merged together (one group-by and sort for the lot)
+BATCH_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One output partition of the late plan: a key range of a chunk, and the daemons
+    holding the chunk's slabs."""
+
+    start: int
+    end: int
+    partition: int
+    key_from: bytes | None
+    key_to: bytes | None
+    servers: tuple[str, ...]
+    estimate: int = 0  # rolled-up rows the plan expects (for balancing the tasks)
+
+
+def balance(shards: list[Shard], tasks: int) -> list[list[Shard]]:
+    """Spread shards over ``tasks`` merge tasks, largest first onto the lightest task."""
+    tasks = max(1, min(tasks, len(shards)))
+    groups: list[list[Shard]] = [[] for _ in range(tasks)]
+    loads = [0] * tasks
+    for s in sorted(shards, key=lambda x: (-x.estimate, x.start, x.partition)):
+        i = loads.index(min(loads))
+        groups[i].append(s)
+        loads[i] += max(s.estimate, 1)
+    for g in groups:
+        g.sort(key=lambda x: (x.start, x.partition))
+    return groups
+
+
+class _Short(Exception):
+    def __init__(self, server: str, why: str) -> None:
+        super().__init__(why)
+        self.server, self.why = server, why
+
+
+def make_phase2_slabs(cfg: Phase2Config, slabs_on: dict[str, int],
+                      ) -> Callable[[Iterable[Shard]], Iterator[str]]:
+    """The ``mapPartitions`` function of phase 2 over slabs (input: :class:`Shard`;
+    output: JSON lines). ``slabs_on``: the slabs phase 1 stored on each daemon."""
+
+    def run(shards: Iterable[Shard]) -> Iterator[str]:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        attempt = ctx.taskAttemptId() if ctx else 0
+        release_free_memory()
+        reset_peak_rss()
+        baseline = rss()
+        clients: dict[str, ShuffleClient] = {}
+        written: list[str] = []
+
+        def client(server: str) -> ShuffleClient:
+            c = clients.get(server)
+            if c is None:
+                c = clients[server] = ShuffleClient(server, token=cfg.token,
+                                                    ca_file=cfg.ca_file, retry=cfg.retry)
+            return c
+
+        def read(s: Shard) -> tuple[list[pa.Table], int, int]:
+            tables, rows, size = [], 0, 0
+            for server in s.servers:
+                try:
+                    got = client(server).read_shard(cfg.supervisor_task_id,
+                                                    Interval(s.start, s.end), s.key_from,
+                                                    s.key_to)
+                except Exception as exc:
+                    if not daemon_failed(exc):
+                        raise
+                    raise _Short(server, getattr(exc, "message", None) or repr(exc)) from exc
+                if got.slabs != slabs_on.get(server, 0):
+                    raise _Short(server, f"holds {got.slabs} slabs of the sealed subtasks; "
+                                 f"phase 1 stored {slabs_on.get(server, 0)} there")
+                if got.table is not None and got.rows:
+                    tables.append(got.table)
+                    rows += got.rows
+                    size += got.table.nbytes
+            return tables, rows, size
+
+        def finish(t: pa.Table) -> pa.Table:
+            return _segment_table(t, cfg.multi_value, cfg.layout.hidden)
+
+        def segment(s: Shard, path: str, rows_in: int, rows: int, size: int, fetched: int,
+                    fetch_s: float, merge_s: float, write_s: float, **extra: Any) -> str:
+            written.append(path)
+            return dump(Segment(
+                start=s.start, end=s.end, partition=s.partition, rows=rows, rows_in=rows_in,
+                bytes=size, path=path, attempt=attempt, bytes_fetched=fetched,
+                fetch_ms=fetch_s * 1000, merge_ms=merge_s * 1000, write_ms=write_s * 1000,
+                ms=int((fetch_s + merge_s + write_s) * 1000), peak_rss=peak_rss(),
+                rss_at_start=baseline, **extra))
+
+        def path_of(s: Shard) -> str:
+            return os.path.join(cfg.segment_dir, segment_name(s.start, s.end, s.partition,
+                                                              attempt))
+
+        batch: list[tuple[Shard, list[pa.Table], int, int, float]] = []
+
+        def merge_batch() -> Iterator[str]:
+            if not batch:
+                return
+            started = time.monotonic()
+            parts = [t if t else [cfg.layout.schema().empty_table()] for _, t, _, _, _ in batch]
+            merged = merge_partitions(parts, cfg.layout, finish)
+            merge_s = (time.monotonic() - started) / len(batch)
+            for (s, _, rows_in, fetched, fetch_s), out in zip(batch, merged, strict=True):
+                w = time.monotonic()
+                path = path_of(s)
+                size = _write(out, path, cfg)
+                yield segment(s, path, rows_in, out.num_rows, size, fetched, fetch_s, merge_s,
+                              time.monotonic() - w)
+            batch.clear()
+
+        try:
+            held = 0
+            for s in shards:
+                started = time.monotonic()
+                try:
+                    tables, rows_in, size = read(s)
+                except _Short as exc:
+                    yield dump(Lost(start=s.start, end=s.end, partition=s.partition,
+                                    attempt=attempt, lost=(exc.server,),
+                                    missing=(exc.server,), why=f"{exc.server}: {exc.why}"))
+                    continue
+                fetch_s = time.monotonic() - started
+                if cfg.memory_budget and size > cfg.memory_budget // WORK_FACTOR:
+                    yield from _streamed(cfg, s, tables, rows_in, size, fetch_s, path_of(s),
+                                         segment)
+                    continue
+                batch.append((s, tables, rows_in, size, fetch_s))
+                held += size
+                if len(batch) >= BATCH_SHARDS or held >= BATCH_BYTES:
+                    yield from merge_batch()
+                    held = 0
+            yield from merge_batch()
+            if written:
+                sync_files(written, [cfg.segment_dir])
+        finally:
+            for c in clients.values():
+                c.close()
+
+    return run
+
+
+def _streamed(cfg: Phase2Config, s: Shard, tables: list[pa.Table], rows_in: int, size: int,
+              fetch_s: float, path: str, segment: Callable[..., str]) -> Iterator[str]:
+    """A shard bigger than the budget's share: merged by range splitting, written as the
+    sorted rows come (phase2.spill)."""
+    started = time.monotonic()
+    schema = _segment_table(cfg.layout.schema().empty_table(), cfg.multi_value,
+                            cfg.layout.hidden).schema
+    rows = 0
+    with pq.ParquetWriter(path, schema, compression=cfg.codecs(schema.names)) as writer:
+        def sink(table: pa.Table) -> None:
+            nonlocal rows
+            rows += table.num_rows
+            writer.write_table(_segment_table(table, cfg.multi_value, cfg.layout.hidden),
+                               row_group_size=1 << 20)
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            while tables:
+                yield from tables.pop().to_batches()
+
+        stats = merge_bounded(batches(), cfg.layout, cfg.memory_budget, sink, cfg.spill_dir)
+    yield segment(s, path, rows_in, rows, os.path.getsize(path), size, fetch_s,
+                  time.monotonic() - started, 0.0, spill_files=stats.files,
+                  spill_bytes=stats.bytes)

@@ -1,0 +1,202 @@
+"""The late plan from slabs' statistics (shuffled.spark.phase2.shardplan), against what
+Druid's docs promise (https://druid.apache.org/docs/latest/ingestion/native-batch#partitionsspec):
+``targetRowsPerSegment`` gives segments of about that many rows, ``maxRowsPerSegment`` a
+maximum. Slabs are cut by phase 1's own writer (shuffled.spark.phase1.slabs) from skewed
+rows spread over several subtasks (a key in several of them, as real input does), their
+statistics decoded from the bytes, merged per chunk; each shard's rows are then counted
+exactly: the distinct rolled-up keys whose key falls in its range."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from functools import reduce
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from shuffled.slab.keys import KEY_COLUMN
+from shuffled.spark.phase1.config import Keying
+from shuffled.spark.phase1.slabs import SAMPLE, cut_slab
+from shuffled.spark.phase2 import shardplan
+from shuffled.spark.rows.rollup import CHUNK, TIME, Layout
+from tests.helpers.slab_decode import decode
+
+DAY = 86_400_000
+LAYOUT = Layout((("country", "string"), ("device", "string"), ("user", "string")),
+                (("count", "count", "sum", "long", None),))
+
+
+def skewed_rows(rng: np.random.Generator, rows: int, days: int) -> pa.Table:
+    """Raw rows over ``days`` day chunks: Zipf-skewed country and device, a user id that
+    makes most rolled-up rows distinct, hours of the day as ``__time``."""
+    day = rng.integers(0, days, rows) * DAY
+    country = np.minimum(rng.zipf(1.6, rows), 40)
+    device = np.minimum(rng.zipf(1.3, rows), 300)
+    user = rng.integers(0, rows // 3, rows)
+    return pa.table({
+        CHUNK: pa.array(day, pa.int64()),
+        TIME: pa.array(day + rng.integers(0, 24, rows) * 3_600_000, pa.int64()),
+        "country": pa.array([f"c{c:02d}" for c in country.tolist()]),
+        "device": pa.array([f"d{d:03d}" for d in device.tolist()]),
+        "user": pa.array([f"u{u}" for u in user.tolist()]),
+        "count": pa.array(np.ones(rows, np.int64)),
+    })
+
+
+def rolled(table: pa.Table) -> pa.Table:
+    """A subtask's own rollup of its rows (distinct keys, counts summed)."""
+    out = table.group_by([CHUNK, TIME, "country", "device", "user"]).aggregate(
+        [("count", "sum")])
+    return out.rename_columns([*out.column_names[:-1], "count"])
+
+
+def slabs_of(raw: pa.Table, keying: Keying, subtasks: int, seed: int) -> list:
+    """The raw rows spread over ``subtasks`` at random, each rolled up and cut as a slab;
+    returns the decoded slabs (statistics and data), each with its key sample."""
+    rng = np.random.default_rng(seed)
+    of = rng.integers(0, subtasks, raw.num_rows)
+    out = []
+    for t in range(subtasks):
+        part = rolled(raw.filter(pa.array(of == t)))
+        slab, sample = cut_slab(part, LAYOUT, keying, "day", sub_task_id=f"p{t}", slab_id=0,
+                                attempt=0)
+        out.append((decode(slab), sample))
+    return out
+
+
+def plans(decoded: list, kind: str, **goal: int) -> dict[int, shardplan.ChunkPlan]:
+    per: dict[int, list[shardplan.ChunkStats]] = {}
+    for d, sample in decoded:
+        for st in shardplan.from_stats(d.stats, "http://d", sample):
+            per.setdefault(st.start, []).append(st)
+    return {c: shardplan.plan_chunk(reduce(shardplan.merge, sts), kind, **goal)
+            for c, sts in per.items()}
+
+
+def shard_sizes(decoded: list, plan: dict[int, shardplan.ChunkPlan]) -> dict[tuple[int, int], int]:
+    """Exact rolled-up rows per (chunk, shard): distinct keys over every slab, each placed
+    by its key in its chunk's ranges."""
+    keyed: dict[tuple[int, tuple], bytes] = {}
+    for d, _ in decoded:
+        starts = d.index.column("chunk_start").to_pylist()
+        rows = d.index.column("rows").to_pylist()
+        chunk_of = [s for s, n in zip(starts, rows) for _ in range(n)]
+        cols = [d.data.column(c).to_pylist() for c in (TIME, "country", "device", "user")]
+        for chunk, key, *values in zip(chunk_of, d.data.column(KEY_COLUMN).to_pylist(), *cols):
+            keyed[(chunk, tuple(values))] = key
+    sizes: Counter[tuple[int, int]] = Counter()
+    for (chunk, _), key in keyed.items():
+        bounds = plan[chunk].bounds
+        at = [i for i, b in enumerate(bounds) if shardplan.in_range(key, b)]
+        assert len(at) == 1, "the shards of a chunk cover its keys once"
+        sizes[(chunk, at[0])] += 1
+    return sizes
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_hashed_target_gives_shards_of_about_the_target(seed: int) -> None:
+    raw = skewed_rows(np.random.default_rng(seed), 60_000, 3)
+    decoded = slabs_of(raw, Keying("hashed", (TIME, "country", "device", "user")), 6, seed)
+    target = 2_000
+    plan = plans(decoded, "hashed", target=target)
+    sizes = shard_sizes(decoded, plan)
+    for chunk, p in plan.items():
+        true = sum(n for (c, _), n in sizes.items() if c == chunk)
+        assert abs(p.estimate - true) <= 0.1 * true  # the HLL of the merged slabs
+        assert p.shards == math.ceil(p.estimate / target)
+        assert abs(p.shards - math.ceil(true / target)) <= 1
+    assert max(sizes.values()) <= 2 * target
+    assert sum(sizes.values()) / len(sizes) == pytest.approx(target, rel=0.25)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_range_target_gives_shards_of_about_the_target(seed: int) -> None:
+    raw = skewed_rows(np.random.default_rng(seed), 60_000, 3)
+    decoded = slabs_of(raw, Keying("range", ("country", "user")), 6, seed)
+    target = 2_000
+    plan = plans(decoded, "range", target=target)
+    sizes = shard_sizes(decoded, plan)
+    assert max(sizes.values()) <= 2 * target
+    for p in plan.values():
+        assert p.shards == math.ceil(p.estimate / target)  # no key repeats enough to merge cuts
+        keys = [b[0] for b in p.bounds[1:]]
+        assert keys == sorted(keys) and len(set(keys)) == len(keys)
+
+
+def test_range_never_splits_a_key_and_only_its_shard_may_be_over() -> None:
+    """single_dim on the skewed country: Druid's range partitioning keeps a value in one
+    segment, so a value with more rows than the target makes its shard big; no other
+    shard goes over twice the target."""
+    raw = skewed_rows(np.random.default_rng(3), 60_000, 2)
+    decoded = slabs_of(raw, Keying("range", ("country",)), 4, 3)
+    target = 1_500
+    plan = plans(decoded, "range", target=target)
+    sizes = shard_sizes(decoded, plan)
+    for (chunk, shard), n in sizes.items():
+        lo, hi = plan[chunk].bounds[shard]
+        if n > 2 * target:  # then the shard holds one country only
+            values = {k for k in _countries_in(decoded, chunk, lo, hi)}
+            assert len(values) == 1, (chunk, shard, n, values)
+
+
+def _countries_in(decoded: list, chunk: int, lo: bytes | None, hi: bytes | None) -> set[str]:
+    out = set()
+    for d, _ in decoded:
+        starts = d.index.column("chunk_start").to_pylist()
+        rows = d.index.column("rows").to_pylist()
+        chunk_of = [s for s, n in zip(starts, rows) for _ in range(n)]
+        for c, key, country in zip(chunk_of, d.data.column(KEY_COLUMN).to_pylist(),
+                                   d.data.column("country").to_pylist()):
+            if c == chunk and shardplan.in_range(key, (lo, hi)):
+                out.add(country)
+    return out
+
+
+@pytest.mark.parametrize("kind,keying", [
+    ("hashed", Keying("hashed", ("country", "device", "user"))),
+    ("range", Keying("range", ("device", "user"))),
+], ids=["hashed", "range"])
+def test_max_rows_is_a_cap(kind: str, keying: Keying) -> None:
+    raw = skewed_rows(np.random.default_rng(5), 60_000, 3)
+    decoded = slabs_of(raw, keying, 6, 5)
+    cap = 2_500
+    plan = plans(decoded, kind, cap=cap)
+    sizes = shard_sizes(decoded, plan)
+    assert max(sizes.values()) <= cap
+    # A cap, not a much smaller target: the margin is the estimates' error (hashed: the
+    # HLL and the hash's spread; range: also the sample's quantiles, a wider one).
+    slack = 1.4 if kind == "hashed" else 2.0
+    for p in plan.values():
+        assert p.shards <= math.ceil(slack * p.estimate / cap) + 1
+
+
+def test_hash_ranges_cover_the_space_in_equal_parts() -> None:
+    for k in (1, 2, 3, 7, 1000):
+        bounds = shardplan.hash_bounds(k)
+        assert len(bounds) == k and bounds[0][0] is None and bounds[-1][1] is None
+        edges = [shardplan.hash_of_bound(b[0]) for b in bounds[1:]]
+        assert edges == sorted(edges)
+        widths = np.diff([0, *edges, 1 << 32])
+        assert widths.max() - widths.min() <= 1
+
+
+def test_a_chunk_s_statistics_stay_bounded_however_many_slabs() -> None:
+    """300 slabs of one chunk merge into 2 KiB of registers and at most PLAN_SAMPLE keys,
+    and a chunk's plan holds its shards' bounds only."""
+    assert SAMPLE == shardplan.PLAN_SAMPLE  # the merged sample is exact below it
+    rng = np.random.default_rng(9)
+    merged = None
+    for t in range(300):
+        part = rolled(skewed_rows(rng, 400, 1))
+        slab, sample = cut_slab(part, LAYOUT, Keying("range", ("user",)), "day",
+                                sub_task_id=f"p{t}", slab_id=t, attempt=0)
+        (st,) = shardplan.from_stats(decode(slab).stats, f"http://d{t % 3}", sample)
+        merged = st if merged is None else shardplan.merge(merged, st)
+        assert len(merged.keys) <= shardplan.PLAN_SAMPLE
+        assert merged.regs.nbytes == 2048
+    assert merged is not None
+    assert merged.servers == {"http://d0", "http://d1", "http://d2"}
+    plan = shardplan.plan_chunk(merged, "range", target=5_000)
+    assert plan.shards == len(plan.bounds) == math.ceil(plan.estimate / 5_000)
