@@ -21,7 +21,7 @@ from shuffled.crc import crc32c
 from shuffled.errors import Conflict, CorruptData
 from shuffled.slab import wire
 from shuffled.slab.keys import KEY_COLUMN
-from shuffled.storage.slabs.rows import SlabRow
+from shuffled.storage.ondisk.slabrows import SlabRow
 
 
 @dataclass(frozen=True)
