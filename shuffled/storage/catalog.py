@@ -22,14 +22,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from shuffled.storage.ondisk import layout
-from shuffled.storage.ondisk.records import slot_key
+from shuffled.storage.ondisk.records import CatalogRow, slot_key
 from shuffled.storage.ondisk import slabrows
 
 #: Storage format 3: ``offset`` is where the body starts, ``schema_at`` where the schema
 #: message is, ``size`` the whole stream's length (:class:`~shuffled.storage.ondisk.records.PartialMeta`).
-COLUMNS = ("sup", "start", "end", "pid", "sub", "generation", "pack", "offset", "size",
-           "rows", "crc", "schema_len", "schema_crc", "body_crc", "dicts", "created",
-           "schema_at")
+COLUMNS = CatalogRow._fields
 _COLS = ", ".join(f'"{c}"' for c in COLUMNS)
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS partials (
@@ -51,7 +49,20 @@ _COLS_P = ", ".join(f'p."{c}"' for c in COLUMNS)
 _IN_LIMIT = 500  # subtask ids named in one IN (...); more are filtered in Python
 _FIND_BATCH = 1000  # keys per batched lookup (5 parameters each, under SQLite's limit)
 
-Row = tuple[Any, ...]
+Row = CatalogRow
+#: A partial's identity and one generation of it: (sup, start, end, pid, sub, generation).
+KeyGeneration = tuple[str, int, int, int, str, int]
+
+
+def _named(cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> CatalogRow:
+    return CatalogRow._make(row)
+
+
+def _rows(conn: sqlite3.Connection, sql: str, args: Sequence[Any] = ()) -> sqlite3.Cursor:
+    """``conn.execute`` of a query selecting every column: rows come back named."""
+    cur = conn.cursor()
+    cur.row_factory = _named
+    return cur.execute(sql, args)
 F = TypeVar("F", bound=Callable[..., Any])
 
 # SQLite's result codes that mean the disk, not the query: as the errno the I/O boundary
@@ -160,8 +171,8 @@ class Catalog:
                 # them by their generation and replace, one by one (a key may come twice).
                 for i, row in enumerate(rows):
                     held = conn.execute(f"SELECT generation, size FROM partials WHERE {_KEY} "
-                                        f"AND sub = ?", row[:5]).fetchone()
-                    if held is not None and held[0] != row[5]:
+                                        f"AND sub = ?", row.key).fetchone()
+                    if held is not None and held[0] != row.generation:
                         old[i] = held[1]
                         conn.execute(_INSERT, row)
         return old
@@ -176,9 +187,9 @@ class Catalog:
         for at in range(0, len(rows), _FIND_BATCH):
             chunk = rows[at: at + _FIND_BATCH]
             values = ", ".join(["(?, ?, ?, ?, ?)"] * len(chunk))
-            args = [v for row in chunk for v in row[:5]]
-            out.extend(conn.execute(
-                f'WITH k(sup, start, "end", pid, sub) AS (VALUES {values}) '
+            args = [v for row in chunk for v in row.key]
+            out.extend(_rows(
+                conn, f'WITH k(sup, start, "end", pid, sub) AS (VALUES {values}) '
                 f"SELECT {_COLS_P} FROM partials p JOIN k USING (sup, start, \"end\", pid, sub)",
                 args).fetchall())
         return out
@@ -194,7 +205,7 @@ class Catalog:
         """Remove exactly this generation of a partial (replaced by one in another
         location); a newer one written here since is kept."""
         self.writer.execute(f"DELETE FROM partials WHERE {_KEY} AND sub = ? AND generation = ?",
-                            (*row[:5], row[5]))
+                            (*row.key, row.generation))
 
     @_disk_errors
     def drop_past(self, sup: str, pack: int, end: int) -> int:
@@ -227,7 +238,7 @@ class Catalog:
         return tail
 
     @_disk_errors
-    def shared_keys(self, other: Path) -> list[tuple[Row, int]]:
+    def shared_keys(self, other: Path) -> list[tuple[KeyGeneration, int]]:
         """Keys this catalog and ``other`` (another location's) both hold, as (key and
         generation here, generation there). A crash between a replace landing in one
         location and the older copy being forgotten in the other leaves both."""
@@ -241,7 +252,7 @@ class Catalog:
             conn.execute("DETACH DATABASE other")
 
     @_disk_errors
-    def forget_many(self, rows: Sequence[Row]) -> None:
+    def forget_many(self, rows: Sequence[KeyGeneration]) -> None:
         """:meth:`forget` each of ``rows`` in one transaction."""
         conn = self.writer
         with _transaction(conn):
@@ -273,8 +284,8 @@ class Catalog:
     # -- reads (event loop thread) -------------------------------------------------------
 
     def lookup(self, sup: str, start: int, end: int, pid: int, sub: str) -> Row | None:
-        row: Row | None = self.reader.execute(
-            f"SELECT {_COLS} FROM partials WHERE {_KEY} AND sub = ?",
+        row: Row | None = _rows(
+            self.reader, f"SELECT {_COLS} FROM partials WHERE {_KEY} AND sub = ?",
             (sup, start, end, pid, sub)).fetchone()
         return row
 
@@ -286,10 +297,10 @@ class Catalog:
         if subs is not None and len(subs) <= _IN_LIMIT:
             sql += f" AND sub IN ({', '.join('?' * len(subs))})"
             args += tuple(subs)
-        rows = self.reader.execute(sql, args).fetchall()
+        rows: list[Row] = _rows(self.reader, sql, args).fetchall()
         if subs is not None and len(subs) > _IN_LIMIT:
             wanted = set(subs)
-            rows = [r for r in rows if r[4] in wanted]
+            rows = [r for r in rows if r.sub in wanted]
         return rows
 
     def partitions(self, sup: str, slots: Sequence[tuple[int, int, int]]) -> list[Row]:
@@ -300,9 +311,9 @@ class Catalog:
         for at in range(0, len(slots), _FIND_BATCH):
             chunk = slots[at: at + _FIND_BATCH]
             values = ", ".join(["(?, ?, ?)"] * len(chunk))
-            out.extend(self.reader.execute(
-                f'WITH k(start, "end", pid) AS (VALUES {values}) SELECT {_COLS_P} FROM '
-                f'partials p JOIN k USING (start, "end", pid) WHERE p.sup = ?',
+            out.extend(_rows(
+                self.reader, f'WITH k(start, "end", pid) AS (VALUES {values}) SELECT '
+                f'{_COLS_P} FROM partials p JOIN k USING (start, "end", pid) WHERE p.sup = ?',
                 [*(v for slot in chunk for v in slot), sup]).fetchall())
         return out
 
@@ -310,11 +321,11 @@ class Catalog:
         """Up to ``limit`` partials of ``sup`` after ``after`` in (start, end, partitionId,
         subTaskId) order: an index range scan, whatever the task's size."""
         if after is None:
-            return self.reader.execute(
-                f'SELECT {_COLS} FROM partials WHERE sup = ? ORDER BY start, "end", pid, sub '
-                f"LIMIT ?", (sup, limit)).fetchall()
-        return self.reader.execute(
-            f'SELECT {_COLS} FROM partials WHERE sup = ? AND (start, "end", pid, sub) > '
+            return _rows(
+                self.reader, f'SELECT {_COLS} FROM partials WHERE sup = ? ORDER BY start, '
+                f'"end", pid, sub LIMIT ?', (sup, limit)).fetchall()
+        return _rows(
+            self.reader, f'SELECT {_COLS} FROM partials WHERE sup = ? AND (start, "end", pid, sub) > '
             f'(?, ?, ?, ?) ORDER BY start, "end", pid, sub LIMIT ?',
             (sup, *after, limit)).fetchall()
 
@@ -324,8 +335,8 @@ class Catalog:
         deep-storage offload reads them on its threads, not the writer's)."""
         conn = self.connect_reader()
         try:
-            rows: list[Row] = conn.execute(
-                f"SELECT {_COLS} FROM partials WHERE sup = ? ORDER BY pack, \"offset\"",
+            rows: list[Row] = _rows(
+                conn, f"SELECT {_COLS} FROM partials WHERE sup = ? ORDER BY pack, \"offset\"",
                 (sup,)).fetchall()
             return rows
         finally:

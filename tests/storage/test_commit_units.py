@@ -18,6 +18,7 @@ from shuffled.errors import QuotaExceeded, SealedConflict
 from shuffled.protocol import Interval, PartialKey
 from shuffled.storage.write.admission import Admission, Pending, Quota
 from shuffled.storage.tasks.book import TaskBook
+from shuffled.storage.ondisk.records import CatalogRow
 from shuffled.storage.commit.group import GroupCommit
 from shuffled.storage.commit.horizon import Horizon
 
@@ -39,8 +40,8 @@ class FakeMeta:
     key: tuple[Any, ...]
     generation: int
 
-    def row(self) -> tuple[Any, ...]:
-        return (*self.key, self.generation)
+    def row(self) -> CatalogRow:
+        return CatalogRow(*self.key, self.generation, *([0] * 11))
 
 
 @dataclass

@@ -114,4 +114,4 @@ class Committer:
         self.packs.background(self.threads.on_writer(index, self.catalogs[index].forget, row))
         entry.files_at[index] = entry.files_at.get(index, 1) - 1
         self.locations[index].files -= 1
-        return int(row[8])
+        return int(row.size)

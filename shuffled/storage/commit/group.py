@@ -111,7 +111,7 @@ class GroupCommit:
             landed = []
             for meta in item.metas:
                 row = rows[at]
-                landed.append(Landed(olds[at], found.get(row[:5])))
+                landed.append(Landed(olds[at], found.get(row.key)))
                 at += 1
             out.append(landed)
         return out
@@ -120,14 +120,14 @@ class GroupCommit:
         """Older copies of these keys in the other locations (writer thread; a read-only
         connection per peer, never the peer's own writer)."""
         found: dict[tuple[object, ...], tuple[int, Row]] = {}
-        newest = {row[:5]: row[5] for row in rows}
+        newest = {row.key: row.generation for row in rows}
         for index, peer in self.peers:
             conn = self._peer_conns.get(index)
             if conn is None:
                 conn = self._peer_conns[index] = peer.connect_reader()
             for row in peer.find(conn, rows):
-                key = tuple(row[:5])
-                if row[5] < newest[key] and key not in found:
+                key = row.key
+                if row.generation < newest[key] and key not in found:
                     found[key] = (index, row)
         return found
 

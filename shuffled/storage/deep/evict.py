@@ -219,7 +219,7 @@ class Evictor:
         loop = asyncio.get_running_loop()
         rows = await loop.run_in_executor(deep.executor, self.catalogs[loc.index].task_rows,
                                           sup)
-        numbers = sorted({int(r[6]) for r in rows})
+        numbers = sorted({int(r.pack) for r in rows})
         paths = [layout.pack_path(loc.path, sup, n) for n in numbers]
         sizes = await self.threads.run(_sizes, paths)
         if entry is None:

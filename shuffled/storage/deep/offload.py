@@ -210,7 +210,7 @@ class Offloader:
         wanted: dict[str, tuple[Path, str]] = {}
         for index, row in rows:
             loc = self.locations[index]
-            pack = int(row[6])
+            pack = int(row.pack)
             wanted[manifest.pack_key(index, pack)] = (
                 layout.pack_path(loc.path, sup, pack),
                 manifest.pack_object(sup, instance, index, pack))

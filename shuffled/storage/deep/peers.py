@@ -27,7 +27,7 @@ from shuffled.storage.catalog import COLUMNS, Row
 from shuffled.storage.deep.journal import Copied
 from shuffled.storage.deep.manifest import pack_key
 from shuffled.storage.read.reads import Reader
-from shuffled.storage.ondisk.records import PartialMeta
+from shuffled.storage.ondisk.records import CatalogRow, PartialMeta
 from shuffled.storage.threads import IoThreads
 
 PEER_DIR = "peer-"
@@ -38,14 +38,14 @@ class ManifestCatalog:
     location of the peer had (in memory: a manifest holds a task's rows, not a disk's)."""
 
     def __init__(self, rows: Sequence[Row]) -> None:
-        self.rows = sorted(rows, key=lambda r: (r[1], r[2], r[3], r[4]))
-        self._keys = [(r[1], r[2], r[3], r[4]) for r in self.rows]
+        self.rows = sorted(rows, key=lambda r: (r.start, r.end, r.pid, r.sub))
+        self._keys = [(r.start, r.end, r.pid, r.sub) for r in self.rows]
         self._slots: dict[tuple[int, int, int], list[Row]] = {}
         for r in self.rows:
-            self._slots.setdefault((r[1], r[2], r[3]), []).append(r)
+            self._slots.setdefault(r.slot, []).append(r)
 
     def lookup(self, sup: str, start: int, end: int, pid: int, sub: str) -> Row | None:
-        return next((r for r in self._slots.get((start, end, pid), ()) if r[4] == sub), None)
+        return next((r for r in self._slots.get((start, end, pid), ()) if r.sub == sub), None)
 
     def partition(self, sup: str, start: int, end: int, pid: int,
                   subs: Sequence[str] | None) -> list[Row]:
@@ -53,7 +53,7 @@ class ManifestCatalog:
         if subs is None:
             return list(rows)
         named = set(subs)
-        return [r for r in rows if r[4] in named]
+        return [r for r in rows if r.sub in named]
 
     def partitions(self, sup: str, slots: Sequence[tuple[int, int, int]]) -> list[Row]:
         return [r for s in slots for r in self._slots.get(s, ())]
@@ -86,8 +86,8 @@ class PeerTask(Reader):
                  threads: IoThreads, fetch: Fetch) -> None:
         by_location: dict[int, list[Row]] = {}
         for index, row in rows:
-            if row[0] != sup:
-                raise ValueError(f"a row of {row[0]!r} in the manifest of {sup!r}")
+            if row.sup != sup:
+                raise ValueError(f"a row of {row.sup!r} in the manifest of {sup!r}")
             by_location.setdefault(index, []).append(row)
         count = max(by_location, default=-1) + 1
         places = [PeerPlace(i, cache / f"{PEER_DIR}{instance}" / str(i))
@@ -143,7 +143,7 @@ class PeerTask(Reader):
         """Fetch every pack of the share now (the driver asks as soon as it declares the
         peer lost, so the merge tasks' first reads find them here); the packs."""
         metas = [self._meta(index, row) for index, catalog in enumerate(self.manifest_catalogs)
-                 for row in catalog.rows if row[4] in self.subs]
+                 for row in catalog.rows if row.sub in self.subs]
         await self.localize(metas)
         return len({(m.location, m.pack) for m in metas})
 
@@ -159,7 +159,7 @@ class PeerTask(Reader):
                              f"pack {pack_key(*slot)}")
         # Every partial of the pack is checked, not only those asked for now.
         everyone = [self._meta(slot[0], r) for r in self.manifest_catalogs[slot[0]].rows
-                    if r[6] == slot[1]]
+                    if r.pack == slot[1]]
         await self._fetch(copied, metas[0].path, everyone)
         self._here.add(slot)
 
@@ -169,7 +169,7 @@ def parse_rows(body: dict[str, Any]) -> list[tuple[int, Row]]:
     columns = body.get("columns")
     if columns != ["location", *COLUMNS]:
         raise ValueError(f"manifest columns {columns!r} are not this daemon's")
-    return [(int(r[0]), tuple(r[1:])) for r in body["rows"]]
+    return [(int(r[0]), CatalogRow._make(r[1:])) for r in body["rows"]]
 
 
 def parse_packs(body: dict[str, Any]) -> dict[str, Copied]:

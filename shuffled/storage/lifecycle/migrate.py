@@ -36,6 +36,7 @@ from typing import Any
 
 from shuffled.protocol import Interval
 from shuffled.storage.ondisk import layout, packs
+from shuffled.storage.ondisk.records import CatalogRow
 from shuffled.storage.catalog import Catalog
 from shuffled.storage.location import Location
 from shuffled.storage.ondisk import slabrows as slabrows
@@ -136,7 +137,7 @@ def migrate_location(root: Path, fsync: bool = True,
                 # Schema message and body in place; the end-of-stream marker is not stored.
                 pack.write([memoryview(data)[: len(data) - 8]])
                 interval = Interval.parse(meta["start"], meta["end"])
-                rows.append((sup, interval.start, interval.end, int(meta["partitionId"]),
+                rows.append(CatalogRow(sup, interval.start, interval.end, int(meta["partitionId"]),
                              meta["subTaskId"], int(meta["generation"]), number,
                              offset + schema_len, int(meta["bytes"]), int(meta["rows"]),
                              int(meta["crc32c"], 16), schema_len,

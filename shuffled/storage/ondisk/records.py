@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from shuffled.protocol import PartialKey, crc_hex, interval_of
 
@@ -19,6 +19,40 @@ EOS_LEN = 8  # the Arrow IPC end-of-stream marker, which a stream ends with and 
 
 #: (start ms, end ms, partitionId): a partition of a task, as the catalog orders them.
 Slot = tuple[int, int, int]
+
+
+class CatalogRow(NamedTuple):
+    """A partial segment's catalog row (storage format 3 and 4: the ``partials`` table's
+    columns, in order). Named, because it crosses from the catalog to the group commit, the
+    reads, the start and deep storage; a tuple, because a million of them may be read."""
+
+    sup: str
+    start: int
+    end: int
+    pid: int
+    sub: str
+    generation: int
+    pack: int
+    offset: int  # where its body starts in the pack
+    size: int  # the whole stream's length
+    rows: int
+    crc: int
+    schema_len: int
+    schema_crc: int
+    body_crc: int
+    dicts: int
+    created: float
+    schema_at: int  # where its schema message is in the pack
+
+    @property
+    def key(self) -> tuple[str, int, int, int, str]:
+        """(sup, start, end, partitionId, subTaskId): the partial's identity."""
+        return (self.sup, self.start, self.end, self.pid, self.sub)
+
+    @property
+    def slot(self) -> tuple[int, int, int]:
+        """(start, end, partitionId): its partition within the task."""
+        return (self.start, self.end, self.pid)
 
 
 def slot_key(start: int, end: int, partition_id: int) -> int:
@@ -91,16 +125,16 @@ class PartialMeta:
             "created": self.created,
         }
 
-    def row(self) -> tuple[Any, ...]:
-        """The catalog row (column order of :data:`shuffled.storage.catalog.COLUMNS`)."""
+    def row(self) -> CatalogRow:
+        """Its catalog row."""
         k = self.key
-        return (k.supervisor_task_id, k.interval.start, k.interval.end, k.partition_id,
+        return CatalogRow(k.supervisor_task_id, k.interval.start, k.interval.end, k.partition_id,
                 k.sub_task_id, self.generation, self.pack, self.offset, self.size, self.rows,
                 self.crc, self.schema_len, self.schema_crc, self.body_crc,
                 int(self.has_dictionaries), self.created, self.schema_at)
 
     @classmethod
-    def from_row(cls, row: tuple[Any, ...], location: int, root: Path) -> PartialMeta:
+    def from_row(cls, row: CatalogRow, location: int, root: Path) -> PartialMeta:
         (sup, start, end, pid, sub, generation, pack, offset, size, rows, crc, schema_len,
          schema_crc, body_crc, dicts, created, schema_at) = row
         # PartialKey validates the ids again: a catalog edited by hand must not smuggle a

@@ -89,9 +89,9 @@ def _newest(rows: list[tuple[int, Row]]) -> dict[str, tuple[int, Row]]:
     """Per subtask id, the (location, row) of the newest generation."""
     best: dict[str, tuple[int, Row]] = {}
     for index, row in rows:
-        held = best.get(row[4])
-        if held is None or row[5] > held[1][5]:
-            best[row[4]] = (index, row)
+        held = best.get(row.sub)
+        if held is None or row.generation > held[1].generation:
+            best[row.sub] = (index, row)
     return best
 
 
@@ -147,7 +147,7 @@ class Reader:
             for index, catalog in enumerate(self.catalogs):
                 row = catalog.lookup(key.supervisor_task_id, i.start, i.end, key.partition_id,
                                      key.sub_task_id)
-                if row is not None and (found is None or row[5] > found.generation):
+                if row is not None and (found is None or row.generation > found.generation):
                     found = self._meta(index, row)
         if found is None:
             raise NotFound(f"no partial segment {key}", key=str(key))
@@ -176,14 +176,14 @@ class Reader:
         if supervisor_task_id in self.book:
             for index, catalog in enumerate(self.catalogs):
                 for r in catalog.partitions(supervisor_task_id, slots):
-                    found[(r[1], r[2], r[3])].append((index, r))
+                    found[r.slot].append((index, r))
         out = []
         for key, subs in wanted:
             rows = found[(key.interval.start, key.interval.end, key.partition_id)]
             named = list(dict.fromkeys(subs)) if subs is not None else None
             if named is not None:
                 keep = set(named)
-                rows = [(i, r) for i, r in rows if r[4] in keep]
+                rows = [(i, r) for i, r in rows if r.sub in keep]
             out.append(self._chosen(key, named, rows))
         return out
 
@@ -216,7 +216,8 @@ class Reader:
         for index, catalog in enumerate(self.catalogs):
             # One more than asked: an older copy of a key elsewhere may be skipped below.
             rows = catalog.page(supervisor_task_id, after, limit + 1)
-            streams.append([((r[1], r[2], r[3], r[4]), -r[5], index, r) for r in rows])
+            streams.append([((r.start, r.end, r.pid, r.sub), -r.generation, index, r)
+                            for r in rows])
         out: list[PartialMeta] = []
         last: Cursor | None = None
         more = False
