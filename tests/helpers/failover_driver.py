@@ -35,10 +35,12 @@ from tests.helpers.procs import DaemonProcess
 from tests.helpers.ingestion import base_spec, free_port, held_tasks
 
 
-def spec_for(base: str, tuning: dict[str, Any]) -> dict[str, Any]:
+def spec_for(base: str, tuning: dict[str, Any],
+             partitions: dict[str, Any] | None = None) -> dict[str, Any]:
     # Small in-memory bounds: every phase-1 task flushes several times, so a lost daemon
     # holds some flushes of a task whose later ones went elsewhere.
-    return base_spec(Path(base), {"type": "hashed", "numShards": 2}, maxRowsInMemory=1000,
+    return base_spec(Path(base), partitions or {"type": "hashed", "numShards": 2},
+                     maxRowsInMemory=1000,
                      maxBytesInMemory=1 << 16, maxNumConcurrentSubTasks=4, **tuning)
 
 
@@ -152,7 +154,7 @@ def run_daemons(args: dict[str, Any], sc: dict[str, Any], root: Path,
             watcher = restarter(victim, done, out)
         victims = [daemons[i] for key in ("kill_in_phase1", "kill_between", "kill_after_seal")
                    for i in sc.get(key) or ()]
-        spec = spec_for(args["input"], sc.get("tuning") or {})
+        spec = spec_for(args["input"], sc.get("tuning") or {}, sc.get("partitions"))
         output = root / "out"
         out["output"] = str(output)
         if sc.get("cli"):
