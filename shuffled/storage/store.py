@@ -40,6 +40,7 @@ from shuffled.storage.lifecycle import startup
 from shuffled.storage.write.admission import Admission, Quota
 from shuffled.storage.tasks.book import TaskBook
 from shuffled.storage.catalog import Catalog
+from shuffled.storage.disk import Disk
 from shuffled.storage.commit.group import GroupCommit
 from shuffled.storage.commit.committer import Committer
 from shuffled.storage.commit.horizon import Horizon
@@ -80,6 +81,8 @@ class Store:
             for i, loc in enumerate(settings.locations)
         ]
         self.catalogs = [Catalog(loc.path, settings.fsync) for loc in self.locations]
+        self.disks = [Disk(loc, catalog) for loc, catalog in zip(self.locations, self.catalogs,
+                                                                  strict=True)]
         self.threads = IoThreads(len(self.locations), io_threads)
         self.commits = [
             GroupCommit(i, c, w, fsync=settings.fsync,
@@ -92,7 +95,7 @@ class Store:
         self.generations = Horizon()
         self.uploads = Uploads()
         self.packs = PackSource(self.locations, self.threads, settings.pack_max_bytes)
-        self.committer = Committer(locations=self.locations, catalogs=self.catalogs,
+        self.committer = Committer(disks=self.disks,
                                    commits=self.commits, threads=self.threads,
                                    horizon=self.generations, book=self.book,
                                    uploads=self.uploads, packs=self.packs, notify=self._notify)
@@ -103,10 +106,9 @@ class Store:
         self.deep: DeepStorage | None = None
         if settings.deep_storage:
             from shuffled.storage.deep.service import DeepStorage as Deep  # heavy: see .deep
-            self.deep = Deep(settings=settings, locations=self.locations,
-                             catalogs=self.catalogs, threads=self.threads,
+            self.deep = Deep(settings=settings, disks=self.disks, threads=self.threads,
                              seals=self._seals.sealed, notify=self._notify)
-        self.removal = Removal(locations=self.locations, catalogs=self.catalogs,
+        self.removal = Removal(disks=self.disks,
                                threads=self.threads, book=self.book, uploads=self.uploads,
                                packs=self.packs, seals=self._seals, notify=self._notify,
                                fsync=settings.fsync, deep=self.deep)
@@ -122,14 +124,13 @@ class Store:
         self.evictor: Evictor | None = None
         if self.deep is not None:
             from shuffled.storage.deep.evict import Evictor as Evicting
-            self.evictor = Evicting(deep=self.deep, locations=self.locations,
-                                    catalogs=self.catalogs, threads=self.threads,
+            self.evictor = Evicting(deep=self.deep, disks=self.disks, threads=self.threads,
                                     uploads=self.uploads, packs=self.packs, book=self.book)
         self._writing = Writing(settings=settings, locations=self.locations,
                                 threads=self.threads, uploads=self.uploads, packs=self.packs,
                                 committer=self.committer, admission=self.admission,
                                 make_room=self.evictor.make_room if self.evictor else None)
-        self.slabs = Slabs(settings=settings, locations=self.locations, catalogs=self.catalogs,
+        self.slabs = Slabs(settings=settings, disks=self.disks,
                            threads=self.threads, book=self.book, uploads=self.uploads,
                            seals=self._seals, placement=self.packs.placement,
                            deleting=self.removal.deleting, quota_of=self.admission.of,
@@ -146,7 +147,7 @@ class Store:
 
     async def open(self) -> None:
         """Lock every location, check its format, reconcile packs and catalog, load figures."""
-        await startup.open_locations(self.locations, self.catalogs, self.threads,
+        await startup.open_locations(self.disks, self.threads,
                                      self.settings.fsync)
         # A removal a crash interrupted is finished before anything is loaded or served.
         for sup in await self.removal.resume():
@@ -156,7 +157,7 @@ class Store:
             from shuffled.storage.deep.evict import kept as evicted
             await self.deep.journal.load()
             kept = evicted(self.deep.journal.entries)
-        opened = await startup.load(self.locations, self.catalogs, self.threads, self.book,
+        opened = await startup.load(self.disks, self.threads, self.book,
                                     self.generations, self.packs, self._seals, kept)
         self.recovered_partials = opened.recovered
         self.recovered_slabs = await self.slabs.load()

@@ -13,9 +13,10 @@ import time
 from collections.abc import Callable, Sequence
 
 from shuffled.protocol import PartialKey
+from shuffled.storage.disk import Disk
 from shuffled.storage.commit.written import Written
 from shuffled.storage.tasks.book import TaskBook
-from shuffled.storage.catalog import Catalog, Row
+from shuffled.storage.catalog import Row
 from shuffled.storage.commit.group import GroupCommit, Landed
 from shuffled.storage.commit.horizon import Horizon
 from shuffled.storage.tasks.inflight import Uploads
@@ -31,12 +32,12 @@ Landing = asyncio.Future[list[int | None]]
 class Committer:
     """Submits written partials and books what landed (event loop only)."""
 
-    def __init__(self, *, locations: Sequence[Location], catalogs: Sequence[Catalog],
+    def __init__(self, *, disks: Sequence[Disk],
                  commits: Sequence[GroupCommit], threads: IoThreads, horizon: Horizon,
                  book: TaskBook, uploads: Uploads, packs: PackSource,
                  notify: Callable[[str], None]) -> None:
-        self.locations = list(locations)
-        self.catalogs = list(catalogs)
+        self.disks = list(disks)
+        self.locations = [d.location for d in self.disks]
         self.commits = list(commits)
         self.threads = threads
         self.horizon = horizon
@@ -111,7 +112,7 @@ class Committer:
     def _forget(self, entry: TaskEntry, index: int, row: Row) -> int:
         """An older copy of a key just replaced in another location: forget it there
         (readers already prefer the newest generation); returns its size."""
-        self.packs.background(self.threads.on_writer(index, self.catalogs[index].forget, row))
+        self.packs.background(self.threads.on_writer(index, self.disks[index].catalog.forget, row))
         entry.files_at[index] = entry.files_at.get(index, 1) - 1
         self.locations[index].files -= 1
         return int(row.size)

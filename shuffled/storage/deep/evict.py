@@ -31,9 +31,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from shuffled.storage.disk import Disk
 from shuffled.storage.ondisk import layout
 from shuffled.storage.tasks.book import TaskBook
-from shuffled.storage.catalog import Catalog
 from shuffled.storage.deep import crypt, manifest
 from shuffled.storage.deep.journal import Entry
 from shuffled.storage.deep.offload import copy_pack
@@ -87,12 +87,11 @@ def kept(entries: dict[str, Entry]) -> dict[int, frozenset[tuple[str, int]]]:
 class Evictor:
     """Frees local space from what the tier holds (event loop; files on the I/O threads)."""
 
-    def __init__(self, *, deep: DeepStorage, locations: Sequence[Location],
-                 catalogs: Sequence[Catalog], threads: IoThreads, uploads: Uploads,
+    def __init__(self, *, deep: DeepStorage, disks: Sequence[Disk], threads: IoThreads, uploads: Uploads,
                  packs: PackSource, book: TaskBook, spill: bool = True) -> None:
         self.deep = deep
-        self.locations = list(locations)
-        self.catalogs = list(catalogs)
+        self.disks = list(disks)
+        self.locations = [d.location for d in self.disks]
         self.threads = threads
         self.uploads = uploads
         self.packs = packs
@@ -217,7 +216,7 @@ class Evictor:
         journal entry recording them (the caller holds the task's lock)."""
         deep = self.deep
         loop = asyncio.get_running_loop()
-        rows = await loop.run_in_executor(deep.executor, self.catalogs[loc.index].task_rows,
+        rows = await loop.run_in_executor(deep.executor, self.disks[loc.index].catalog.task_rows,
                                           sup)
         numbers = sorted({int(r.pack) for r in rows})
         paths = [layout.pack_path(loc.path, sup, n) for n in numbers]

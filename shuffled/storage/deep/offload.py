@@ -24,13 +24,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from shuffled.crc import crc32c
+from shuffled.storage.disk import Disk
 from shuffled.storage.ondisk import layout
-from shuffled.storage.catalog import Catalog, Row
+from shuffled.storage.catalog import Row
 from shuffled.storage.deep import crypt, manifest
 from shuffled.storage.deep.journal import Copied, Entry, Journal
 from shuffled.storage.deep.stats import DeepStats
 from shuffled.storage.deep.tier import Tier
-from shuffled.storage.location import Location
 from shuffled.storage.threads import IoThreads
 
 log = logging.getLogger("shuffled.storage")
@@ -96,7 +96,7 @@ class Offloader:
     """One job per task being offloaded (event loop)."""
 
     def __init__(self, *, tier: Tier, secret: bytes, instance: Callable[[], str],
-                 locations: Sequence[Location], catalogs: Sequence[Catalog],
+                 disks: Sequence[Disk],
                  threads: IoThreads, executor: ThreadPoolExecutor, journal: Journal,
                  seals: Callable[[str], frozenset[str] | None], stats: DeepStats,
                  concurrency: int, bandwidth: int,
@@ -106,8 +106,8 @@ class Offloader:
         self.failures: dict[str, str] = {}  # sup -> why its last offload failed
         self.secret = secret
         self.instance = instance
-        self.locations = list(locations)
-        self.catalogs = list(catalogs)
+        self.disks = list(disks)
+        self.locations = [d.location for d in self.disks]
         self.threads = threads
         self.executor = executor
         self.journal = journal
@@ -188,7 +188,7 @@ class Offloader:
 
     async def _rows(self, sup: str) -> list[tuple[int, Row]]:
         rows: list[tuple[int, Row]] = []
-        for loc, catalog in zip(self.locations, self.catalogs, strict=True):
+        for loc, catalog in ((d.location, d.catalog) for d in self.disks):
             found = await asyncio.get_running_loop().run_in_executor(
                 self.executor, catalog.task_rows, sup)
             rows.extend((loc.index, r) for r in found)

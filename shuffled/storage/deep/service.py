@@ -23,7 +23,7 @@ from typing import Any
 
 from shuffled.config import Settings
 from shuffled.errors import CorruptData, LocationFailed, NotFound, Overloaded
-from shuffled.storage.catalog import Catalog
+from shuffled.storage.disk import Disk
 from shuffled.storage.deep import crypt, manifest, peers, readback
 from shuffled.storage.deep.instance import instance_id
 from shuffled.storage.deep.journal import Copied, Entry, Journal
@@ -53,15 +53,15 @@ def _background_priority() -> None:
 class DeepStorage:
     """The tier behind the locations (event loop; blocking work on its own threads)."""
 
-    def __init__(self, *, settings: Settings, locations: Sequence[Location],
-                 catalogs: Sequence[Catalog], threads: IoThreads,
+    def __init__(self, *, settings: Settings, disks: Sequence[Disk], threads: IoThreads,
                  seals: Mapping[str, frozenset[str]],
                  notify: Callable[[str], None] = lambda sup: None,
                  environ: Mapping[str, str] | None = None) -> None:
         assert settings.deep_storage, "deep storage is not configured"
         self.tier = Tier(settings.deep_storage, os.environ if environ is None else environ)
         self.secret = settings.deep_storage_key
-        self.locations = list(locations)
+        self.disks = list(disks)
+        self.locations = [d.location for d in self.disks]
         self.threads = threads
         self.seals = seals
         # Offload copies take at most `concurrency` of these; the rest serve read-backs.
@@ -69,11 +69,11 @@ class DeepStorage:
                                            thread_name_prefix="shuffled-deep",
                                            initializer=_background_priority)
         self.stats = DeepStats()
-        self.journal = Journal(locations, threads, settings.fsync)
+        self.journal = Journal(self.locations, threads, settings.fsync)
         self.instance = ""
         self.offloader = Offloader(
             tier=self.tier, secret=self.secret, instance=lambda: self.instance,
-            locations=locations, catalogs=catalogs, threads=threads, executor=self.executor,
+            disks=self.disks, threads=threads, executor=self.executor,
             journal=self.journal, seals=seals.get, stats=self.stats,
             concurrency=settings.deep_storage_concurrency,
             bandwidth=settings.deep_storage_bandwidth, on_done=notify)

@@ -23,9 +23,9 @@ import shutil
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from shuffled.storage.disk import Disk
 from shuffled.storage.ondisk import marks
 from shuffled.storage.tasks.book import TaskBook
-from shuffled.storage.catalog import Catalog
 from shuffled.storage.tasks.inflight import Uploads
 from shuffled.storage.location import Location
 from shuffled.storage.oserrors import marks_unhealthy, translate
@@ -53,12 +53,12 @@ def _remove_tree(path: Any) -> None:
 class Removal:
     """Deletes tasks everywhere; remembers and retries what it could not remove."""
 
-    def __init__(self, *, locations: Sequence[Location], catalogs: Sequence[Catalog],
+    def __init__(self, *, disks: Sequence[Disk],
                  threads: IoThreads, book: TaskBook, uploads: Uploads, packs: PackSource,
                  seals: Seals, notify: Callable[[str], None], fsync: bool,
                  deep: DeepStorage | None = None) -> None:
-        self.locations = list(locations)
-        self.catalogs = list(catalogs)
+        self.disks = list(disks)
+        self.locations = [d.location for d in self.disks]
         self.threads = threads
         self.book = book
         self.uploads = uploads
@@ -151,7 +151,7 @@ class Removal:
         """Forget ``sup``'s rows at ``loc``, then remove its packs and marks (rows first: a
         pack without rows is an orphan recovery removes; rows without a pack are dropped
         too)."""
-        catalog = self.catalogs[loc.index]
+        catalog = self.disks[loc.index].catalog
         await self.threads.on_writer(loc.index, catalog.delete_task, sup)
         await self.threads.run(_remove_tree, loc.path / sup)
         for kind in (marks.SEALS, marks.FAILED):

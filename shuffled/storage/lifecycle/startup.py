@@ -8,9 +8,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from shuffled.storage.disk import Disk
 from shuffled.storage.lifecycle import reconcile
 from shuffled.storage.tasks.book import TaskBook
-from shuffled.storage.catalog import Catalog
 from shuffled.storage.commit.horizon import Horizon
 from shuffled.storage.location import Location
 from shuffled.storage.placement.packsource import PackSource
@@ -28,9 +28,10 @@ class Opened:
     dropped: int = 0
 
 
-async def open_locations(locations: Sequence[Location], catalogs: Sequence[Catalog],
+async def open_locations(disks: Sequence[Disk],
                          threads: IoThreads, fsync: bool) -> None:
     """Lock every location, check its format and open its catalog; on failure, undo."""
+    locations, catalogs = [d.location for d in disks], [d.catalog for d in disks]
     opened: list[Location] = []
     try:
         for loc in locations:
@@ -45,18 +46,19 @@ async def open_locations(locations: Sequence[Location], catalogs: Sequence[Catal
         raise
 
 
-async def load(locations: Sequence[Location], catalogs: Sequence[Catalog], threads: IoThreads,
+async def load(disks: Sequence[Disk], threads: IoThreads,
                book: TaskBook, horizon: Horizon, packs: PackSource, seals: Seals,
                kept: Mapping[int, frozenset[tuple[str, int]]] | None = None) -> Opened:
     """Reconcile every location and load its figures into the book (after
     :func:`open_locations`). ``kept``: per location, the packs evicted to deep storage,
     whose rows stay although their files are gone."""
+    locations, catalogs = [d.location for d in disks], [d.catalog for d in disks]
     out = Opened()
     kept = kept or {}
     found_at = [await threads.on_writer(loc.index, reconcile.reconcile, loc.path, catalog,
                                         kept.get(loc.index, frozenset()))
                 for loc, catalog in zip(locations, catalogs, strict=True)]
-    dropped, touched = await _forget_shadowed(locations, catalogs, threads)
+    dropped, touched = await _forget_shadowed(disks, threads)
     out.dropped += dropped
     for index in touched:
         # A forgotten copy may have been its pack's only or last partial: settle that
@@ -92,12 +94,13 @@ async def load(locations: Sequence[Location], catalogs: Sequence[Catalog], threa
     return out
 
 
-async def _forget_shadowed(locations: Sequence[Location], catalogs: Sequence[Catalog],
+async def _forget_shadowed(disks: Sequence[Disk],
                            threads: IoThreads) -> tuple[int, list[int]]:
     """Forget older copies of keys another location holds newer (left by a crash
     between a cross-location replace and its background forget), so that figures
     count every key once. One join per pair of locations, on the writer threads.
     Returns the rows forgotten and the indexes of the locations they were in."""
+    locations, catalogs = [d.location for d in disks], [d.catalog for d in disks]
     stale: dict[int, list[tuple[Any, ...]]] = {}
     for i, catalog in enumerate(catalogs):
         for j in range(i + 1, len(catalogs)):

@@ -15,6 +15,7 @@ from typing import Any
 from shuffled.config import Settings
 from shuffled.errors import Conflict, DigestMismatch, InvalidBody, NotFound, QuotaExceeded, SealedConflict, TooLarge
 from shuffled.slab import wire
+from shuffled.storage.disk import Disk
 from shuffled.storage.ondisk import layout
 from shuffled.storage.tasks.book import TaskBook
 from shuffled.storage.catalog import Catalog, as_os_error
@@ -65,14 +66,14 @@ class _Upload:
 class Slabs:
     """Slab uploads, shard reads and their figures (event loop; blocking work on threads)."""
 
-    def __init__(self, *, settings: Settings, locations: Sequence[Location],
-                 catalogs: Sequence[Catalog], threads: IoThreads, book: TaskBook,
+    def __init__(self, *, settings: Settings, disks: Sequence[Disk], threads: IoThreads,
+                 book: TaskBook,
                  uploads: Uploads, seals: Seals, placement: RoundRobin,
                  deleting: Callable[[str], bool], quota_of: Callable[[str], Any],
                  notify: Callable[[str], None], clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
-        self.locations = list(locations)
-        self.catalogs = list(catalogs)
+        self.disks = list(disks)
+        self.locations = [d.location for d in self.disks]
         self.threads = threads
         self.book = book
         self.uploads = uploads
@@ -113,7 +114,7 @@ class Slabs:
                                 supervisorTaskId=sup)
 
     def _held(self, sup: str, name: files.SlabName) -> SlabRow | None:
-        for catalog in self.catalogs:
+        for catalog in (d.catalog for d in self.disks):
             found = rows.get(catalog.reader, sup, name.sub, name.slab, name.attempt)
             if found is not None:
                 return found
@@ -207,7 +208,7 @@ class Slabs:
         """Writer thread: sync and rename the file, then its row (autocommit, synced)."""
         files.publish(fd, tmp, final, self.settings.fsync)
         try:
-            rows.insert(self.catalogs[index].writer, row)
+            rows.insert(self.disks[index].catalog.writer, row)
         except sqlite3.Error as exc:
             os.unlink(final)  # no row, no file: the upload failed as a whole
             raise as_os_error(exc) from exc
@@ -237,7 +238,7 @@ class Slabs:
         if held is not None:
             return held
         found: list[tuple[Path, SlabRow]] = []
-        for loc, catalog in zip(self.locations, self.catalogs, strict=True):
+        for loc, catalog in ((d.location, d.catalog) for d in self.disks):
             for row in await self.threads.on_writer(loc.index, rows.of_task, catalog.writer,
                                                     sup, sealed):
                 found.append((files.path_of(loc.path, sup, files.SlabName(
@@ -265,7 +266,7 @@ class Slabs:
         """Reconcile slab files and rows at every location, count them in the book;
         returns the slabs held."""
         total = 0
-        for loc, catalog in zip(self.locations, self.catalogs, strict=True):
+        for loc, catalog in ((d.location, d.catalog) for d in self.disks):
             found = await self.threads.on_writer(loc.index, reconcile_slabs, loc.path, catalog,
                                                  self.settings)
             for sup, count, size in found:
