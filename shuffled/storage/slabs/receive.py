@@ -19,6 +19,7 @@ import pyarrow as pa
 from shuffled.crc import crc32c
 from shuffled.errors import Conflict, DigestMismatch, InvalidBody
 from shuffled.slab import sketch, wire
+from shuffled.storage.ondisk import writeback
 from shuffled.storage.slabs import check, files
 
 WRITE_AT_LEAST = 4 << 20  # bytes gathered before one write (a thread hop each)
@@ -100,8 +101,12 @@ def write(fd: int, data: bytes, crc: int) -> int:
 
 
 def write_chunks(fd: int, chunks: list[bytes], crc: int) -> int:
-    """Write ``chunks`` with ``writev`` (no joined copy in the heap); their CRC32C."""
+    """Write ``chunks`` with ``writev`` (no joined copy in the heap), and start their
+    write-back (the sync at the commit then waits for the last few MiB only, not for the
+    whole slab: the bulk path of partials did this and took 64 MiB faster); their CRC32C."""
     files.writev_all(fd, chunks)
+    if writeback.START is not None:
+        writeback.START(fd, 0, 0)
     for chunk in chunks:
         crc = crc32c(chunk, crc)
     return crc

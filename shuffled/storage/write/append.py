@@ -9,33 +9,18 @@ refused partial is cut off the pack's end, so it leaves nothing.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 from dataclasses import dataclass
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from shuffled.crc import crc32c
 from shuffled.errors import DigestMismatch, ShuffleError
 from shuffled.protocol import PartialKey, crc_hex
-from shuffled.storage.ondisk import arrowfile
+from shuffled.storage.ondisk import arrowfile, writeback
 from shuffled.storage.ondisk.packs import Pack
 from shuffled.storage.commit.written import Written
 
 
-def _writeback_starter() -> Callable[[int, int, int], object] | None:
-    """Linux ``sync_file_range(fd, offset, n, SYNC_FILE_RANGE_WRITE)`` (no Python binding):
-    start writing dirty pages back without waiting, so the commit's fdatasync finds little
-    left to do. None where unavailable."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        fn = libc.sync_file_range
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
-    return lambda fd, offset, count: fn(fd, offset, count, 2)  # SYNC_FILE_RANGE_WRITE
-
-
-_START_WRITEBACK = _writeback_starter()
+_START_WRITEBACK = writeback.START
 WRITEBACK_STEP = 8 << 20  # bytes written between two writeback starts
 
 
