@@ -8,9 +8,7 @@ from __future__ import annotations
 import functools
 import http.server
 import json
-import os
 import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -21,12 +19,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from shuffled.spark import SpecError, parse_spec, run_ingestion
+from tests.helpers.cli import ingest_cli_runs
 from tests.helpers.ingestion import generate, spark, start_daemon  # noqa: F401
 from tests.helpers.s3 import moto_s3
 
 moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed "
                                   "(it is in the test extras)")
-ROOT = Path(__file__).resolve().parents[2]
 KEYS = ["__time", "country", "device"]
 
 
@@ -96,23 +94,32 @@ def _published(fs: pafs.FileSystem | None, base: str) -> list[tuple[Any, ...]]:
     return sorted(rows, key=repr)
 
 
-def _cli(spec: dict[str, Any], output: str, tmp: Path, env: dict[str, str],
-         reader: str = "auto") -> subprocess.CompletedProcess[str]:
-    path = tmp / "spec.json"
-    path.write_text(json.dumps(spec))
-    full = {**os.environ, **env, "SPARK_LOCAL_IP": "127.0.0.1"}
-    full.pop("PYSPARK_SUBMIT_ARGS", None)
-    return subprocess.run([sys.executable, "-m", "shuffled", "ingest", str(path),
-                           "--output", output, "--phase1-reader", reader], cwd=ROOT, env=full, capture_output=True,
-                          text=True, timeout=300)
+REMOTE = [("json", "auto"), ("parquet", "native"), ("parquet", "jvm")]
 
 
-@pytest.mark.parametrize("fmt,reader", [("json", "auto"), ("parquet", "native"),
-                                        ("parquet", "jvm")])
+@pytest.fixture(scope="module")
+def remote_runs(store: Any, data: Any, tmp_path_factory: pytest.TempPathFactory,
+                ) -> dict[tuple[str, str], subprocess.CompletedProcess[str]]:
+    """``shuffled ingest`` of each s3:// input to s3:// output (by format and phase-1
+    reader): one fresh process, whose JVM sees the AWS environment, for all three runs
+    (a JVM each would cost its start three times)."""
+    _, env = store
+    tmp = tmp_path_factory.mktemp("s3runs")
+    runs = []
+    for fmt, reader in REMOTE:
+        path = tmp / f"{fmt}-{reader}.json"
+        path.write_text(json.dumps(_spec({"type": "s3", "prefixes": [f"s3://shuffled-in/{fmt}/"],
+                                          "filter": f"*.{fmt}"}, fmt)))
+        runs.append([str(path), "--output", f"s3://shuffled-out/{fmt}-{reader}",
+                     "--phase1-reader", reader])
+    return dict(zip(REMOTE, ingest_cli_runs(tmp, runs, env=env)))
+
+
+@pytest.mark.parametrize("fmt,reader", REMOTE)
 def test_s3_in_and_out_publishes_what_the_local_run_does(spark: Any, store: Any, data: Any,
-                                                         tmp_path: Path, fmt: str,
-                                                         reader: str) -> None:
-    fs, env = store
+                                                         remote_runs: Any, tmp_path: Path,
+                                                         fmt: str, reader: str) -> None:
+    fs, _ = store
     local_out = tmp_path / "local"
     daemon = start_daemon(tmp_path / "loc")
     try:
@@ -123,9 +130,8 @@ def test_s3_in_and_out_publishes_what_the_local_run_does(spark: Any, store: Any,
                                   reader="jvm" if fmt == "json" else "auto")
     finally:
         daemon.stop()
-    remote = _spec({"type": "s3", "prefixes": [f"s3://shuffled-in/{fmt}/"], "filter": f"*.{fmt}"}, fmt)
     out = f"shuffled-out/{fmt}-{reader}"
-    done = _cli(remote, f"s3://{out}", tmp_path, env, reader)  # a fresh JVM sees the AWS env
+    done = remote_runs[fmt, reader]  # a fresh JVM sees the AWS env
     assert done.returncode == 0, done.stderr[-3000:]
     want = _published(None, str(local_out / "events"))
     assert want and _published(fs, f"{out}/events") == want
