@@ -43,7 +43,7 @@ def _tmp_files(roots: list[Path]) -> list[Path]:
     return [p for root in roots for p in root.rglob(".*.tmp")]
 
 
-@pytest.mark.parametrize("round_", range(4))
+@pytest.mark.parametrize("round_", range(3))
 def test_sigkill_during_uploads_leaves_each_slab_whole_or_absent(tmp_path: Path,
                                                                   round_: int) -> None:
     rng = random.Random(round_)
@@ -52,7 +52,7 @@ def test_sigkill_during_uploads_leaves_each_slab_whole_or_absent(tmp_path: Path,
              for i in range(SLABS_EACH)}
     acked: list[str] = []
     reached = threading.Event()
-    kill_after = rng.randrange(SLABS_EACH - 1)  # acknowledged slabs before the kill
+    kill_after = rng.randrange(SLABS_EACH - 2)  # acknowledged slabs before the kill
     daemon = DaemonProcess(roots, log_path=tmp_path / "d.log")
     url = daemon.start()
 
