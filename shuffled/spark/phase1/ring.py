@@ -111,18 +111,12 @@ class Placer:
                     send(server, held)
                     replica_ms += int((time.monotonic() - started) * 1000)
             except Exception as exc:
-                if not daemon_failed(exc):  # else it is the task's own error
-                    raise
-                self.down.add(server)
-                self.errors[server] = getattr(exc, "message", None) or repr(exc)
-                self._close(server)
+                self._down(server, exc)
                 failovers += 1
                 continue
             servers.append(server)
         if not servers:
-            tried = "; ".join(f"{s}: {e}" for s, e in self.errors.items())
-            raise AllDaemonsFailed(f"no shuffle daemon took the partials of {sup}: {tried}",
-                                   servers=sorted(self.errors))
+            raise self._none_took(f"the partials of {sup}")
         if held is not None:
             held.clear()
         return Placed(tuple(servers), answers, failovers, replica_ms)
@@ -138,17 +132,25 @@ class Placer:
             try:
                 self._client(server).put_slab(sup, slab)
             except Exception as exc:
-                if not daemon_failed(exc):  # else it is the task's own error
-                    raise
-                self.down.add(server)
-                self.errors[server] = getattr(exc, "message", None) or repr(exc)
-                self._close(server)
+                self._down(server, exc)
                 failovers += 1
                 continue
             return server, failovers
+        raise self._none_took(f"a slab of {sup}")
+
+    def _down(self, server: str, exc: Exception) -> None:
+        """``server`` failed a send: out of the ring for this task (or, if the failure is
+        the task's own, not the daemon's, raised as it is)."""
+        if not daemon_failed(exc):
+            raise exc
+        self.down.add(server)
+        self.errors[server] = getattr(exc, "message", None) or repr(exc)
+        self._close(server)
+
+    def _none_took(self, what: str) -> AllDaemonsFailed:
         tried = "; ".join(f"{s}: {e}" for s, e in self.errors.items())
-        raise AllDaemonsFailed(f"no shuffle daemon took a slab of {sup}: {tried}",
-                               servers=sorted(self.errors))
+        return AllDaemonsFailed(f"no shuffle daemon took {what}: {tried}",
+                                servers=sorted(self.errors))
 
     def _close(self, server: str) -> None:
         client = self._clients.pop(server, None)
