@@ -57,7 +57,7 @@ def open_without_token(settings: Settings) -> bool:
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     """Convert format-1 locations to packs in place (the daemon stopped)."""
-    from shuffled.storage.ondisk.migrate import migrate_location
+    from shuffled.storage.lifecycle.migrate import migrate_location
 
     if args.locations:
         paths, fsync = [Path(p) for p in args.locations], True

@@ -311,6 +311,12 @@ class ShuffleClient:
         """:func:`.slabs.read_shard`."""
         return slabs.read_shard(self._http, supervisor_task_id, interval, key_from, key_to)
 
+    def read_shards(self, supervisor_task_id: str,
+                    shards: Sequence[tuple[Interval, bytes | None, bytes | None]],
+                    ) -> list[slabs.SlabRead]:
+        """:func:`.slabs.read_shards`."""
+        return slabs.read_shards(self._http, supervisor_task_id, shards)
+
     # -- the supervisor's calls (shuffled.client.supervisor) ------------------------------
 
     def seal(self, supervisor_task_id: str, sub_task_ids: Sequence[str]) -> dict[str, Any]:

@@ -9,6 +9,8 @@ sealed task from this daemon's slabs and checks the rows against the daemon's co
 from __future__ import annotations
 
 import http.client
+import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +18,7 @@ from shuffled.client.answers import json_dict
 from shuffled.client.http import Request, Transport
 from shuffled.errors import CorruptData
 from shuffled.protocol import ROWS_HEADER, Interval, format_instant, task_path, validate_id
+from shuffled.slab import frames
 
 if TYPE_CHECKING:  # pyarrow is imported by the calls that need it: the client alone does not
     import pyarrow as pa
@@ -45,12 +48,9 @@ def put_slab(http_: Transport, supervisor_task_id: str, slab: Slab) -> dict[str,
                                  what=f"slab of {sup}"))
 
 
-def _shard(resp: http.client.HTTPResponse) -> SlabRead:
+def _decoded(data: bytes, rows: int, slabs: int) -> SlabRead:
     import pyarrow as pa
 
-    data = resp.read()
-    rows = int(resp.getheader(ROWS_HEADER) or 0)
-    slabs = int(resp.getheader(SLABS_HEADER) or 0)
     if not data:
         if rows:
             raise CorruptData(f"a shard of {rows} rows came with no body")
@@ -65,6 +65,57 @@ def _shard(resp: http.client.HTTPResponse) -> SlabRead:
     if KEY_COLUMN in table.column_names:
         table = table.drop_columns([KEY_COLUMN])
     return SlabRead(table, rows, slabs)
+
+
+def _shard(resp: http.client.HTTPResponse) -> SlabRead:
+    return _decoded(resp.read(), int(resp.getheader(ROWS_HEADER) or 0),
+                    int(resp.getheader(SLABS_HEADER) or 0))
+
+
+def _exact(resp: http.client.HTTPResponse, n: int) -> bytes:
+    data = resp.read(n)
+    if len(data) != n:
+        raise CorruptData(f"a batched shard read ended early ({len(data)} of {n} bytes): "
+                          "the connection was cut")
+    return data
+
+
+def _shards(count: int) -> Callable[[http.client.HTTPResponse], list[SlabRead]]:
+    def handle(resp: http.client.HTTPResponse) -> list[SlabRead]:
+        slabs = int(resp.getheader(SLABS_HEADER) or 0)
+        out = []
+        for _ in range(count):
+            magic, length, rows = frames.SHARD.unpack(_exact(resp, frames.SHARD.size))
+            if magic != frames.SHARD_MAGIC:
+                raise CorruptData(f"a batched shard read has {magic!r} where a shard frame "
+                                  "starts")
+            out.append(_decoded(_exact(resp, length), rows, slabs))
+        magic, got = frames.END.unpack(_exact(resp, frames.END.size))
+        if magic != frames.END_MAGIC or got != count:
+            raise CorruptData(f"a batched shard read ended with {magic!r} {got}, not the "
+                              f"END of {count} shards")
+        return out
+    return handle
+
+
+def read_shards(http_: Transport, supervisor_task_id: str,
+                shards: Sequence[tuple[Interval, bytes | None, bytes | None]],
+                ) -> list[SlabRead]:
+    """``POST /tasks/{id}/shards``: :func:`read_shard` of each shard, in order, up to
+    :data:`~shuffled.slab.frames.MAX_SHARDS` per request (more are sent in several)."""
+    sup = validate_id(supervisor_task_id, "supervisorTaskId")
+    out: list[SlabRead] = []
+    for at in range(0, len(shards), frames.MAX_SHARDS):
+        group = shards[at: at + frames.MAX_SHARDS]
+        body = json.dumps({"shards": [
+            {"start": format_instant(iv.start), "end": format_instant(iv.end),
+             "keyFrom": None if lo is None else lo.hex(),
+             "keyTo": None if hi is None else hi.hex()} for iv, lo, hi in group]}).encode()
+        out.extend(http_.request(Request(
+            "POST", f"{task_path(sup)}/shards", body=body,
+            headers={"Content-Type": "application/json"}, handle=_shards(len(group)),
+            what=f"{len(group)} shards of {sup}")))
+    return out
 
 
 def read_shard(http_: Transport, supervisor_task_id: str, interval: Interval,

@@ -122,7 +122,7 @@ def build(table: pa.Table, chunk_start: np.ndarray, chunk_end: np.ndarray, *,
         pa.array(chunk_start[firsts] if len(firsts) else [], pa.int64()),
         pa.array(chunk_end[firsts] if len(firsts) else [], pa.int64()),
         pa.array(np.diff(bounds), pa.int64()),
-        pa.array([r.tobytes() for r in regs], pa.binary(sketch.REGISTERS)),
+        pa.array([sketch.encode_registers(r) for r in regs], pa.binary()),
         pa.array([p.to_pylist() for p in picks], pa.list_(pa.binary())),
     ], schema=sketch.STATS_SCHEMA)
     index_bytes, stats_bytes, data_bytes = _ipc(index), _ipc(stats), body.to_pybytes()

@@ -21,7 +21,7 @@ SAMPLE = 256
 
 STATS_SCHEMA = pa.schema([
     ("chunk_start", pa.int64()), ("chunk_end", pa.int64()), ("rows", pa.int64()),
-    ("hll", pa.binary(REGISTERS)), ("sample", pa.list_(pa.binary())),
+    ("hll", pa.binary()), ("sample", pa.list_(pa.binary())),
 ])
 
 _U64 = np.uint64
@@ -107,6 +107,38 @@ def registers(hashes: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     chunk_of = np.repeat(np.arange(chunks, dtype=np.int64), np.diff(bounds))
     np.maximum.at(out.reshape(-1), chunk_of * REGISTERS + bucket, rho)
     return out
+
+
+_PAIR = np.dtype([("at", "<u2"), ("rho", "u1")])
+
+
+def encode_registers(regs: np.ndarray) -> bytes:
+    """A chunk's registers as stored: dense (2^11 bytes) or, when fewer than a third are
+    set, sparse (3 bytes per set register: its index u16 little-endian, its value). A
+    small chunk (most day chunks of a Druid spec) then costs bytes, not 2 KiB: the lengths
+    never collide (3k is never 2048)."""
+    at = np.flatnonzero(regs)
+    if 3 * len(at) >= REGISTERS:
+        return regs.astype(np.uint8).tobytes()
+    pairs = np.empty(len(at), _PAIR)
+    pairs["at"] = at
+    pairs["rho"] = regs[at]
+    return pairs.tobytes()
+
+
+def decode_registers(raw: bytes) -> np.ndarray:
+    """The registers :func:`encode_registers` stored; ValueError for bytes it cannot have
+    written."""
+    if len(raw) == REGISTERS:
+        return np.frombuffer(raw, np.uint8).copy()
+    if len(raw) % 3 or 3 * (len(raw) // 3) >= REGISTERS:
+        raise ValueError(f"HLL registers of {len(raw)} bytes are neither dense nor sparse")
+    pairs = np.frombuffer(raw, _PAIR)
+    if len(pairs) and int(pairs["at"].max()) >= REGISTERS:
+        raise ValueError("sparse HLL registers name a register past 2^11")
+    regs = np.zeros(REGISTERS, np.uint8)
+    regs[pairs["at"]] = pairs["rho"]
+    return regs
 
 
 def estimate(regs: np.ndarray) -> float:

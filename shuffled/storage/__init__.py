@@ -17,7 +17,7 @@ from shuffled.storage.read.streams import (FastPlan, Reencoder, byte_range, fast
                                       unified_schema)
 from shuffled.storage.write.outcomes import Outcome, PutResult, Rejected
 from shuffled.storage.write.upload import SMALL, BulkSession
-from shuffled.storage.lifecycle.verdicts import MAX_LOST
+from shuffled.storage.tasks.verdicts import MAX_LOST
 
 __all__ = ["EOS", "MAX_LOST", "MAX_TOKEN", "DeepStats", "SMALL", "BulkSession", "FastPlan", "Location", "Outcome", "Page",
            "PartialMeta", "PutResult", "Quota", "Rejected", "Reencoder", "SEALED_FLAG", "SchemaMessage", "Store", "TaskEntry", "byte_range",

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from shuffled.storage.ondisk import layout
 from shuffled.storage.ondisk.records import slot_key
-from shuffled.storage.slabs import rows as slabrows
+from shuffled.storage.ondisk import slabrows
 
 #: Storage format 3: ``offset`` is where the body starts, ``schema_at`` where the schema
 #: message is, ``size`` the whole stream's length (:class:`~shuffled.storage.ondisk.records.PartialMeta`).

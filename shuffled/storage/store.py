@@ -38,25 +38,25 @@ from shuffled.errors import Conflict, InvalidBody, NotFound, ReadAgain
 from shuffled.protocol import PartialKey, PartitionKey, TaskDataState
 from shuffled.storage.lifecycle import startup
 from shuffled.storage.write.admission import Admission, Quota
-from shuffled.storage.lifecycle.book import TaskBook
+from shuffled.storage.tasks.book import TaskBook
 from shuffled.storage.catalog import Catalog
 from shuffled.storage.commit.group import GroupCommit
 from shuffled.storage.commit.committer import Committer
 from shuffled.storage.commit.horizon import Horizon
-from shuffled.storage.write.inflight import Uploads
+from shuffled.storage.tasks.inflight import Uploads
 from shuffled.storage.location import Location
-from shuffled.storage.write.packsource import PackSource
+from shuffled.storage.placement.packsource import PackSource
 from shuffled.storage.read.pageplan import SEALED_FLAG, position
 from shuffled.storage.read.reads import Reader
 from shuffled.storage.ondisk.records import PartialMeta, TaskEntry
 from shuffled.storage.lifecycle.removal import Removal
-from shuffled.storage.lifecycle.seals import Seals
+from shuffled.storage.tasks.seals import Seals
 from shuffled.storage.threads import IoThreads
 from shuffled.storage.write.outcomes import PutResult, Rejected
 from shuffled.storage.write.sessionpacks import INLINE_MAX, Writing
 from shuffled.storage.slabs.service import Slabs
 from shuffled.storage.write.upload import BulkSession
-from shuffled.storage.lifecycle.verdicts import Verdicts
+from shuffled.storage.tasks.verdicts import Verdicts
 
 if TYPE_CHECKING:
     from shuffled.storage.deep.peers import PeerTask
@@ -201,7 +201,7 @@ class Store:
         return self._seals.sealed
 
     async def seal(self, supervisor_task_id: str, sub_task_ids: Sequence[str]) -> bool:
-        """:meth:`shuffled.storage.lifecycle.seals.Seals.seal`; readers waiting on the task hear of it."""
+        """:meth:`shuffled.storage.tasks.seals.Seals.seal`; readers waiting on the task hear of it."""
         if self.removal.deleting(supervisor_task_id):
             raise Conflict(f"a DELETE of {supervisor_task_id} is not finished here: it "
                            "cannot be sealed", supervisorTaskId=supervisor_task_id)
@@ -215,7 +215,7 @@ class Store:
         return new
 
     async def fail(self, supervisor_task_id: str) -> bool:
-        """Its supervisor's fail verdict, durable (:meth:`shuffled.storage.lifecycle.seals.Seals.fail`): paged reads
+        """Its supervisor's fail verdict, durable (:meth:`shuffled.storage.tasks.seals.Seals.fail`): paged reads
         of the task answer empty and never complete, its uploads and seals are refused
         (:mod:`.write.admission`), until it is deleted; its waiters hear of it. True if new."""
         new = await self._seals.fail(supervisor_task_id)

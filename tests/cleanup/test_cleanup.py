@@ -21,7 +21,7 @@ from shuffled.cleanup.overlord import OverlordClient
 from shuffled.cleanup.policy import Action, Cause, TaskState
 from shuffled.cleanup.sweeper import Sweeper
 from shuffled.server.state import STATE, DaemonState
-from shuffled.storage.write.inflight import TaskLock
+from shuffled.storage.tasks.inflight import TaskLock
 from tests.conftest import DAY, PREFIX, arrow_bytes, files_under, metric, sample_table
 from tests.helpers.clock import Clock
 

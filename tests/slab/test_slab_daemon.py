@@ -133,3 +133,27 @@ def test_the_clients_constants_are_the_formats() -> None:
 
     assert client_slabs.CONTENT_TYPE == wire.CONTENT_TYPE
     assert client_slabs.KEY_COLUMN == keys.KEY_COLUMN
+
+
+def test_a_batched_read_answers_as_the_single_reads_do(daemon_url: str) -> None:
+    parts = [rows_table(2000, seed=s, chunks=5) for s in range(2)]
+    with ShuffleClient(daemon_url) as client:
+        for i, part in enumerate(parts):
+            client.put_slab("many", make_slab(part, sub=f"s{i}"))
+        client.seal("many", ["s0", "s1"])
+        edges = [None, *((k << 26).to_bytes(4, "big") for k in range(1, 64)), None]
+        # 5 chunks x 64 hash ranges, and a chunk with nothing: over the daemon's groups of
+        # 64 and over one request's worth of frames per group.
+        wanted = [(Interval(c * HOUR, (c + 1) * HOUR), lo, hi)
+                  for c in range(6) for lo, hi in zip(edges[:-1], edges[1:])]
+        many = client.read_shards("many", wanted)
+        assert len(many) == len(wanted)
+        for (interval, lo, hi), got in zip(wanted, many):
+            one = client.read_shard("many", interval, lo, hi)
+            assert (got.rows, got.slabs) == (one.rows, one.slabs)
+            if one.table is None:
+                assert got.table is None
+            else:
+                assert got.table.equals(one.table)
+        total = sum(r.rows for r in many)
+        assert total == sum(p.num_rows for p in parts)  # chunk 5 is empty: every row once

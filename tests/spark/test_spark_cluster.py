@@ -14,6 +14,7 @@ import pytest
 
 from shuffled.client import ShuffleClient
 from shuffled.server.embedded import EmbeddedDaemon
+from tests.conftest import metric
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.spark
@@ -21,8 +22,9 @@ pytestmark = pytest.mark.spark
 
 def test_tutorial_on_standalone_cluster_with_two_daemons(cluster: str, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    with EmbeddedDaemon([tmp_path / "d1"], free_space_reserve=0) as one, \
-            EmbeddedDaemon([tmp_path / "d2"], free_space_reserve=0) as two:
+    one_daemon = EmbeddedDaemon([tmp_path / "d1"], free_space_reserve=0)
+    two_daemon = EmbeddedDaemon([tmp_path / "d2"], free_space_reserve=0)
+    with one_daemon as one, two_daemon as two:
         proc = subprocess.run(
             [sys.executable, "-m", "shuffled", "ingest",
              "examples/rollup-tutorial/rollup-index.json", "--master", cluster,
@@ -35,6 +37,10 @@ def test_tutorial_on_standalone_cluster_with_two_daemons(cluster: str, tmp_path:
         for url in (one, two):  # the supervisor deleted its shuffle data everywhere
             with ShuffleClient(url) as client:
                 assert client.list_tasks()["files"] == 0
+        # One node's two disks, a daemon each (docs/ops.md, "A node's cores and disks"):
+        # phase 1 spread its flushes over both.
+        for daemon in (one_daemon, two_daemon):
+            assert metric(daemon.registry, "shuffled_received_bytes_total") > 0
     files = sorted(out.rglob("*.parquet"))
     rows = [r for f in files for r in pq.read_table(f).to_pylist()]
     expected = json.loads((ROOT / "examples/rollup-tutorial/expected-rows.json").read_text())

@@ -17,7 +17,7 @@ import pytest
 from shuffled.errors import QuotaExceeded, SealedConflict
 from shuffled.protocol import Interval, PartialKey
 from shuffled.storage.write.admission import Admission, Pending, Quota
-from shuffled.storage.lifecycle.book import TaskBook
+from shuffled.storage.tasks.book import TaskBook
 from shuffled.storage.commit.group import GroupCommit
 from shuffled.storage.commit.horizon import Horizon
 

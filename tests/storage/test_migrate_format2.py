@@ -17,8 +17,9 @@ import pytest
 from shuffled.client import ShuffleClient
 from shuffled.errors import SealedConflict
 from shuffled.protocol import Interval, PartialKey, PartitionKey
-from shuffled.storage.ondisk import layout, migrate
-from shuffled.storage.ondisk.migrate import migrate_location
+from shuffled.storage.lifecycle import migrate
+from shuffled.storage.ondisk import layout
+from shuffled.storage.lifecycle.migrate import migrate_location
 from tests.conftest import catalog_rows, pack_files
 from tests.helpers.procs import DaemonProcess
 

@@ -44,8 +44,9 @@ from shuffled.protocol import Interval, PartialKey, PartitionKey
 from shuffled.server import make_app
 from shuffled.server.routes import tasks
 from shuffled.server.state import STATE
-from shuffled.storage.ondisk import arrowfile, layout, migrate
-from shuffled.storage.ondisk.migrate import migrate_location
+from shuffled.storage.lifecycle import migrate
+from shuffled.storage.ondisk import arrowfile, layout
+from shuffled.storage.lifecycle.migrate import migrate_location
 from tests.conftest import (
     DAY, PREFIX, arrow_bytes, catalog_rows, files_under, pack_files, packed_size, sample_table,
     stored_stream,

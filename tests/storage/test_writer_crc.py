@@ -11,7 +11,8 @@ import pytest
 
 from shuffled.errors import InvalidBody
 from shuffled.storage.ondisk import arrowfile, packs
-from shuffled.storage.write.append import Append, Small, Written, append_small
+from shuffled.storage.commit.written import Written
+from shuffled.storage.write.append import Append, Small, append_small
 from shuffled.storage.location import Location
 from shuffled.storage.read.streams import stream_pieces
 from shuffled.protocol import Interval, PartialKey

@@ -43,6 +43,7 @@ TASK_RIGHTS: dict[tuple[str, str], Scope] = {
     ("POST", "/partials"): Scope.WRITE,
     ("POST", "/slabs"): Scope.WRITE,
     ("GET", "/shard"): Scope.READ,
+    ("POST", "/shards"): Scope.READ,  # a batched read: the body names the shards
     ("GET", "/{sub}/partition"): Scope.READ,
     ("GET", "/partition"): Scope.READ,
     ("POST", "/partitions"): Scope.READ,  # a bulk read: the body names the partitions

@@ -6,7 +6,7 @@ heartbeats found them gone, docs/failover.md) and tells every surviving daemon. 
 addresses are added to what the daemon keeps for the task (idempotent: the same PUT again
 changes nothing, ``new`` false); kept in memory only, bounded in bytes
 (``max_lost_marks_bytes``: 503 past it) and forgotten after the expiry timeout
-(:mod:`shuffled.storage.lifecycle.verdicts`). It is taken for a task this daemon holds nothing of
+(:mod:`shuffled.storage.tasks.verdicts`). It is taken for a task this daemon holds nothing of
 yet: the driver tells every survivor as soon as it declares a daemon lost, before phase 1
 may have reached them, and their readers must find the verdict when they come (a 404
 would be taken by the driver for "told").

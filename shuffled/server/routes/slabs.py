@@ -7,9 +7,13 @@ A shard is named by its chunk (``start``, ``end``) and its keys, ``[keyFrom, key
 hex (either may be left out: unbounded). ``X-Shuffled-Rows`` says the rows sent and
 ``X-Shuffled-Slabs`` how many slabs of the sealed subtasks this daemon holds for the task,
 so that a reader can tell a daemon that lost a slab from one that has no rows for it.
+``POST /tasks/{sup}/shards`` reads up to 1,000 shards in one answer, framed
+(:mod:`shuffled.slab.frames`).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from aiohttp import web
 
@@ -18,11 +22,14 @@ from shuffled.metrics import Served
 from shuffled.protocol import ARROW_STREAM, ROWS_HEADER, Interval, validate_id
 from shuffled.server.middleware import SENT_BYTES
 from shuffled.server.state import state_of
-from shuffled.server.streaming.bodies import refuse_encoded, upload_body
+from shuffled.server.streaming.bodies import read_json, refuse_encoded, upload_body
+from shuffled.slab import frames
 from shuffled.slab.wire import CONTENT_TYPE
+from shuffled.storage.slabs import shards as shard_reads
 
 SLABS_HEADER = "X-Shuffled-Slabs"
 MAX_KEY = 4096  # bytes of a shard bound
+GROUP = 64  # shards of a batched read prepared at a time
 
 
 def _key(request: web.Request, name: str) -> bytes | None:
@@ -85,6 +92,85 @@ async def get_shard(request: web.Request) -> web.StreamResponse:
             await state.store.run(read.close)
 
 
+def _wanted(body: Any) -> list[tuple[int, int, bytes | None, bytes | None]]:
+    items = body.get("shards") if isinstance(body, dict) else None
+    if not isinstance(items, list) or not items:
+        raise BadRequest('the body must be {"shards": [...]} with at least one shard',
+                         field="shards")
+    if len(items) > frames.MAX_SHARDS:
+        raise BadRequest(f"{len(items)} shards asked for; at most {frames.MAX_SHARDS} per "
+                         "request", field="shards")
+    out = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise BadRequest(f"shards[{i}] is not an object", field="shards")
+        try:
+            interval = Interval.parse(item.get("start"), item.get("end"))
+            bounds = [_hex(item.get(name), name) for name in ("keyFrom", "keyTo")]
+        except BadRequest as exc:
+            raise BadRequest(f"shards[{i}]: {exc.message}", **exc.details) from exc
+        if bounds[0] is not None and bounds[1] is not None and bounds[0] >= bounds[1]:
+            raise BadRequest(f"shards[{i}]: keyFrom must be below keyTo", field="keyTo")
+        out.append((interval.start, interval.end, bounds[0], bounds[1]))
+    return out
+
+
+def _hex(value: Any, name: str) -> bytes | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > 2 * MAX_KEY:
+        raise BadRequest(f"{name} is a key in hex of at most {MAX_KEY} bytes", field=name)
+    try:
+        return bytes.fromhex(value)
+    except ValueError:
+        raise BadRequest(f"{name} is a key in hex; got {value[:64]!r}", field=name) from None
+
+
+async def post_shards(request: web.Request) -> web.StreamResponse:
+    """Many shards of one sealed task in one answer (:mod:`shuffled.slab.frames`), read in
+    groups of :data:`GROUP` so that the edge batches trimmed are held a group at a time."""
+    state = state_of(request)
+    sup = validate_id(request.match_info["sup"], "supervisorTaskId")
+    try:
+        body = await read_json(request, state.settings.upload_idle_timeout)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"the body is not JSON: {exc}", field="shards") from exc
+    wanted = _wanted(body)
+    with state.downloads.slot():
+        ti = await state.store.slabs.task_index(sup)
+        state.store.touch(sup)
+        response = web.StreamResponse(status=200, headers={
+            "Content-Type": frames.MEDIA_TYPE, SLABS_HEADER: str(ti.slabs)})
+        opened: dict[int, Any] = {}
+        sent = 0
+        try:
+            out = await state.answer(request, response)
+            for at in range(0, len(wanted), GROUP):
+                reads = await state.store.run(shard_reads.read_many, ti,
+                                              wanted[at: at + GROUP], opened)
+                parts: list[Any] = []
+                for read in reads:
+                    parts.append(frames.shard_head(read.length, read.rows))
+                    parts.extend(read.parts)
+                    sent += read.length
+                await out.ranges(parts)
+            await out.ranges([frames.end(len(wanted))])
+            request[SENT_BYTES] = sent
+            state.metrics.served_bytes.labels(Served.SHARD).inc(sent)
+            state.metrics.served_requests.labels(Served.SHARD).inc()
+            state.store.record_served(sup, sent)
+            await out.write_eof()
+            return response
+        finally:
+            await state.store.run(_close_all, list(opened.values()))
+
+
+def _close_all(files: list[Any]) -> None:
+    for f in files:
+        f.close()
+
+
 def install(app: web.Application, task: str) -> None:
     app.router.add_post(f"{task}/slabs", post_slab)
     app.router.add_get(f"{task}/shard", get_shard)
+    app.router.add_post(f"{task}/shards", post_shards)

@@ -101,7 +101,7 @@ def from_stats(table: pa.Table, server: str, sample: Any = None) -> Iterator[Chu
         cuts = {int(sample.chunks[a]): (int(a), int(b))
                 for a, b in zip(firsts, lasts, strict=True)}
     for i, (start, end, n) in enumerate(zip(starts, ends, rows, strict=True)):
-        regs = np.frombuffer(hll[i].as_buffer(), dtype=np.uint8).copy()
+        regs = sketch.decode_registers(hll[i].as_py())
         keys, hashes = _NO_KEYS, _NO_HASHES
         if int(start) in cuts:
             a, b = cuts[int(start)]

@@ -13,14 +13,14 @@ import time
 from collections.abc import Callable, Sequence
 
 from shuffled.protocol import PartialKey
-from shuffled.storage.write.append import Written
-from shuffled.storage.lifecycle.book import TaskBook
+from shuffled.storage.commit.written import Written
+from shuffled.storage.tasks.book import TaskBook
 from shuffled.storage.catalog import Catalog, Row
 from shuffled.storage.commit.group import GroupCommit, Landed
 from shuffled.storage.commit.horizon import Horizon
-from shuffled.storage.write.inflight import Uploads
+from shuffled.storage.tasks.inflight import Uploads
 from shuffled.storage.location import Location
-from shuffled.storage.write.packsource import PackSource
+from shuffled.storage.placement.packsource import PackSource
 from shuffled.storage.ondisk.records import PartialMeta, TaskEntry
 from shuffled.storage.threads import IoThreads
 

@@ -32,14 +32,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from shuffled.storage.ondisk import layout
-from shuffled.storage.lifecycle.book import TaskBook
+from shuffled.storage.tasks.book import TaskBook
 from shuffled.storage.catalog import Catalog
 from shuffled.storage.deep import crypt, manifest
 from shuffled.storage.deep.journal import Entry
 from shuffled.storage.deep.offload import copy_pack
-from shuffled.storage.write.inflight import Uploads
+from shuffled.storage.tasks.inflight import Uploads
 from shuffled.storage.location import Location
-from shuffled.storage.write.packsource import PackSource
+from shuffled.storage.placement.packsource import PackSource
 from shuffled.storage.threads import IoThreads
 
 if TYPE_CHECKING:

@@ -24,14 +24,14 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from shuffled.storage.ondisk import marks
-from shuffled.storage.lifecycle.book import TaskBook
+from shuffled.storage.tasks.book import TaskBook
 from shuffled.storage.catalog import Catalog
-from shuffled.storage.write.inflight import Uploads
+from shuffled.storage.tasks.inflight import Uploads
 from shuffled.storage.location import Location
 from shuffled.storage.oserrors import marks_unhealthy, translate
-from shuffled.storage.write.packsource import PackSource
+from shuffled.storage.placement.packsource import PackSource
 from shuffled.storage.ondisk.records import TaskEntry
-from shuffled.storage.lifecycle.seals import Seals
+from shuffled.storage.tasks.seals import Seals
 from shuffled.storage.threads import IoThreads
 
 if TYPE_CHECKING:

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from shuffled.storage.lifecycle import reconcile
-from shuffled.storage.lifecycle.book import TaskBook
+from shuffled.storage.tasks.book import TaskBook
 from shuffled.storage.catalog import Catalog
 from shuffled.storage.commit.horizon import Horizon
 from shuffled.storage.location import Location
-from shuffled.storage.write.packsource import PackSource
-from shuffled.storage.lifecycle.seals import Seals
+from shuffled.storage.placement.packsource import PackSource
+from shuffled.storage.tasks.seals import Seals
 from shuffled.storage.threads import IoThreads
 
 log = logging.getLogger("shuffled.storage")

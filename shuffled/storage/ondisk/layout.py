@@ -18,7 +18,7 @@ one contiguous range (one ``sendfile``). A replaced partial's old bytes stay in 
 task's directory.
 
 Older formats are refused at start with a message naming ``shuffled migrate``, which
-converts them in place (:mod:`shuffled.storage.ondisk.migrate`): format 3 by adding the catalog's
+converts them in place (:mod:`shuffled.storage.lifecycle.migrate`): format 3 by adding the catalog's
 slabs table, format 2 (0.1.0: each partial a
 whole stream in its pack) by rewriting the catalog only, format 1 (one ``.arrow`` file +
 ``.json`` sidecar per partial under ``<sup>/<interval>/<partition>/<sub>/``) by copying.

@@ -3,8 +3,8 @@ directory, ``<location>/.shuffled/<kind>/<supervisorTaskId>.json``.
 
 Three kinds, each a state that must survive a restart:
 
-- ``seals``: the subtasks its supervisor committed (:mod:`shuffled.storage.lifecycle.seals`);
-- ``failed``: its supervisor's fail verdict (:mod:`shuffled.storage.lifecycle.seals`);
+- ``seals``: the subtasks its supervisor committed (:mod:`shuffled.storage.tasks.seals`);
+- ``failed``: its supervisor's fail verdict (:mod:`shuffled.storage.tasks.seals`);
 - ``deleting``: a DELETE (or an expiry) under way, the tombstone that makes removing a
   task across locations atomic: written everywhere before anything is removed, removed
   only once everything is, and finished at start if a crash came between

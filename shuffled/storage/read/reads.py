@@ -51,7 +51,7 @@ class Tier(Protocol):
 
 
 class Holds(Protocol):
-    """Which tasks are held (the store's :class:`~shuffled.storage.lifecycle.book.TaskBook`)."""
+    """Which tasks are held (the store's :class:`~shuffled.storage.tasks.book.TaskBook`)."""
 
     def __contains__(self, sup: str, /) -> bool: ...
 

@@ -16,14 +16,15 @@ from shuffled.config import Settings
 from shuffled.errors import Conflict, DigestMismatch, InvalidBody, NotFound, QuotaExceeded, SealedConflict, TooLarge
 from shuffled.slab import wire
 from shuffled.storage.ondisk import layout
-from shuffled.storage.lifecycle.book import TaskBook
+from shuffled.storage.tasks.book import TaskBook
 from shuffled.storage.catalog import Catalog, as_os_error
-from shuffled.storage.write.inflight import Uploads
+from shuffled.storage.tasks.inflight import Uploads
 from shuffled.storage.location import Location
-from shuffled.storage.write.roundrobin import RoundRobin
-from shuffled.storage.lifecycle.seals import Seals
-from shuffled.storage.slabs import files, receive, rows, shards
-from shuffled.storage.slabs.rows import SlabRow
+from shuffled.storage.placement.roundrobin import RoundRobin
+from shuffled.storage.tasks.seals import Seals
+from shuffled.storage.ondisk import slabrows as rows
+from shuffled.storage.slabs import files, receive, shards
+from shuffled.storage.ondisk.slabrows import SlabRow
 from shuffled.storage.threads import IoThreads
 
 log = logging.getLogger("shuffled.storage")

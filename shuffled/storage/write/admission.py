@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 from shuffled.errors import QuotaExceeded, SealedConflict
 from shuffled.protocol import PartialKey
-from shuffled.storage.lifecycle.book import TaskBook
+from shuffled.storage.tasks.book import TaskBook
 from shuffled.storage.ondisk.records import TaskEntry
-from shuffled.storage.lifecycle.seals import Seals
+from shuffled.storage.tasks.seals import Seals
 
 MAX_ASKED = 100_000  # tasks whose asked-for quotas are remembered (oldest forgotten)
 

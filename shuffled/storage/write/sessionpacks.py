@@ -19,11 +19,11 @@ from shuffled.errors import Conflict, InsufficientStorage, ShuffleError
 from shuffled.storage.ondisk import packs
 from shuffled.storage.write.admission import Admission
 from shuffled.storage.commit.committer import Committer
-from shuffled.storage.write.inflight import Uploads
+from shuffled.storage.tasks.inflight import Uploads
 from shuffled.storage.location import Location
 from shuffled.storage.oserrors import FULL_ERRNOS, marks_unhealthy, translate
 from shuffled.storage.ondisk.packs import Pack
-from shuffled.storage.write.packsource import PackSource
+from shuffled.storage.placement.packsource import PackSource
 from shuffled.storage.threads import IoThreads
 
 INLINE_MAX = 256 << 10  # appends up to this size to an open pack run on the loop (place)

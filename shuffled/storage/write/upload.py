@@ -17,7 +17,8 @@ from typing import NamedTuple
 from shuffled.errors import InsufficientStorage, InvalidBody, ShuffleError, TooLarge
 from shuffled.protocol import PartialKey, PartialStatus
 from shuffled.storage.write.admission import Pending
-from shuffled.storage.write.append import Append, Small, Written, append_small
+from shuffled.storage.commit.written import Written
+from shuffled.storage.write.append import Append, Small, append_small
 from shuffled.storage.ondisk.arrowfile import EOS, SchemaMessage
 from shuffled.storage.commit.committer import Landing
 from shuffled.storage.location import Location

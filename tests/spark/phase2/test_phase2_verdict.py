@@ -28,7 +28,7 @@ from pyspark import cloudpickle
 from shuffled.client import RetryPolicy, ShuffleClient, ShuffleUnavailable
 from shuffled.spark.hooks import Hooks
 from shuffled.spark.phase2.verdict import Verdict
-from shuffled.storage.lifecycle.verdicts import Verdicts
+from shuffled.storage.tasks.verdicts import Verdicts
 from tests.helpers.ingestion import (  # noqa: F401  (spark: a fixture)
     assert_matches, base_spec, expected_rollup, free_port, generate, read_output, spark,
     write_parts,

@@ -38,7 +38,7 @@ from shuffled.protocol import Interval
 from shuffled.storage.ondisk import layout, packs
 from shuffled.storage.catalog import Catalog
 from shuffled.storage.location import Location
-from shuffled.storage.slabs import rows as slabrows
+from shuffled.storage.ondisk import slabrows as slabrows
 
 log = logging.getLogger("shuffled.storage")
 _DATA, _SIDECAR = ".arrow", ".json"

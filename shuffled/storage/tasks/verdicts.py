@@ -6,7 +6,7 @@ whose reads from a daemon fail asks a survivor (``GET /tasks/{sup}/lost``) inste
 retrying for the whole read budget. A verdict only grows (a lost daemon is never taken
 back within a task: a daemon that answers again is read again by the driver's next round,
 which the merge tasks learn from their own reads). Kept in memory only, like the failed
-deletions of :mod:`shuffled.storage.lifecycle.seals`: forgotten ``ttl`` seconds after the task's last verdict
+deletions of :mod:`shuffled.storage.tasks.seals`: forgotten ``ttl`` seconds after the task's last verdict
 (readers that still ask after that have long given up on their own retry budget), bounded
 by addresses per task and by the bytes of every address kept (``max_lost_marks_bytes``):
 a declaration past that is refused with 503 until older ones lapse, never granted by

@@ -15,7 +15,7 @@ from typing import Any
 
 from shuffled.storage.ondisk import packs
 from shuffled.storage.location import Location
-from shuffled.storage.write.roundrobin import RoundRobin
+from shuffled.storage.placement.roundrobin import RoundRobin
 from shuffled.storage.threads import IoThreads
 
 log = logging.getLogger("shuffled.storage")

@@ -25,8 +25,8 @@ from pathlib import Path
 
 from shuffled.errors import Conflict
 from shuffled.storage.ondisk import marks
-from shuffled.storage.lifecycle.book import TaskBook
-from shuffled.storage.write.inflight import Uploads
+from shuffled.storage.tasks.book import TaskBook
+from shuffled.storage.tasks.inflight import Uploads
 from shuffled.storage.location import Location
 from shuffled.storage.threads import IoThreads
 
