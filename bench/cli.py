@@ -30,6 +30,7 @@ COMPARISONS = {
     "druid": "bench.druid",
     "druid_json": "bench.druid:run_json",
     "iceberg": "bench.druid:run_iceberg",
+    "determining": "bench.determining",
     "scale": "bench.scale",
     "merge": "bench.merge_memory",
     "deep": "bench.deep",

@@ -67,8 +67,10 @@ DIMENSIONS = ["country", "city", "device", "user"]
 METRICS = {"count": "count(*)", "clicks": "sum(clicks)"}
 
 
-def spec(directory: Path, num_shards: int = 2) -> dict[str, Any]:
-    """The Druid ``index_parallel`` spec ingesting ``directory`` with perfect rollup."""
+def spec(directory: Path, num_shards: int = 2,
+         partitions: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The Druid ``index_parallel`` spec ingesting ``directory`` with perfect rollup;
+    ``partitions`` replaces the partitionsSpec (hashed ``numShards`` by default)."""
     return {
         "type": "index_parallel",
         "spec": {
@@ -93,7 +95,7 @@ def spec(directory: Path, num_shards: int = 2) -> dict[str, Any]:
             },
             "tuningConfig": {
                 "type": "index_parallel", "forceGuaranteedRollup": True,
-                "partitionsSpec": {"type": "hashed", "numShards": num_shards},
+                "partitionsSpec": partitions or {"type": "hashed", "numShards": num_shards},
                 "maxNumConcurrentSubTasks": 2, "totalNumMergeTasks": 2,
             },
         },

@@ -28,14 +28,29 @@ def _timed(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in runs if not r.get("warmup")]
 
 
+def _canonical(totals: list[Any]) -> str:
+    # [count, metric sums..., md5 of the sorted rows]. DuckDB sums an integer column to a
+    # HUGEINT that arrives as a float: the sums compare as floats, the rest exactly.
+    return json.dumps([totals[0], *map(float, totals[1:-1]), totals[-1]])
+
+
 def run_shape(ctx: Ctx, shape: str, data: Path, rows: int, repeats: int,
-              sides: tuple[str, ...] = ("shuffled", "spark", "duckdb")) -> dict[str, Any]:
-    """Run the worker on ``data`` and check the sides agree; its JSON plus medians."""
+              sides: tuple[str, ...] = ("shuffled", "spark", "duckdb"),
+              variants: dict[str, dict[str, Any]] | None = None,
+              check_every_run: bool = False) -> dict[str, Any]:
+    """Run the worker on ``data`` and check the sides agree; its JSON plus medians.
+    ``variants``: extra sides, shuffled with another partitionsSpec (side name -> spec);
+    ``check_every_run``: every run's output (warm-ups too) must equal the last side's
+    (the baseline), not only each side's last run."""
     base = data.parent
     out = base / "result.json"
     cmd = [sys.executable, "-m", "bench.e2e_worker", "--shape", shape, "--data", str(data),
            "--workdir", str(base), "--repeats", str(repeats),
            "--warmup", "0" if ctx.quick else "1", "--out", str(out), "--sides", ",".join(sides)]
+    for name, partitions in (variants or {}).items():
+        cmd += ["--variant", f"{name}={json.dumps(partitions)}"]
+    if check_every_run:
+        cmd.append("--check-every-run")
     for item in ctx.spark_conf:
         cmd += ["--conf", item]
     log = base.parent / f"{shape}-worker.log"
@@ -47,17 +62,26 @@ def run_shape(ctx: Ctx, shape: str, data: Path, rows: int, repeats: int,
                            + log.read_text(errors="replace")[-1500:])
     got = json.loads(out.read_text())
     totals = got["rowsOut"]
-    # [count, metric sums..., md5 of the sorted rows]. DuckDB sums an integer column to a
-    # HUGEINT that arrives as a float: the sums compare as floats, the rest exactly.
-    if len({json.dumps([t[0], *map(float, t[1:-1]), t[-1]]) for t in totals.values()}) != 1:
+    if len({_canonical(t) for t in totals.values()}) != 1:
         raise RuntimeError(f"the sides disagree on the rolled-up rows (count, metric sums, "
                            f"md5 of the sorted rows): {totals}")
+    if check_every_run:
+        expected = _canonical(totals[sides[-1]])
+        for side, side_runs in got["runs"].items():
+            for i, run in enumerate(side_runs):
+                if _canonical(run["totals"]) != expected:
+                    raise RuntimeError(f"{side}'s run {i} disagrees with {sides[-1]} on the "
+                                       f"rolled-up rows: {run['totals']} vs {expected}")
     runs = {k: _timed(v) for k, v in got["runs"].items()}
     seconds = {k: median([r["seconds"] for r in v]) for k, v in runs.items()}
-    ours = runs["shuffled"]
-    phases = {k: median([r["phases"].get(k, 0.0) for r in ours]) for k in ours[0]["phases"]}
+    by_side = {k: {p: median([r["phases"].get(p, 0.0) for r in v]) for p in v[0]["phases"]}
+               for k, v in runs.items() if v and "phases" in v[0]}
+    first = "shuffled" if "shuffled" in runs else next(iter(by_side))
+    ours = runs[first]
+    phases = by_side[first]
     peer = runs.get("spark", ours)
-    return {"runs": runs, "seconds": seconds, "phases": phases, "rows_out": totals[sides[-1]][0],
+    return {"runs": runs, "seconds": seconds, "phases": phases, "phases_by_side": by_side,
+            "rows_out": totals[sides[-1]][0],
             "rows_md5": totals[sides[-1]][-1],
             "bytes_shuffled": median([r["bytesShuffled"] for r in ours]),
             "spark_bytes": median([r["sparkShuffleWriteBytes"] for r in peer]),

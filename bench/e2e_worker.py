@@ -1,6 +1,7 @@
 """Child process of comparisons 5 and 7: one SparkSession, every side alternately, JSON out.
 
     python -m bench.e2e_worker --shape e2e|druid|druid_json --data DIR --workdir DIR --repeats N --out FILE
+        [--variant NAME=PARTITIONS_JSON ...] [--check-every-run]
 
 Sides: ``shuffled.api.ingest``, Spark's own groupBy + Parquet write, and DuckDB's GROUP BY +
 COPY TO Parquet (2 threads: the best single-node engine on this machine). After the runs,
@@ -15,6 +16,7 @@ reuses the active session, so both sides run on the same JVM with the same setti
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -102,13 +104,19 @@ def duckdb_rollup(spark: SparkSession, shape: Any, data: Path, out: Path) -> dic
 
 
 def shuffled_rollup(spark: SparkSession, shape: Any, data: Path, out: Path,
-                    output: str | None = None) -> dict[str, Any]:
-    """``shuffled.api.ingest`` with its embedded daemon; the task report's figures."""
+                    output: str | None = None,
+                    partitions: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``shuffled.api.ingest`` with its embedded daemon; the task report's figures.
+    ``partitions``: another partitionsSpec than the shape's (a ``--variant`` side)."""
     from shuffled.api import ingest
 
-    result = ingest(shape.spec(data), output=output or str(out))
+    spec = shape.spec(data, partitions=partitions) if partitions else shape.spec(data)
+    result = ingest(spec, output=output or str(out))
     report = result.report
+    determined = report["phases"].get("determinePartitions", {})
     return {"bytesShuffled": report.get("bytesShuffled"),
+            "determineMethod": determined.get("method"),
+            "slabs": report["phases"].get("partialSegmentGeneration", {}).get("slabs"),
             "bytesFetched": report.get("bytesFetched"),
             "rowsOut": report.get("rowsOut"),
             "phases": {k: v.get("ingest/task/time", 0) / 1000 for k, v in report["phases"].items()},
@@ -159,12 +167,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--sides", default="shuffled,spark,duckdb",
-                   help="comma-separated: shuffled, spark, duckdb, shuffled_iceberg")
+                   help="comma-separated: shuffled, spark, duckdb, shuffled_iceberg, or a "
+                        "--variant's name")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=JSON",
+                   help="a side NAME: shuffled ingesting with the partitionsSpec JSON")
+    p.add_argument("--check-every-run", action="store_true",
+                   help="check each run's output (untimed), not only the last one's")
     args = p.parse_args(argv)
     spark = session(dict(c.split("=", 1) for c in args.conf))
     shape = SHAPES[args.shape]
-    every = {"shuffled": shuffled_rollup, "spark": spark_rollup, "duckdb": duckdb_rollup,
-             "shuffled_iceberg": shuffled_iceberg_rollup}
+    every: dict[str, Any] = {"shuffled": shuffled_rollup, "spark": spark_rollup,
+                             "duckdb": duckdb_rollup, "shuffled_iceberg": shuffled_iceberg_rollup}
+    for item in args.variant:
+        name, _, text = item.partition("=")
+        every[name] = functools.partial(shuffled_rollup, partitions=json.loads(text))
     sides = {k: every[k] for k in args.sides.split(",")}
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in sides}
     try:
@@ -179,7 +195,9 @@ def main(argv: list[str] | None = None) -> int:
                 facts["sparkShuffleWriteBytes"] = shuffle_write_bytes(spark) - shuffled_before
                 facts["warmup"] = i < args.warmup
                 facts["files"] = sum(1 for _ in out.rglob("*.parquet"))
-                rest = {k: v for k, v in facts.items() if k != "seconds"}
+                if args.check_every_run:
+                    facts["totals"] = totals(out, shape)
+                rest = {k: v for k, v in facts.items() if k not in ("seconds", "totals")}
                 print(f"e2e: {name} {'warm-up ' if facts['warmup'] else ''}"
                       f"{facts['seconds']:.1f} s {json.dumps(rest)}", flush=True)
                 runs[name].append(facts)

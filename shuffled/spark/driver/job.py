@@ -69,12 +69,19 @@ class Job:
             done = self._late(keyed)
             if done is not None:
                 return done
+        # Why the late plan was not taken: the spec, or the native reader declining.
+        why = keyed if isinstance(keyed, str) else self._declined
         self.ctx.enter("determine partitions")
         started = time.monotonic()
         determined = determine(prepared, s)
         plan, card = determined.plan, determined.cardinality
         chunks = len(card) if card else None
-        self.report.phase("determinePartitions", started, timeChunks=chunks,
+        given = s.partitions.type == "hashed" and bool(s.partitions.num_shards)
+        self.report.phase("determinePartitions", started,
+                          # "scan": a pass over the input before phase 1 (two for range);
+                          # "numShards": the plan was given, nothing read
+                          method="numShards" if given else "scan", methodReason=why,
+                          timeChunks=chunks,
                           estimatedRows=sum(card.values()) if card else None,
                           # range: the shard starts collected, at most one per shard
                           rowsToDriver=determined.rows_to_driver if plan.kind == "range"

@@ -135,3 +135,39 @@ def test_range_in_one_pass(spark: Any, daemons: list[Any], dataset: Any, tmp_pat
             # only a segment of one value may be over the cap, or twice the target.
             if s["rows"] > (cap if cap is not None else 2 * target):
                 assert len(keys) == 1, (s["rows"], len(keys))
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    base = tmp_path_factory.mktemp("small")
+    lines, good, _ = generate(2000, seed=12)
+    write_parts(lines, base / "json", parts=2)
+    return base / "json", good
+
+
+@pytest.mark.parametrize(("partitions", "reader", "method", "why"), [
+    ({"type": "hashed", "targetRowsPerSegment": 100}, "jvm", "scan", "JVM reader"),
+    ({"type": "hashed", "numShards": 2}, "auto", "numShards", "numShards is given"),
+], ids=["jvm-keeps-the-scan", "numShards-reads-nothing"])
+def test_the_report_says_how_partitions_were_determined(
+        spark: Any, daemons: list[Any], small: Any, tmp_path: Path,
+        partitions: dict[str, Any], reader: str, method: str, why: str) -> None:
+    """Where the late plan is not taken, the task report says what ran instead and why:
+    the JVM reader keeps the determine pass over the input (docs/ingestion.md), numShards
+    needs none. The segments still follow Druid's partitionsSpec (about the target a
+    segment; numShards segments a chunk at most)."""
+    base, good = small
+    spec = base_spec(base, partitions, maxNumConcurrentSubTasks=2)
+    result = run_ingestion(spec, shuffle_servers=[d.url for d in daemons],
+                           output_dir=str(tmp_path / "out"), reader=reader)
+    manifest, table = read_output(tmp_path / "out")
+    expected = expected_rollup(good)
+    assert_matches(table, expected)
+    determined = result.report["phases"]["determinePartitions"]
+    assert determined["method"] == method
+    assert why in determined["methodReason"]
+    for interval, segs in per_interval(manifest).items():
+        if method == "scan":
+            assert abs(len(segs) - math.ceil(rolled_rows(expected, interval) / 100)) <= 1
+        else:
+            assert len(segs) <= 2
