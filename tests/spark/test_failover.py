@@ -36,6 +36,8 @@ SCENARIOS = [
     # The spec Druid recommends (no numShards): the late plan's slabs (docs/slab.md).
     {"name": "late_phase1_kill", "kill_in_phase1": [0],
      "partitions": {"type": "hashed", "targetRowsPerSegment": 400}},
+    {"name": "late_phase2_restart", "term_in_phase2": 0,
+     "partitions": {"type": "hashed", "targetRowsPerSegment": 400}},
 ]
 
 
@@ -111,6 +113,18 @@ def test_the_late_plan_fails_loudly_when_a_daemon_holding_slabs_is_lost(runs: An
     assert run["urls"][0] in run["error"] and "could not be sealed" in run["error"]
     assert not list(Path(run["output"]).rglob("*.parquet"))  # nothing published
     assert all(n == 0 for n in run["held"].values()), run["held"]
+
+
+def test_the_late_plan_rides_through_a_daemon_restart_in_phase2(runs: Any) -> None:
+    """A daemon SIGTERMed while phase 2 reads its slabs comes back on its location: its
+    slabs are files whose rows the start rebuilds, the readers retry through the restart,
+    and every row is published once."""
+    results, expected = runs
+    run = results["late_phase2_restart"]
+    assert run["restarted"] and "restartError" not in run
+    report = _succeeded(run, expected)
+    assert report["phases"]["determinePartitions"]["method"] == "latePlan"
+    assert report["recovery"]["lostDaemons"] == {}
 
 
 @pytest.mark.xfail(strict=True, reason="the late plan does not recompute a lost daemon's "

@@ -216,7 +216,8 @@ def make_phase2_slabs(cfg: Phase2Config, slabs_on: dict[str, int],
         # and writing (HTTP, IPC reading, Acero and Parquet release the GIL).
         pool = ThreadPoolExecutor(1, thread_name_prefix="phase2-slab-fetch")
         try:
-            for fetched_batch, fetched, fetch_all in prefetched():
+            for n, (fetched_batch, fetched, fetch_all) in enumerate(prefetched(), 1):
+                cfg.hooks.phase2_fetched(n)  # fault injection in tests (shuffled.spark.hooks)
                 fetch_s = fetch_all / len(fetched_batch)
                 for s, got in zip(fetched_batch, fetched, strict=True):
                     if isinstance(got, ShortRead):
