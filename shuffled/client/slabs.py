@@ -48,8 +48,12 @@ def put_slab(http_: Transport, supervisor_task_id: str, slab: Slab) -> dict[str,
                                  what=f"slab of {sup}"))
 
 
-def _decoded(data: bytes, rows: int, slabs: int) -> SlabRead:
+def _decoded(data: bytes, rows: int, slabs: int,
+             trim: tuple[bytes | None, bytes | None] | None = None) -> SlabRead:
+    """The shard's rows; with ``trim`` (its key range) the rows of the edge batches the
+    daemon sent whole that fall outside it are dropped here."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     if not data:
         if rows:
@@ -62,6 +66,17 @@ def _decoded(data: bytes, rows: int, slabs: int) -> SlabRead:
     if table.num_rows != rows:
         raise CorruptData(f"a shard's answer holds {table.num_rows} rows; the daemon said "
                           f"{rows}")
+    if trim is not None and KEY_COLUMN in table.column_names and trim != (None, None):
+        key = table.column(KEY_COLUMN)
+        lo, hi = trim
+        keep = None
+        if lo is not None:
+            keep = pc.greater_equal(key, pa.scalar(lo, pa.binary()))
+        if hi is not None:
+            below = pc.less(key, pa.scalar(hi, pa.binary()))
+            keep = below if keep is None else pc.and_(keep, below)
+        table = table.filter(keep)
+        rows = table.num_rows
     if KEY_COLUMN in table.column_names:
         table = table.drop_columns([KEY_COLUMN])
     return SlabRead(table, rows, slabs)
@@ -80,16 +95,19 @@ def _exact(resp: http.client.HTTPResponse, n: int) -> bytes:
     return data
 
 
-def _shards(count: int) -> Callable[[http.client.HTTPResponse], list[SlabRead]]:
+def _shards(ranges: Sequence[tuple[bytes | None, bytes | None]],
+            ) -> Callable[[http.client.HTTPResponse], list[SlabRead]]:
+    count = len(ranges)
+
     def handle(resp: http.client.HTTPResponse) -> list[SlabRead]:
         slabs = int(resp.getheader(SLABS_HEADER) or 0)
-        out = []
+        out: list[SlabRead] = []
         for _ in range(count):
             magic, length, rows = frames.SHARD.unpack(_exact(resp, frames.SHARD.size))
             if magic != frames.SHARD_MAGIC:
                 raise CorruptData(f"a batched shard read has {magic!r} where a shard frame "
                                   "starts")
-            out.append(_decoded(_exact(resp, length), rows, slabs))
+            out.append(_decoded(_exact(resp, length), rows, slabs, ranges[len(out)]))
         magic, got = frames.END.unpack(_exact(resp, frames.END.size))
         if magic != frames.END_MAGIC or got != count:
             raise CorruptData(f"a batched shard read ended with {magic!r} {got}, not the "
@@ -107,13 +125,14 @@ def read_shards(http_: Transport, supervisor_task_id: str,
     out: list[SlabRead] = []
     for at in range(0, len(shards), frames.MAX_SHARDS):
         group = shards[at: at + frames.MAX_SHARDS]
-        body = json.dumps({"shards": [
+        body = json.dumps({"trim": False, "shards": [
             {"start": format_instant(iv.start), "end": format_instant(iv.end),
              "keyFrom": None if lo is None else lo.hex(),
              "keyTo": None if hi is None else hi.hex()} for iv, lo, hi in group]}).encode()
         out.extend(http_.request(Request(
             "POST", f"{task_path(sup)}/shards", body=body,
-            headers={"Content-Type": "application/json"}, handle=_shards(len(group)),
+            headers={"Content-Type": "application/json"},
+            handle=_shards([(lo, hi) for _, lo, hi in group]),
             what=f"{len(group)} shards of {sup}")))
     return out
 

@@ -136,6 +136,10 @@ async def post_shards(request: web.Request) -> web.StreamResponse:
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"the body is not JSON: {exc}", field="shards") from exc
     wanted = _wanted(body)
+    trim = body.get("trim", True)
+    if not isinstance(trim, bool):
+        raise BadRequest("trim is true (the daemon trims the edge batches to each shard's "
+                         "keys) or false (it sends them whole: the reader trims)", field="trim")
     with state.downloads.slot():
         ti = await state.store.slabs.task_index(sup)
         state.store.touch(sup)
@@ -147,7 +151,7 @@ async def post_shards(request: web.Request) -> web.StreamResponse:
             out = await state.answer(request, response)
             for at in range(0, len(wanted), GROUP):
                 reads = await state.store.run(shard_reads.read_many, ti,
-                                              wanted[at: at + GROUP], opened)
+                                              wanted[at: at + GROUP], opened, trim)
                 parts: list[Any] = []
                 for read in reads:
                     parts.append(frames.shard_head(read.length, read.rows))

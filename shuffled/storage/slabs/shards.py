@@ -129,10 +129,16 @@ def _schema(ti: TaskIndex, pos: int, f: IO[bytes]) -> tuple[bytes, pa.Schema]:
 
 
 def read(ti: TaskIndex, start: int, end: int, key_from: bytes | None,
-         key_to: bytes | None, opened: dict[int, IO[bytes]] | None = None) -> ShardRead:
+         key_to: bytes | None, opened: dict[int, IO[bytes]] | None = None,
+         trim: bool = True) -> ShardRead:
     """The shard's stream as parts; blocking (opens files, trims edge batches). With
-    ``opened`` the files are shared with other reads (the caller closes them)."""
+    ``opened`` the files are shared with other reads (the caller closes them). Without
+    ``trim`` the edge batches go whole too (sendfile; the reader drops the rows outside
+    the range by their ``__key``): a day chunk cut into a few shards is mostly edges, and
+    decoding, filtering and encoding each in the daemon cost more than the bytes saved."""
     picked, whole = select(ti, start, end, key_from, key_to)
+    if not trim:
+        whole = np.ones(len(picked), bool)
     shared = opened is not None
     opened = {} if opened is None else opened
     t = ti.index
@@ -210,6 +216,6 @@ def read(ti: TaskIndex, start: int, end: int, key_from: bytes | None,
 
 
 def read_many(ti: TaskIndex, shards: list[tuple[int, int, bytes | None, bytes | None]],
-              opened: dict[int, IO[bytes]]) -> list[ShardRead]:
+              opened: dict[int, IO[bytes]], trim: bool = True) -> list[ShardRead]:
     """:func:`read` of each shard, the files opened once (in ``opened``)."""
-    return [read(ti, *shard, opened=opened) for shard in shards]
+    return [read(ti, *shard, opened=opened, trim=trim) for shard in shards]
