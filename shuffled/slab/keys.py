@@ -20,7 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-KEY_COLUMN = "__key"
+from shuffled.slab.wire import KEY_COLUMN  # noqa: F401 (the format's; re-exported)
+
 _NULL = pa.scalar(b"\x00", pa.binary())
 _OPEN = pa.scalar(b"\x01", pa.binary())
 _CLOSE = pa.scalar(b"\x00\x00", pa.binary())

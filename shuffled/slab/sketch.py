@@ -15,14 +15,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-LG_REGISTERS = 11
-REGISTERS = 1 << LG_REGISTERS
-SAMPLE = 256
+from shuffled.slab.wire import LG_REGISTERS, SAMPLE, STATS_SCHEMA  # noqa: F401 (re-exported)
 
-STATS_SCHEMA = pa.schema([
-    ("chunk_start", pa.int64()), ("chunk_end", pa.int64()), ("rows", pa.int64()),
-    ("hll", pa.binary()), ("sample", pa.list_(pa.binary())),
-])
+REGISTERS = 1 << LG_REGISTERS
 
 _U64 = np.uint64
 _M1, _M2 = _U64(0xBF58476D1CE4E5B9), _U64(0x94D049BB133111EB)

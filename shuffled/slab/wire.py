@@ -45,6 +45,17 @@ class KeyKind(enum.IntFlag):
     TUPLE = 2
 
 
+#: The column a keyed slab carries its rows' keys in (:mod:`.keys` makes them).
+KEY_COLUMN = "__key"
+#: Registers of a chunk's HyperLogLog (:mod:`.sketch`), and its sample's most keys.
+LG_REGISTERS = 11
+SAMPLE = 256
+#: The statistics section: one row per time chunk (:mod:`.sketch` fills it).
+STATS_SCHEMA = pa.schema([
+    ("chunk_start", pa.int64()), ("chunk_end", pa.int64()), ("rows", pa.int64()),
+    ("hll", pa.binary()), ("sample", pa.list_(pa.binary())),
+])
+
 INDEX_SCHEMA = pa.schema([
     ("chunk_start", pa.int64()), ("chunk_end", pa.int64()),
     ("key_lo", pa.binary()), ("key_hi", pa.binary()),

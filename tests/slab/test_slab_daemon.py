@@ -157,3 +157,16 @@ def test_a_batched_read_answers_as_the_single_reads_do(daemon_url: str) -> None:
                 assert got.table.equals(one.table)
         total = sum(r.rows for r in many)
         assert total == sum(p.num_rows for p in parts)  # chunk 5 is empty: every row once
+
+
+def test_the_daemon_loads_pyarrow_compute_only_when_slabs_are_read() -> None:
+    """pyarrow.compute costs a daemon ~12 MiB of RSS at start (the soak holds the daemon
+    under 150 MiB): the slab modules import it when a shard is first read."""
+    import subprocess
+    import sys
+
+    code = ("import sys, shuffled.server.app; "
+            "print('pyarrow.compute' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert out.stdout.strip() == "False"

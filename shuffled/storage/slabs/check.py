@@ -19,8 +19,7 @@ import pyarrow as pa
 
 from shuffled.errors import InvalidBody
 from shuffled.slab import wire
-from shuffled.slab.keys import KEY_COLUMN
-from shuffled.slab.wire import KeyKind
+from shuffled.slab.wire import KEY_COLUMN, KeyKind
 from shuffled.storage.ondisk import ipcshape
 
 _HEAD = struct.Struct("<Ii")

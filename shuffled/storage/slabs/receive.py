@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from shuffled.crc import crc32c
 from shuffled.errors import Conflict, DigestMismatch, InvalidBody
-from shuffled.slab import sketch, wire
+from shuffled.slab import wire
 from shuffled.storage.ondisk import writeback
 from shuffled.storage.slabs import check, files
 
@@ -91,7 +91,7 @@ def check_sections(prefix: wire.Prefix, header: wire.SlabHeader, index_raw: byte
     wire.check_index(index, header, prefix)
     check.key_bounds(index, prefix.kind)
     if stats_raw:
-        check.small_section(stats_raw, sketch.STATS_SCHEMA, "statistics")
+        check.small_section(stats_raw, wire.STATS_SCHEMA, "statistics")
     return index
 
 

@@ -15,12 +15,11 @@ from typing import IO
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from shuffled.crc import crc32c
 from shuffled.errors import Conflict, CorruptData
 from shuffled.slab import wire
-from shuffled.slab.keys import KEY_COLUMN
+from shuffled.slab.wire import KEY_COLUMN
 from shuffled.storage.ondisk.slabrows import SlabRow
 
 
@@ -93,6 +92,8 @@ def select(ti: TaskIndex, start: int, end: int, key_from: bytes | None,
            key_to: bytes | None) -> tuple[np.ndarray, np.ndarray]:
     """Positions in the task's index of the shard's batches (in slab and offset order),
     and which of them are whole (every key inside the range)."""
+    import pyarrow.compute as pc  # here: the daemon pays for it once slabs are read
+
     lo = int(np.searchsorted(ti.chunk_start, start, "left"))
     hi = int(np.searchsorted(ti.chunk_start, start, "right"))
     if lo == hi:
@@ -186,6 +187,8 @@ def read(ti: TaskIndex, start: int, end: int, key_from: bytes | None,
                                   "its CRC32C (the disk changed it since it was written)")
             batch = pa.ipc.read_record_batch(pa.py_buffer(message), schema)
             if not whole[i]:
+                import pyarrow.compute as pc
+
                 key = batch.column(KEY_COLUMN)
                 keep = pa.array(np.ones(batch.num_rows, bool))
                 if key_from is not None:
