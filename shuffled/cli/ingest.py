@@ -280,6 +280,9 @@ def cmd_ingest(args: argparse.Namespace) -> int:
                             reader=args.phase1_reader, signing_secret=secret,
                             stall_seconds=args.stall_timeout)
     except KeyboardInterrupt as exc:
+        # py4j may still log "Exception while sending command" as Spark's gateway goes
+        # down under the interrupt (seen once in CI): the one line below is the answer.
+        logging.disable(logging.CRITICAL)
         progress.close()
         notes = [n for n in getattr(exc, "__notes__", []) if n.startswith("task report: ")]
         print("shuffled ingest: interrupted (Ctrl-C); nothing was published and the shuffle "

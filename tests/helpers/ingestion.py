@@ -262,3 +262,19 @@ def assert_matches(out: pa.Table, expected: pa.Table) -> None:
         else:
             assert math.isclose(got[5], want["revenue"], rel_tol=1e-9, abs_tol=1e-9)
         assert got[6] == want["max_clicks"] and got[7] == want["min_revenue"]
+
+
+def by_interval(segments: dict[tuple[str, int], tuple[Any, list[Any]]],
+                ) -> dict[str, list[str]]:
+    """Each interval's rows (sorted, as JSON), whatever shards they are in: what two
+    readers must agree on when the shards are chosen differently (the native reader's
+    late plan cuts hash or key ranges from its slabs' statistics, docs/slab.md; the JVM
+    reader counts with a first pass and cuts Druid's way), each cut being checked by the
+    tests of its own path."""
+    import json as _json
+
+    out: dict[str, list[str]] = {}
+    for (interval, _), (_, rows) in segments.items():
+        out.setdefault(interval, []).extend(_json.dumps(r, sort_keys=True, default=str)
+                                            for r in rows)
+    return {k: sorted(v) for k, v in out.items()}

@@ -18,7 +18,8 @@ import pytest
 from shuffled.spark import run_ingestion
 from tests.helpers.hooks import FailAttempts
 from tests.helpers.ingestion import (  # noqa: F401  (fixtures)
-    base_spec, daemons, expected_rollup, generate, read_output, spark, write_parts,
+    base_spec, by_interval, daemons, expected_rollup, generate, read_output, spark,
+    write_parts,
 )
 
 pytestmark = pytest.mark.spark
@@ -44,7 +45,12 @@ def _both(spec: dict[str, Any], urls: list[str], tmp: Path, source: str = "event
     native = run_ingestion(spec, shuffle_servers=urls, output_dir=str(tmp / "n"), reader="native")
     jvm = run_ingestion(spec, shuffle_servers=urls, output_dir=str(tmp / "j"), reader="jvm")
     got, want = _segments(tmp / "n", source), _segments(tmp / "j", source)
-    assert got == want and len(got) >= 2
+    assert len(got) >= 2
+    if "numShards" in spec["spec"]["tuningConfig"]["partitionsSpec"]:
+        assert got == want
+    else:  # shards decided late by the native reader, counted first by the JVM's
+        assert native.report["phases"]["determinePartitions"]["method"] == "latePlan"
+        assert by_interval(got) == by_interval(want)
     stats = [r.report["ingestionStatsAndErrors"]["rowStats"]["buildSegments"] for r in (native, jvm)]
     for key in ("processed", "processedWithError", "unparseable", "thrownAway"):
         assert stats[0][key] == stats[1][key], key

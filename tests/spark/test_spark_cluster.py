@@ -37,10 +37,11 @@ def test_tutorial_on_standalone_cluster_with_two_daemons(cluster: str, tmp_path:
         for url in (one, two):  # the supervisor deleted its shuffle data everywhere
             with ShuffleClient(url) as client:
                 assert client.list_tasks()["files"] == 0
-        # One node's two disks, a daemon each (docs/ops.md, "A node's cores and disks"):
-        # phase 1 spread its flushes over both.
-        for daemon in (one_daemon, two_daemon):
-            assert metric(daemon.registry, "shuffled_received_bytes_total") > 0
+        # One node's two disks, a daemon each, both given to the driver (docs/ops.md, "A
+        # node's cores and disks"): the node's daemons took phase 1's output (five rows
+        # may all land on one of them).
+        assert sum(metric(d.registry, "shuffled_received_bytes_total")
+                   for d in (one_daemon, two_daemon)) > 0
     files = sorted(out.rglob("*.parquet"))
     rows = [r for f in files for r in pq.read_table(f).to_pylist()]
     expected = json.loads((ROOT / "examples/rollup-tutorial/expected-rows.json").read_text())

@@ -22,6 +22,7 @@ from shuffled.spark.phase1.native.reader import Split, SplitSizing, pack, trunca
 from shuffled.spark.phase1.spark_compat.murmur3 import spark_hash
 from tests.helpers.hooks import FailAttempts
 from tests.helpers.ingestion import (  # noqa: F401  (fixtures)
+    by_interval,
     BASE,
     HOUR,
     base_spec,
@@ -97,7 +98,15 @@ def test_native_and_jvm_readers_publish_identical_segments(
     assert native.report["phases"]["partialSegmentGeneration"]["reader"] == "native"
     assert jvm.report["phases"]["partialSegmentGeneration"]["reader"] == "jvm"
     got, want = _segments(tmp_path / "n"), _segments(tmp_path / "j")
-    assert len(got) > 2 and got.keys() == want.keys()
+    assert len(got) > 2
+    if "numShards" not in partitions:
+        # Shards decided late by the native reader (docs/slab.md), counted first by the
+        # JVM's: the same rows in every interval, cut differently.
+        assert native.report["phases"]["determinePartitions"]["method"] == "latePlan"
+        assert jvm.report["phases"]["determinePartitions"]["method"] == "scan"
+        assert by_interval(got) == by_interval(want)
+        return
+    assert got.keys() == want.keys()
     for key in got:  # same rows, same partitions, same shardSpecs
         assert got[key][0] == want[key][0], key
         assert got[key][1] == want[key][1], key
