@@ -126,24 +126,39 @@ def _write(out: pa.Table, path: str, cfg: Phase2Config) -> int:
     return data.size
 
 
+class SegmentSink:
+    """A segment's Parquet file written as the sorted rows of a bounded merge come (a
+    partition, or a shard, too big for one piece within the budget): call it with each
+    table; ``rows`` counts them."""
+
+    def __init__(self, cfg: Phase2Config, path: str) -> None:
+        self.cfg = cfg
+        schema = _segment_table(cfg.layout.schema().empty_table(), cfg.multi_value,
+                                cfg.layout.hidden).schema
+        self.writer = pq.ParquetWriter(path, schema, compression=cfg.codecs(schema.names))
+        self.rows = 0
+
+    def __call__(self, table: pa.Table) -> None:
+        self.rows += table.num_rows
+        self.writer.write_table(_segment_table(table, self.cfg.multi_value,
+                                               self.cfg.layout.hidden), row_group_size=1 << 20)
+
+    def __enter__(self) -> SegmentSink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.writer.close()
+
+
 def _write_streamed(cfg: Phase2Config, clients: dict[str, ShuffleClient], a: Assignment,
                     path: str, down: set[str], verdict: Verdict | None = None,
                     ) -> tuple[int, int, SpillStats]:
     """Merge a partition too big for one piece within the budget, writing its segment as
     the sorted rows come: returns (rows, bytes written, spill stats)."""
-    schema = _segment_table(cfg.layout.schema().empty_table(), cfg.multi_value,
-                            cfg.layout.hidden).schema
-    rows = 0
-    with pq.ParquetWriter(path, schema, compression=cfg.codecs(schema.names)) as writer:
-        def sink(table: pa.Table) -> None:
-            nonlocal rows
-            rows += table.num_rows
-            writer.write_table(_segment_table(table, cfg.multi_value, cfg.layout.hidden),
-                               row_group_size=1 << 20)
-
+    with SegmentSink(cfg, path) as sink:
         stats = merge_bounded(stream_partition(clients, cfg, a, down, verdict), cfg.layout,
                               cfg.memory_budget, sink, cfg.spill_dir)
-    return rows, os.path.getsize(path), stats
+    return sink.rows, os.path.getsize(path), stats
 
 
 Fetched = list[list[pa.Table] | SourceLost]

@@ -24,12 +24,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from shuffled.client import ShuffleClient, daemon_failed
 from shuffled.protocol import Interval
 from shuffled.spark.phase2.durable import sync_files
-from shuffled.spark.phase2.merge import _segment_table, _write, merge_partitions
+from shuffled.spark.phase2.merge import SegmentSink, _segment_table, _write, merge_partitions
 from shuffled.spark.phase2.plan import Phase2Config
 from shuffled.spark.phase2.publish import segment_name
 from shuffled.spark.phase2.spill import WORK_FACTOR, merge_bounded
@@ -247,21 +246,13 @@ def _streamed(cfg: Phase2Config, s: Shard, tables: list[pa.Table], rows_in: int,
     """A shard bigger than the budget's share: merged by range splitting, written as the
     sorted rows come (phase2.spill)."""
     started = time.monotonic()
-    schema = _segment_table(cfg.layout.schema().empty_table(), cfg.multi_value,
-                            cfg.layout.hidden).schema
-    rows = 0
-    with pq.ParquetWriter(path, schema, compression=cfg.codecs(schema.names)) as writer:
-        def sink(table: pa.Table) -> None:
-            nonlocal rows
-            rows += table.num_rows
-            writer.write_table(_segment_table(table, cfg.multi_value, cfg.layout.hidden),
-                               row_group_size=1 << 20)
 
-        def batches() -> Iterator[pa.RecordBatch]:
-            while tables:
-                yield from tables.pop().to_batches()
+    def batches() -> Iterator[pa.RecordBatch]:
+        while tables:
+            yield from tables.pop().to_batches()
 
+    with SegmentSink(cfg, path) as sink:
         stats = merge_bounded(batches(), cfg.layout, cfg.memory_budget, sink, cfg.spill_dir)
-    yield segment(s, path, rows_in, rows, os.path.getsize(path), size, fetch_s,
+    yield segment(s, path, rows_in, sink.rows, os.path.getsize(path), size, fetch_s,
                   time.monotonic() - started, 0.0, spill_files=stats.files,
                   spill_bytes=stats.bytes)
