@@ -17,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -162,6 +162,26 @@ def _write_streamed(cfg: Phase2Config, clients: dict[str, ShuffleClient], a: Ass
 
 
 Fetched = list[list[pa.Table] | SourceLost]
+B = TypeVar("B")
+R = TypeVar("R")
+
+
+def read_ahead(pool: ThreadPoolExecutor, fetch: Callable[[B], R], batches: Iterable[B],
+               ) -> Iterator[R]:
+    """``fetch`` of each batch, in order, :data:`PREFETCH` batches ahead on ``pool``
+    (phase 2's partials and slabs: reading overlaps merging); what is still queued when
+    the consumer stops is cancelled."""
+    ahead: deque[Future[R]] = deque()
+    try:
+        for batch in batches:
+            ahead.append(pool.submit(fetch, batch))
+            if len(ahead) > PREFETCH:
+                yield ahead.popleft().result()
+        while ahead:
+            yield ahead.popleft().result()
+    finally:
+        for f in ahead:
+            f.cancel()
 
 
 def _prefetched(clients: dict[str, ShuffleClient], cfg: Phase2Config,
@@ -176,17 +196,7 @@ def _prefetched(clients: dict[str, ShuffleClient], cfg: Phase2Config,
         started = time.monotonic()
         return batch, fetch_batch(clients, cfg, batch, down, verdict), time.monotonic() - started
 
-    ahead: deque[Future[tuple[list[Assignment], Fetched, float]]] = deque()
-    try:
-        for batch in batches(assignments, nbytes=cfg.batch_bytes):
-            ahead.append(pool.submit(fetch, batch))
-            if len(ahead) > PREFETCH:
-                yield ahead.popleft().result()
-        while ahead:
-            yield ahead.popleft().result()
-    finally:
-        for f in ahead:
-            f.cancel()
+    return read_ahead(pool, fetch, batches(assignments, nbytes=cfg.batch_bytes))
 
 
 def make_phase2(cfg: Phase2Config) -> Callable[[Iterable[Assignment]], Iterator[str]]:

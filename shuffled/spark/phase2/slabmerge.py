@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +27,9 @@ import pyarrow as pa
 from shuffled.client import ShuffleClient, daemon_failed
 from shuffled.protocol import Interval
 from shuffled.spark.phase2.durable import sync_files
-from shuffled.spark.phase2.merge import SegmentSink, _segment_table, _write, merge_partitions
+from shuffled.spark.phase2.merge import (
+    SegmentSink, _segment_table, _write, merge_partitions, read_ahead,
+)
 from shuffled.spark.phase2.plan import Phase2Config
 from shuffled.spark.phase2.publish import segment_name
 from shuffled.spark.phase2.spill import WORK_FACTOR, merge_bounded
@@ -37,7 +38,6 @@ from shuffled.spark.rows.memory import peak_rss, release_free_memory, reset_peak
 
 BATCH_SHARDS = 128  # shards read (one request per daemon) and merged together
 BATCH_ROWS = 500_000  # about this many rows a batch, by the plan's estimates
-PREFETCH = 1  # batches read ahead of the one being merged
 
 
 @dataclass(frozen=True)
@@ -199,17 +199,7 @@ def make_phase2_slabs(cfg: Phase2Config, slabs_on: dict[str, int],
                 got = fetch_shards(client, cfg.supervisor_task_id, b, slabs_on)
                 return b, got, time.monotonic() - started
 
-            ahead: deque[Future[tuple[list[Shard], list[Fetched | ShortRead], float]]] = deque()
-            try:
-                for b in shard_batches(shards):
-                    ahead.append(pool.submit(fetch, b))
-                    if len(ahead) > PREFETCH:
-                        yield ahead.popleft().result()
-                while ahead:
-                    yield ahead.popleft().result()
-            finally:
-                for f in ahead:
-                    f.cancel()
+            return read_ahead(pool, fetch, shard_batches(shards))
 
         # One thread reads (it alone uses the clients), so that reading overlaps merging
         # and writing (HTTP, IPC reading, Acero and Parquet release the GIL).
