@@ -8,7 +8,7 @@ Used by Spark executors (upload/download) and the driver (task admin, cleanup). 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -313,9 +313,9 @@ class ShuffleClient:
 
     def read_shards(self, supervisor_task_id: str,
                     shards: Sequence[tuple[Interval, bytes | None, bytes | None]],
-                    ) -> list[slabs.SlabRead]:
+                    without: Collection[str] = ()) -> list[slabs.SlabRead]:
         """:func:`.slabs.read_shards`."""
-        return slabs.read_shards(self._http, supervisor_task_id, shards)
+        return slabs.read_shards(self._http, supervisor_task_id, shards, without)
 
     # -- the supervisor's calls (shuffled.client.supervisor) ------------------------------
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import http.client
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -118,14 +118,16 @@ def _shards(ranges: Sequence[tuple[bytes | None, bytes | None]],
 
 def read_shards(http_: Transport, supervisor_task_id: str,
                 shards: Sequence[tuple[Interval, bytes | None, bytes | None]],
-                ) -> list[SlabRead]:
+                without: Collection[str] = ()) -> list[SlabRead]:
     """``POST /tasks/{id}/shards``: :func:`read_shard` of each shard, in order, up to
-    :data:`~shuffled.slab.frames.MAX_SHARDS` per request (more are sent in several)."""
+    :data:`~shuffled.slab.frames.MAX_SHARDS` per request (more are sent in several).
+    ``without``: sealed subtasks left out (a supervisor recomputed them elsewhere)."""
     sup = validate_id(supervisor_task_id, "supervisorTaskId")
     out: list[SlabRead] = []
+    left_out = sorted(without)
     for at in range(0, len(shards), frames.MAX_SHARDS):
         group = shards[at: at + frames.MAX_SHARDS]
-        body = json.dumps({"trim": False, "shards": [
+        body = json.dumps({"trim": False, "without": left_out, "shards": [
             {"start": format_instant(iv.start), "end": format_instant(iv.end),
              "keyFrom": None if lo is None else lo.hex(),
              "keyTo": None if hi is None else hi.hex()} for iv, lo, hi in group]}).encode()

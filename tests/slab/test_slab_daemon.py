@@ -159,6 +159,49 @@ def test_a_batched_read_answers_as_the_single_reads_do(daemon_url: str) -> None:
         assert total == sum(p.num_rows for p in parts)  # chunk 5 is empty: every row once
 
 
+def test_a_read_leaves_out_the_subtasks_it_names(daemon_url: str) -> None:
+    """A supervisor that re-ran a subtask after losing a daemon names the superseded one
+    in ``without`` (seals only grow: it stays sealed): its slabs are neither read nor
+    counted, and a read without ``without`` still takes them (docs/slab.md)."""
+    old, rerun, other = rows_table(400, seed=1), rows_table(400, seed=1), rows_table(300, seed=4)
+    everything = [(Interval(0, HOUR), None, None)]
+    with ShuffleClient(daemon_url) as client:
+        client.put_slab("sup", make_slab(old, sub="p3-a7"))
+        client.put_slab("sup", make_slab(other, sub="p1-a2"))
+        client.seal("sup", ["p3-a7", "p1-a2"])
+        client.put_slab("sup", make_slab(rerun, sub="p3-a9"))
+        client.seal("sup", ["p3-a7", "p1-a2", "p3-a9"])
+        both = client.read_shards("sup", everything)[0]
+        assert both.slabs == 3  # the superseded one too: twice subtask 3's rows
+        left_out = client.read_shards("sup", everything, without=["p3-a7"])[0]
+        assert left_out.slabs == 2
+        assert _sorted(left_out.table) == sorted(_sorted(_chunk(rerun, 0))
+                                                 + _sorted(_chunk(other, 0)))
+        assert client.read_shards("sup", everything)[0].slabs == 3  # per read, not kept
+
+
+@pytest.mark.parametrize("without,why", [
+    ("p3-a7", "without is a list"),
+    ([7], "without is a list"),
+    (["../etc"], "without"),
+    (["x"] * 100_001, "at most 100000"),
+])
+def test_a_hostile_without_is_refused(daemon_url: str, without: object, why: str) -> None:
+    import json
+
+    from shuffled.errors import BadRequest
+
+    body = json.dumps({"without": without, "shards": [
+        {"start": "1970-01-01T00:00:00.000Z", "end": "1970-01-01T01:00:00.000Z"}]}).encode()
+    with ShuffleClient(daemon_url) as client:
+        client.put_slab("hostile-w", make_slab(rows_table(50)))
+        client.seal("hostile-w", ["sub0"])
+        with pytest.raises(BadRequest, match=why):
+            client._http.request(Request(
+                "POST", "/druid/worker/v1/shuffle/tasks/hostile-w/shards", body=body,
+                headers={"Content-Type": "application/json"}, handle=json_dict, what="w"))
+
+
 def test_the_daemon_loads_pyarrow_compute_only_when_slabs_are_read() -> None:
     """pyarrow.compute costs a daemon ~12 MiB of RSS at start (the soak holds the daemon
     under 150 MiB): the slab modules import it when a shard is first read."""

@@ -115,6 +115,22 @@ def _wanted(body: Any) -> list[tuple[int, int, bytes | None, bytes | None]]:
     return out
 
 
+#: Sealed subtasks a read may leave out: more than a task has (one per phase-1 attempt
+#: that committed) would be no task's.
+MAX_WITHOUT = 100_000
+
+
+def _without(body: dict[str, Any]) -> frozenset[str]:
+    """``"without"``: sealed subtasks the reader leaves out (a supervisor recomputed them
+    elsewhere after a daemon was lost; docs/slab.md, "A lost daemon")."""
+    items = body.get("without", [])
+    if (not isinstance(items, list) or len(items) > MAX_WITHOUT
+            or not all(isinstance(x, str) for x in items)):
+        raise BadRequest(f"without is a list of at most {MAX_WITHOUT} subtask ids",
+                         field="without")
+    return frozenset(validate_id(x, "without") for x in items)
+
+
 def _hex(value: Any, name: str) -> bytes | None:
     if value is None:
         return None
@@ -140,8 +156,9 @@ async def post_shards(request: web.Request) -> web.StreamResponse:
     if not isinstance(trim, bool):
         raise BadRequest("trim is true (the daemon trims the edge batches to each shard's "
                          "keys) or false (it sends them whole: the reader trims)", field="trim")
+    without = _without(body)
     with state.downloads.slot():
-        ti = await state.store.slabs.task_index(sup)
+        ti = await state.store.slabs.task_index(sup, without)
         state.store.touch(sup)
         response = web.StreamResponse(status=200, headers={
             "Content-Type": frames.MEDIA_TYPE, SLABS_HEADER: str(ti.slabs)})

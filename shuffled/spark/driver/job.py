@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 
 from shuffled.client import ShuffleClient
 from shuffled.protocol import PEERS_PATH
-from shuffled.spark.driver import durable, late, parse_errors, recompute
+from shuffled.spark.driver import durable, late, late_recompute, parse_errors, recompute
 from shuffled.spark.driver.context import JobContext
 from shuffled.spark.driver.failed import IngestionFailed
 from shuffled.spark.driver.report import counted, size
@@ -141,9 +141,10 @@ class Job:
                           rowsToDriver=sum(p.shards for p in plans), slabs=len(self.slabs))
         self.say(late.describe(plans, self.slabs))
         self.ctx.hooks.between_phases()
-        late.seal(self, self.slabs)
+        slabs = late_recompute.CommittedSlabs(list(self.slabs))
+        plans = late_recompute.sealed(self, keyed, slabs, plans, "after phase 1")
         self.ctx.hooks.after_seal()
-        staged = late.phase2(self, self.slabs, plans)
+        staged = late.phase2(self, keyed, slabs, plans)
         self.recovery.restarts = self.ctx.monitor.restarts() if self.ctx.monitor else {}
         return staged, plan
 
@@ -216,15 +217,8 @@ class Job:
         subtasks = sorted(only)
         if self._native_input is not None:
             ninput, tasks = self._native_input
-            # A subtask's splits may be cut into several Spark tasks, so that a recompute of
-            # fewer subtasks than cores uses every core: each piece uploads all of its rows
-            # of the lost keys, and the pieces together are the subtask's rows.
-            pieces = max(1, self.spark.sparkContext.defaultParallelism // len(subtasks))
-            ids, work = [], []
-            for t in subtasks:
-                for part in recompute.cut(tasks[t], pieces):
-                    ids.append(t)
-                    work.append(part)
+            ids, work = recompute.spread(tasks, subtasks,
+                                         self.spark.sparkContext.defaultParallelism)
             cfg = self.ctx.phase1_config(self.may_be_multi, partition_ids=tuple(ids),
                                          only_keys=only)
             lines = self._native(cfg, ninput, work)

@@ -13,9 +13,9 @@ slabs (:mod:`shuffled.spark.phase2.slabmerge`).
 Taken only where it holds today's guarantees for less: the native reader (the JVM reader
 keeps the determine pass: its rows reach Python through the data source sink, whose
 commit messages carry no statistics), one shuffle replica and local durability (a lost
-daemon fails the ingestion, naming it, instead of being recomputed: replicas, deep
-storage and recompute stay on the numShards path). Anything else falls back to
-:func:`shuffled.spark.phase1.determine.determine` and the partials.
+daemon's slabs are made again by re-running the subtasks that stored them,
+:mod:`.late_recompute`; replicas and deep storage stay on the numShards path). Anything
+else falls back to :func:`shuffled.spark.phase1.determine.determine` and the partials.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from typing import Any
 import pyarrow as pa
 
 from shuffled.spark import records
-from shuffled.spark.driver import durable
+from shuffled.spark.driver import late_recompute
 from shuffled.spark.driver.failed import IngestionFailed
+from shuffled.spark.driver.late_recompute import CommittedSlabs
 from shuffled.spark.driver.report import counted, size
 from shuffled.spark.phase1 import tasks as phase1
 from shuffled.spark.phase1.config import Keying, Phase1Config
@@ -150,47 +151,100 @@ def partition_plan(spec: IngestSpec, keyed: Keying,
     return PartitionPlan("range", dims, boundaries=bounds)
 
 
-def seal(job: Job, slabs: list[records.SlabSent]) -> None:
-    """Seal each daemon with the subtasks that stored slabs there."""
-    on: dict[str, set[str]] = {}
-    for sl in slabs:
-        on.setdefault(sl.server, set()).add(sl.sub)
-    failed = durable.seal(job.ctx, on, job.shares, job._admin, durable=False)
-    if failed:
-        raise IngestionFailed(f"the shuffle daemons {', '.join(failed)} could not be sealed "
-                              "(the late plan keeps one copy of each slab: nothing to "
-                              "recompute from; numShards or shuffleReplicas take the "
-                              "recovering path)")
-
-
-def phase2(job: Job, slabs: list[records.SlabSent],
+def phase2(job: Job, keyed: Keying, slabs: CommittedSlabs,
            plans: list[shardplan.ChunkPlan]) -> list[records.Segment]:
-    """Merge every shard of the plan; checks each chunk's rows read against phase 1's."""
+    """Merge every shard of the plan. A shard a daemon could not serve whole is merged
+    again once the daemon is back, or after its slabs' subtasks ran again on the survivors
+    (:mod:`.late_recompute`). Checks the rows read against phase 1's."""
     ctx = job.ctx
     ctx.enter("phase 2 (merge)")
     if ctx.rows is not None:
         ctx.rows.start()
     started = time.monotonic()
-    shards = [Shard(p.start, p.end, i, lo, hi, p.servers, p.estimate // max(p.shards, 1))
-              for p in plans if p.rows for i, (lo, hi) in enumerate(p.bounds)]
+    shards = _shards(plans)
     if not shards:
         job.report.phase("partialSegmentMerge", started, tasks=0, partitions=0)
         job.say("phase 2: no rows to merge")
         return []
-    slabs_on: dict[str, int] = {}
-    for sl in slabs:
-        slabs_on[sl.server] = slabs_on.get(sl.server, 0) + 1
     total_rows = sum(p.rows for p in plans)
     tasks = job.spec.total_merge_tasks
     cores = job.spark.sparkContext.defaultParallelism
     if tasks is None:
         wanted = -(-total_rows // ROWS_PER_MERGE_TASK)
         tasks = max(1, min(len(shards), max(cores, min(wanted, 4 * cores))))
-    groups = balance(shards, tasks)
     job.say(f"phase 2: merging {counted(len(shards), 'shard')} in "
-            f"{counted(len(groups), 'task')}")
+            f"{counted(min(tasks, len(shards)), 'task')}")
     os.makedirs(ctx.staging, exist_ok=True)
-    fn = make_phase2_slabs(ctx.phase2_config(tuple(sorted(job.multi_value))), slabs_on)
+    done: dict[tuple[int, int], records.Segment] = {}
+    todo = shards
+    for round_ in range(len(ctx.servers) + 1):
+        results, lost = _merge(job, slabs, todo, tasks)
+        done.update({(r.start, r.partition): r for r in results})
+        if not lost:
+            break
+        again = time.monotonic()
+        servers = sorted({s for r in lost for s in r.lost})
+        job.say(f"phase 2: {counted(len(lost), 'shard')} could not be read from "
+                f"{', '.join(servers)}")
+        for r in lost:  # answered holding fewer slabs than committed there: data gone
+            for server in r.missing:
+                ctx.lost.setdefault(server, f"lacks committed slabs: {r.why}")
+                job.recovery.lost.setdefault(server, ctx.lost[server])
+        plans = late_recompute.sealed(job, keyed, slabs, plans, "during phase 2")
+        ctx.enter("phase 2 (merge)")
+        again_keys = {(r.start, r.partition) for r in lost}
+        todo = [s for s in _shards(plans) if (s.start, s.partition) in again_keys]
+        job.recovery.round("phase 2 re-merge", again, partitionsRemerged=len(todo),
+                           round=round_ + 1)
+    else:
+        raise IngestionFailed("phase 2 could not read every shard after recovering: "
+                              f"{lost[0].why}")
+    results = [done[(s.start, s.partition)] for s in shards]
+    read: dict[int, int] = {}
+    for seg in results:
+        read[seg.start] = read.get(seg.start, 0) + seg.rows_in
+    if slabs.superseded:  # a re-run flushes where its memory says: compared in total
+        if sum(read.values()) != slabs.rows:
+            raise IngestionFailed(f"phase 2 read {sum(read.values()):,} rows; the slabs "
+                                  f"kept hold {slabs.rows:,}: a daemon lost slabs")
+    else:
+        expected = {p.start: p.rows for p in plans if p.rows}
+        if read != expected:
+            short = sorted(c for c in expected if read.get(c) != expected[c])[:3]
+            raise IngestionFailed("phase 2 read other rows than phase 1 stored (chunks "
+                                  f"{short}): a daemon lost slabs")
+    report = job.report
+    report.rows_out = sum(r.rows for r in results)
+    report.bytes_fetched = sum(r.bytes_fetched for r in results)
+    spent = {f"{k}Seconds": round(sum(getattr(r, f"{k}_ms") for r in results) / 1000, 3)
+             for k in ("fetch", "merge", "write")}
+    spilled = [r for r in results if r.spill_files is not None]
+    report.phase("partialSegmentMerge", started, tasks=min(tasks, len(shards)),
+                 partitions=len(results), rowsOut=report.rows_out, **spent,
+                 memoryBudgetBytes=job.spec.max_bytes_in_memory or None,
+                 peakTaskRssBytes=max((r.peak_rss for r in results), default=0),
+                 peakTaskRssGrowthBytes=max((r.peak_rss - r.rss_at_start for r in results),
+                                            default=0),
+                 partitionsSpilled=len(spilled),
+                 spillBytes=sum(r.spill_bytes or 0 for r in spilled))
+    ctx.settle()
+    job.say(f"phase 2 done: {counted(len(results), 'segment')}, "
+            f"{counted(report.rows_out, 'row')}")
+    return results
+
+
+def _shards(plans: list[shardplan.ChunkPlan]) -> list[Shard]:
+    return [Shard(p.start, p.end, i, lo, hi, p.servers, p.estimate // max(p.shards, 1))
+            for p in plans if p.rows for i, (lo, hi) in enumerate(p.bounds)]
+
+
+def _merge(job: Job, slabs: CommittedSlabs, shards: list[Shard], tasks: int,
+           ) -> tuple[list[records.Segment], list[records.Lost]]:
+    """One Spark job merging ``shards`` in about ``tasks`` balanced tasks."""
+    ctx = job.ctx
+    groups = balance(shards, tasks)
+    fn = make_phase2_slabs(ctx.phase2_config(tuple(sorted(job.multi_value))), slabs.counts(),
+                           slabs.without)
     acc = ctx.rows.acc if ctx.rows is not None else None
 
     def run(it: Iterable[list[Shard]]) -> Iterator[str]:
@@ -202,41 +256,8 @@ def phase2(job: Job, slabs: list[records.SlabSent],
 
     got = [records.load(x) for x in
            job.spark.sparkContext.parallelize(groups, len(groups)).mapPartitions(run).collect()]
-    lost = [r for r in got if isinstance(r, records.Lost)]
-    if lost:
-        servers = sorted({s for r in lost for s in r.lost})
-        raise IngestionFailed(
-            f"phase 2 could not read {counted(len(lost), 'shard')} from {', '.join(servers)}: "
-            f"{lost[0].why}. The late plan keeps one copy of each slab and does not "
-            "recompute; run again, or give numShards or shuffleReplicas > 1 for the "
-            "recovering path")
-    results = [r for r in got if isinstance(r, records.Segment)]
-    read: dict[int, int] = {}
-    for r in results:
-        read[r.start] = read.get(r.start, 0) + r.rows_in
-    expected = {p.start: p.rows for p in plans if p.rows}
-    if read != expected or len(results) != len(shards):
-        short = sorted(c for c in expected if read.get(c) != expected[c])[:3]
-        raise IngestionFailed("phase 2 read other rows than phase 1 stored (chunks "
-                              f"{short}): a daemon lost slabs")
-    report = job.report
-    report.rows_out = sum(r.rows for r in results)
-    report.bytes_fetched = sum(r.bytes_fetched for r in results)
-    spent = {f"{k}Seconds": round(sum(getattr(r, f"{k}_ms") for r in results) / 1000, 3)
-             for k in ("fetch", "merge", "write")}
-    spilled = [r for r in results if r.spill_files is not None]
-    report.phase("partialSegmentMerge", started, tasks=len(groups), partitions=len(results),
-                 rowsOut=report.rows_out, **spent,
-                 memoryBudgetBytes=job.spec.max_bytes_in_memory or None,
-                 peakTaskRssBytes=max((r.peak_rss for r in results), default=0),
-                 peakTaskRssGrowthBytes=max((r.peak_rss - r.rss_at_start for r in results),
-                                            default=0),
-                 partitionsSpilled=len(spilled),
-                 spillBytes=sum(r.spill_bytes or 0 for r in spilled))
-    ctx.settle()
-    job.say(f"phase 2 done: {counted(len(results), 'segment')}, "
-            f"{counted(report.rows_out, 'row')}")
-    return results
+    return ([r for r in got if isinstance(r, records.Segment)],
+            [r for r in got if isinstance(r, records.Lost)])
 
 
 def describe(plans: list[shardplan.ChunkPlan], slabs: list[records.SlabSent]) -> str:

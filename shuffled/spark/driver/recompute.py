@@ -22,7 +22,8 @@ from shuffled.spark.records import Partial, PartitionId
 T = TypeVar("T")
 
 Key = tuple[int, int]  # (interval start, partitionId): a phase-2 partition
-__all__ = ["Key", "PartitionId", "Recovery", "cut", "lost_keys", "on_daemons", "replace"]
+__all__ = ["Key", "PartitionId", "Recovery", "cut", "lost_keys", "on_daemons", "replace",
+           "spread"]
 
 
 def lost_keys(partials: Iterable[Partial], gone: Collection[str],
@@ -56,6 +57,22 @@ def cut(items: Sequence[T], pieces: int) -> list[list[T]]:
         out.append(list(items[at:at + step]))
         at += step
     return [p for p in out if p]
+
+
+def spread(splits: Sequence[Sequence[T]], subtasks: Sequence[int],
+           cores: int) -> tuple[list[int], list[list[T]]]:
+    """``subtasks``' input splits as Spark tasks, each subtask's cut into pieces so that a
+    recompute of fewer subtasks than cores uses every core (each piece sends all of its
+    rows; the pieces together are the subtask's rows): each piece's subtask, and the
+    pieces."""
+    pieces = max(1, cores // max(len(subtasks), 1))
+    ids: list[int] = []
+    work: list[list[T]] = []
+    for t in subtasks:
+        for part in cut(splits[t], pieces):
+            ids.append(t)
+            work.append(part)
+    return ids, work
 
 
 def on_daemons(partials: Iterable[Partial]) -> dict[str, set[str]]:

@@ -8,9 +8,9 @@ shards), one batch ahead of the merging, as the partials path does (:mod:`.merge
 
 A daemon's answer says how many slabs of the sealed subtasks it holds for the task: fewer
 than phase 1 stored there means it lost some (a restart without its location), and the
-shard is reported :class:`~shuffled.spark.records.Lost` rather than merged short. The
-slab path keeps one copy of each slab and does not recompute: the driver fails the
-ingestion naming the daemon (its numShards and replica paths keep those guarantees).
+shard is reported :class:`~shuffled.spark.records.Lost` rather than merged short; the
+driver then makes those slabs again and merges the shard once more
+(:mod:`shuffled.spark.driver.late_recompute`).
 """
 
 from __future__ import annotations
@@ -72,9 +72,11 @@ class ShortRead(Exception):
     """A daemon could not serve a shard whole: it did not answer, or holds other slabs of
     the sealed subtasks than phase 1 stored there (``server``, ``why``)."""
 
-    def __init__(self, server: str, why: str) -> None:
+    def __init__(self, server: str, why: str, missing: bool = False) -> None:
         super().__init__(why)
-        self.server, self.why = server, why
+        # missing: it answered without slabs committed there (its data is gone), rather
+        # than not answering (it may be restarting)
+        self.server, self.why, self.missing = server, why, missing
 
 
 def shard_batches(shards: Iterable[Shard], count: int = BATCH_SHARDS,
@@ -98,11 +100,12 @@ Fetched = tuple[list[pa.Table], int, int]  # a shard's tables (one per daemon), 
 
 def fetch_shards(client: Callable[[str], ShuffleClient], supervisor_task_id: str,
                  batch: Sequence[Shard], slabs_on: dict[str, int],
-                 ) -> list[Fetched | ShortRead]:
+                 without: frozenset[str] = frozenset()) -> list[Fetched | ShortRead]:
     """Every shard of ``batch`` from every daemon holding its chunk: one ``read_shards``
     per daemon for the lot. A daemon that does not answer, or answers holding another
     count of the sealed subtasks' slabs than phase 1 stored there, makes each of the
-    batch's shards it holds :class:`ShortRead`."""
+    batch's shards it holds :class:`ShortRead`. ``without``: sealed subtasks left out
+    (recomputed elsewhere after a daemon was lost)."""
     asked: dict[str, list[int]] = {}
     for n, s in enumerate(batch):
         for server in s.servers:
@@ -113,7 +116,7 @@ def fetch_shards(client: Callable[[str], ShuffleClient], supervisor_task_id: str
             got = client(server).read_shards(
                 supervisor_task_id,
                 [(Interval(batch[n].start, batch[n].end), batch[n].key_from, batch[n].key_to)
-                 for n in items])
+                 for n in items], without)
         except Exception as exc:
             if not daemon_failed(exc):
                 raise
@@ -128,7 +131,8 @@ def fetch_shards(client: Callable[[str], ShuffleClient], supervisor_task_id: str
                 continue
             if read.slabs != slabs_on.get(server, 0):
                 out[n] = ShortRead(server, f"holds {read.slabs} slabs of the sealed subtasks; "
-                                f"phase 1 stored {slabs_on.get(server, 0)} there")
+                                   f"phase 1 stored {slabs_on.get(server, 0)} there",
+                                   missing=True)
             elif read.table is not None and read.rows:
                 tables, rows, size = slot
                 tables.append(read.table)
@@ -137,9 +141,11 @@ def fetch_shards(client: Callable[[str], ShuffleClient], supervisor_task_id: str
 
 
 def make_phase2_slabs(cfg: Phase2Config, slabs_on: dict[str, int],
+                      without: frozenset[str] = frozenset(),
                       ) -> Callable[[Iterable[Shard]], Iterator[str]]:
     """The ``mapPartitions`` function of phase 2 over slabs (input: :class:`Shard`;
-    output: JSON lines). ``slabs_on``: the slabs phase 1 stored on each daemon."""
+    output: JSON lines). ``slabs_on``: the committed slabs on each daemon; ``without``:
+    sealed subtasks superseded by a recompute (left out of every read)."""
 
     def run(shards: Iterable[Shard]) -> Iterator[str]:
         from pyspark import TaskContext
@@ -196,7 +202,7 @@ def make_phase2_slabs(cfg: Phase2Config, slabs_on: dict[str, int],
         def prefetched() -> Iterator[tuple[list[Shard], list[Fetched | ShortRead], float]]:
             def fetch(b: list[Shard]) -> tuple[list[Shard], list[Fetched | ShortRead], float]:
                 started = time.monotonic()
-                got = fetch_shards(client, cfg.supervisor_task_id, b, slabs_on)
+                got = fetch_shards(client, cfg.supervisor_task_id, b, slabs_on, without)
                 return b, got, time.monotonic() - started
 
             return read_ahead(pool, fetch, shard_batches(shards))
@@ -212,7 +218,8 @@ def make_phase2_slabs(cfg: Phase2Config, slabs_on: dict[str, int],
                     if isinstance(got, ShortRead):
                         yield dump(Lost(start=s.start, end=s.end, partition=s.partition,
                                         attempt=attempt, lost=(got.server,),
-                                        missing=(got.server,), why=f"{got.server}: {got.why}"))
+                                        missing=(got.server,) if got.missing else (),
+                                        why=f"{got.server}: {got.why}"))
                         continue
                     tables, rows_in, size = got
                     if cfg.memory_budget and size > cfg.memory_budget // WORK_FACTOR:

@@ -84,7 +84,9 @@ class Slabs:
         self.notify = notify
         self.clock = clock
         self._inflight: set[tuple[str, str, int, int]] = set()
-        self._indexes: dict[str, shards.TaskIndex] = {}
+        # Per task, its index over the sealed subtasks, less those a reader leaves out (one
+        # entry per task: the readers of one ingestion all leave out the same ones).
+        self._indexes: dict[str, tuple[frozenset[str], shards.TaskIndex]] = {}
 
     # -- uploads ---------------------------------------------------------------------------
 
@@ -224,7 +226,10 @@ class Slabs:
 
     # -- reads -----------------------------------------------------------------------------
 
-    async def task_index(self, sup: str) -> shards.TaskIndex:
+    async def task_index(self, sup: str, without: frozenset[str] = frozenset(),
+                         ) -> shards.TaskIndex:
+        """The task's index over the slabs of its sealed subtasks but ``without`` (those a
+        supervisor superseded by recomputing them: docs/slab.md, "A lost daemon")."""
         if self.seals.failed(sup):
             raise Conflict(f"{sup} was marked failed (or is being deleted): its slabs are "
                            "not served", supervisorTaskId=sup, state="failed")
@@ -235,17 +240,18 @@ class Slabs:
             raise Conflict(f"{sup} is not sealed: a shard is read from the slabs of the "
                            "sealed subtasks only", supervisorTaskId=sup, state="running")
         held = self._indexes.get(sup)
-        if held is not None:
-            return held
+        if held is not None and held[0] == without:
+            return held[1]
         found: list[tuple[Path, SlabRow]] = []
+        served = sealed - without
         for loc, catalog in ((d.location, d.catalog) for d in self.disks):
             for row in await self.threads.on_writer(loc.index, rows.of_task, catalog.writer,
-                                                    sup, sealed):
+                                                    sup, served):
                 found.append((files.path_of(loc.path, sup, files.SlabName(
                     row.sub, row.slab, row.attempt)), row))
         built = await self.threads.run(shards.build, found)
         if self.seals.sealed.get(sup) is sealed:  # nothing changed meanwhile
-            self._indexes[sup] = built
+            self._indexes[sup] = (without, built)
         return built
 
     async def shard(self, sup: str, start: int, end: int, key_from: bytes | None,

@@ -1,0 +1,138 @@
+"""Recovering from a lost daemon under the late plan (issue 36, docs/slab.md "A lost
+daemon"): the late plan keeps one copy of each slab, so the slabs a lost daemon held are
+made again.
+
+A slab is a flush of one phase-1 attempt, with rows of every chunk and key of it, and a
+subtask's flushes are spread over the daemons: a lost daemon costs exactly the subtasks that
+stored a slab there, each re-run on its own input splits on the survivors (new attempts,
+so new subtask ids). Their earlier slabs on the survivors are superseded: seals only grow
+(docs/paged-reads.md), so they stay sealed, and every read names them in ``without``
+(``POST .../shards``), which leaves them out; the re-run's slabs are sealed beside them.
+The plan itself stands: the re-run reads the same rows, and the shards are key ranges, so
+only which daemons hold each chunk changes. Rows read are then checked in total against
+the slabs kept (a re-run flushes where its own memory says, so per chunk they may differ
+from phase 1's statistics, never in total).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from shuffled.spark import records
+from shuffled.spark.driver import durable, recompute
+from shuffled.spark.driver.failed import IngestionFailed
+from shuffled.spark.driver.report import counted
+from shuffled.spark.phase1.config import Keying
+from shuffled.spark.phase2.shardplan import ChunkPlan
+from shuffled.spark.records import SlabSent
+
+#: The driver's :class:`shuffled.spark.driver.job.Job` (typed loosely: it imports this).
+Job = Any
+
+
+@dataclass
+class CommittedSlabs:
+    """The late plan's committed slabs: what phase 1 stored, after any recompute."""
+
+    kept: list[SlabSent]  # read by phase 2
+    superseded: list[SlabSent] = field(default_factory=list)  # sealed, never read again
+
+    def sealed_on(self) -> dict[str, set[str]]:
+        """Per daemon, the subtasks its seal names: the kept ones and, since a seal only
+        grows, those superseded after they were sealed."""
+        on: dict[str, set[str]] = {}
+        for sl in (*self.kept, *self.superseded):
+            on.setdefault(sl.server, set()).add(sl.sub)
+        return on
+
+    def counts(self) -> dict[str, int]:
+        """The kept slabs on each daemon (what each read must find there)."""
+        out: dict[str, int] = {}
+        for sl in self.kept:
+            out[sl.server] = out.get(sl.server, 0) + 1
+        return out
+
+    @property
+    def without(self) -> frozenset[str]:
+        return frozenset(sl.sub for sl in self.superseded) - {sl.sub for sl in self.kept}
+
+    @property
+    def rows(self) -> int:
+        return sum(sl.rows for sl in self.kept)
+
+    def lost_tasks(self, gone: Collection[str]) -> list[int]:
+        """The phase-1 subtasks that stored a kept slab on a ``gone`` daemon."""
+        return sorted({sl.task for sl in self.kept if sl.server in gone})
+
+    def replace(self, tasks: Collection[int], rerun: list[SlabSent]) -> None:
+        """``tasks``' slabs superseded by ``rerun``'s."""
+        again = set(tasks)
+        self.superseded += [sl for sl in self.kept if sl.task in again]
+        self.kept = [sl for sl in self.kept if sl.task not in again] + rerun
+
+
+def seal(job: Job, slabs: CommittedSlabs) -> list[str]:
+    """Seal each daemon with its subtasks; the daemons that could not be sealed."""
+    return durable.seal(job.ctx, slabs.sealed_on(), job.shares, job._admin, durable=False)
+
+
+def sealed(job: Job, keyed: Keying, slabs: CommittedSlabs, plans: list[ChunkPlan],
+           when: str) -> list[ChunkPlan]:
+    """:func:`recover`, then :func:`seal`, again while a daemon fails its seal; the plans
+    with the daemons now holding each chunk."""
+    for _ in range(len(job.ctx.servers) + 1):
+        plans = recover(job, keyed, slabs, plans, when)
+        if not seal(job, slabs):
+            return plans
+    raise IngestionFailed("the shuffle daemons could not be sealed")
+
+
+def recover(job: Job, keyed: Keying, slabs: CommittedSlabs, plans: list[ChunkPlan],
+            when: str) -> list[ChunkPlan]:
+    """Ask which daemons are gone (waiting out a restart); if any held kept slabs, re-run
+    the subtasks that stored them on the survivors."""
+    ctx = job.ctx
+    if ctx.monitor is None:
+        return plans
+    gone = ctx.monitor.verdict(ctx.survivors)
+    ctx.lost.update(gone)
+    job.recovery.lost.update(gone)
+    tasks = slabs.lost_tasks(ctx.lost)
+    if not tasks:
+        return plans
+    if not ctx.survivors:
+        raise RuntimeError("every shuffle daemon is gone")  # explained by _explain_loss
+    started = time.monotonic()
+    ctx.enter("recompute (lost daemon)")
+    job.say(f"recovering: {', '.join(ctx.lost)} lost; running "
+            f"{counted(len(tasks), 'phase-1 subtask')} again on "
+            f"{counted(len(ctx.survivors), 'daemon')} (their slabs there were the only copy)")
+    rerun = _rerun(job, keyed, tasks)
+    dropped = sum(1 for sl in slabs.kept if sl.task in set(tasks))
+    slabs.replace(tasks, rerun)
+    holding = {sl.server for sl in rerun}
+    lost = set(ctx.lost)
+    plans = [replace(p, servers=tuple(sorted((set(p.servers) - lost) | holding)))
+             for p in plans]
+    job.recovery.round(when, started, lost=sorted(gone) or sorted(lost),
+                       subtasksRecomputed=len(tasks), slabsDropped=dropped,
+                       slabsRecomputed=len(rerun), bytesRecomputed=sum(s.bytes for s in rerun))
+    return plans
+
+
+def _rerun(job: Job, keyed: Keying, tasks: list[int]) -> list[SlabSent]:
+    """The subtasks ``tasks`` on their own splits, cut so that every core takes part."""
+    assert job._native_input is not None  # the late plan reads natively
+    ninput, splits = job._native_input
+    ids, work = recompute.spread(splits, tasks, job.spark.sparkContext.defaultParallelism)
+    cfg = replace(job.ctx.phase1_config(job.may_be_multi, partition_ids=tuple(ids)),
+                  slabs=keyed)
+    got = list(map(records.load, job._native(cfg, ninput, work)))
+    declined = [r.reason for r in got if isinstance(r, records.Declined)]
+    if declined:  # it read the same input before: only a changed input gets here
+        raise IngestionFailed("a phase-1 subtask run again to recover a lost daemon could "
+                              f"not read its input any more: {declined[0]}")
+    return [r for r in got if isinstance(r, SlabSent)]
