@@ -11,8 +11,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from shuffled.client import ShuffleClient
-from shuffled.client.http import NO_RETRY
 from shuffled.errors import ShuffleError, Unauthorized
 
 
@@ -70,6 +68,11 @@ def run(args: argparse.Namespace, out: TextIO) -> None:
 
 
 def _on(server: str, args: argparse.Namespace, token: str | None, out: TextIO) -> None:
+    # Imported here: every command builds this parser, and the client (http.client, its
+    # email parsing) is ~10% of `shuffled serve`'s start, which never uses it.
+    from shuffled.client import ShuffleClient
+    from shuffled.client.http import NO_RETRY
+
     with ShuffleClient(server, token=token, ca_file=args.ca_file, timeout=30.0,
                        retry=NO_RETRY) as client:
         if args.action == "ls":

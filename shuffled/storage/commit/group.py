@@ -3,10 +3,18 @@ one catalog transaction (one WAL fsync).
 
 An upload is acknowledged only once its bytes and its catalog row are on disk. While one
 group is being synced, newly finished uploads queue; when it is done they all go as the
-next group. So a lone upload pays two fsyncs, and N concurrent or batched ones pay two
+next group. So a lone upload pays two syncs, and N concurrent or batched ones pay two
 between them (the classic database group commit; Celeborn's "commit on mapper end" is the
 same idea at a coarser grain). A submission is a list of partials (a batch's flush), with
 one future for the lot: per-partial futures cost more event-loop time than the commit.
+
+With fsync on, the commit is a two-stage pipeline: a group's packs are synced, side by
+side (concurrent single PUTs each write their own pack), while the group before it is in
+its catalog transaction. So the pack syncs of one group and the WAL fsync of the previous
+one are in flight together, and the file system covers them with one journal commit: about
+one sync's wait per group, not two. The order that crash safety rests on is unchanged: a
+group's rows are committed only after its own packs are synced (startup checks only each
+pack's last partial), and groups commit in the order they were formed.
 """
 
 from __future__ import annotations
@@ -20,6 +28,9 @@ from dataclasses import dataclass
 from shuffled.storage.catalog import Catalog, Row
 from shuffled.storage.ondisk.packs import Pack
 from shuffled.storage.ondisk.records import PartialMeta
+
+#: Threads syncing the packs of one group side by side (besides the writer thread itself).
+SYNC_THREADS = 3
 
 
 @dataclass(slots=True)
@@ -50,6 +61,10 @@ class GroupCommit:
         self.fsync = fsync
         self.peers = list(peers)
         self._peer_conns: dict[int, sqlite3.Connection] = {}  # writer thread only
+        # Concurrent single PUTs each write their own pack: a group syncs them side by side,
+        # so the file system commits its journal once for all of them, not once per pack.
+        self._syncers: ThreadPoolExecutor | None = None
+        self._arrived: asyncio.Future[None] | None = None  # set by submit() while waiting
         self._queue: list[_Item] = []
         self._draining: asyncio.Task[None] | None = None
         self.groups = 0  # groups committed (metrics)
@@ -62,44 +77,109 @@ class GroupCommit:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[list[Landed]] = loop.create_future()
         self._queue.append(_Item(metas, pack, look_elsewhere, future))
+        if self._arrived is not None and not self._arrived.done():
+            self._arrived.set_result(None)
         if self._draining is None:
             self._draining = loop.create_task(self._drain())
         return future
 
     async def _drain(self) -> None:
+        """Commit what is queued, group after group, as a two-stage pipeline: a group's
+        packs are synced (stage 1) while the group before it is in its catalog transaction
+        (stage 2), so the two syncs of consecutive groups are in flight together and the
+        file system can cover both with one journal commit. A group's rows are still
+        committed only after its own packs are synced, and groups commit in order."""
         loop = asyncio.get_running_loop()
+        landing: asyncio.Future[None] | None = None  # the group in stage 2, if any
         try:
             # One loop turn first: partials finishing in the same turn (a batch, concurrent
             # uploads released by the same read) join this group instead of the next.
             await asyncio.sleep(0)
-            while self._queue:
+            while self._queue or landing is not None:
+                if not self.fsync or not self._queue:
+                    # Nothing to sync first: wait for the transaction in flight (partials
+                    # queue meanwhile and go as the next group), or for new partials.
+                    landing = await self._wait(landing)
+                    if not self._queue:
+                        continue
                 group, self._queue = self._queue, []
-                try:
-                    landed = await asyncio.shield(
-                        loop.run_in_executor(self.writer, self._commit, group))
-                except Exception as exc:  # noqa: BLE001 - handed to every waiter
-                    for item in group:
-                        item.pack.dead = True  # its tail's state is unknown: never append
-                        if not item.future.done():
-                            item.future.set_exception(exc)
-                    continue
+                if self.fsync:
+                    error = await self._sync_group(group)
+                    if error is not None:
+                        self._fail(group, error)
+                        continue
+                if landing is not None:  # one transaction at a time, in group order
+                    await asyncio.shield(landing)
+                landing = self._land(loop, group)
+        finally:
+            self._draining = None
+            self._arrived = None
+
+    async def _wait(self, landing: asyncio.Future[None] | None) -> asyncio.Future[None] | None:
+        """Until ``landing`` is done, or (with fsync) partials are queued; what is still
+        landing then."""
+        if landing is None:
+            return None
+        if not self.fsync:
+            await asyncio.shield(landing)
+            return None
+        self._arrived = asyncio.get_running_loop().create_future()
+        await asyncio.wait([landing, self._arrived], return_when=asyncio.FIRST_COMPLETED)
+        self._arrived = None
+        return None if landing.done() else landing
+
+    async def _sync_group(self, group: Sequence[_Item]) -> BaseException | None:
+        """Stage 1: fdatasync each pack of ``group`` once, side by side; the first failure,
+        once every sync has ended."""
+        loop = asyncio.get_running_loop()
+        if self._syncers is None:
+            self._syncers = ThreadPoolExecutor(
+                SYNC_THREADS, thread_name_prefix=f"shuffled-sync-{self.index}")
+        packs = list({id(item.pack): item.pack for item in group}.values())
+        if len(packs) == 1:  # the usual case: no gather on the loop
+            try:
+                await asyncio.shield(loop.run_in_executor(self._syncers, packs[0].sync))
+            except Exception as exc:  # noqa: BLE001 - handed to every waiter
+                return exc
+            return None
+        done = await asyncio.shield(asyncio.gather(
+            *(loop.run_in_executor(self._syncers, pack.sync) for pack in packs),
+            return_exceptions=True))
+        return next((r for r in done if isinstance(r, BaseException)), None)
+
+    def _land(self, loop: asyncio.AbstractEventLoop, group: list[_Item]) -> asyncio.Future[None]:
+        """Stage 2: the group's catalog transaction on the writer thread; its waiters are
+        answered when it is done."""
+        landing: asyncio.Future[None] = loop.create_future()
+        committing = loop.run_in_executor(self.writer, self._commit, group)
+
+        def landed(f: asyncio.Future[list[list[Landed]]]) -> None:
+            if f.cancelled():
+                for item in group:
+                    item.pack.dead = True
+                    item.future.cancel()
+            elif (error := f.exception()) is not None:
+                self._fail(group, error)
+            else:
                 self.groups += 1
-                for item, result in zip(group, landed, strict=True):
+                for item, result in zip(group, f.result(), strict=True):
                     self.partials += len(item.metas)
                     item.pack.fresh = False
                     if not item.future.done():
                         item.future.set_result(result)
-        finally:
-            self._draining = None
+            landing.set_result(None)
+        committing.add_done_callback(landed)
+        return landing
+
+    @staticmethod
+    def _fail(group: Sequence[_Item], exc: BaseException) -> None:
+        for item in group:
+            item.pack.dead = True  # its tail's state is unknown: never append
+            if not item.future.done():
+                item.future.set_exception(exc)
 
     def _commit(self, group: Sequence[_Item]) -> list[list[Landed]]:
-        """Writer thread: sync each pack once, then one transaction for every row."""
-        if self.fsync:
-            seen: set[int] = set()
-            for item in group:
-                if id(item.pack) not in seen:
-                    seen.add(id(item.pack))
-                    item.pack.sync()
+        """Writer thread: one transaction for every row of ``group`` (its packs synced)."""
         rows = [meta.row() for item in group for meta in item.metas]
         olds = self.catalog.commit(rows)
         wanted = [row for row, old, look in zip(
@@ -136,6 +216,9 @@ class GroupCommit:
         for conn in self._peer_conns.values():
             conn.close()
         self._peer_conns.clear()
+        if self._syncers is not None:
+            self._syncers.shutdown(wait=True)
+            self._syncers = None
 
     async def idle(self) -> None:
         """Wait until nothing is queued or being committed."""
