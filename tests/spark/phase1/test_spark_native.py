@@ -124,14 +124,24 @@ def test_native_and_jvm_readers_publish_identical_segments(
     assert sum(table.column("count").to_pylist()) == sum(exp.column("count").to_pylist())
 
 
+@pytest.mark.parametrize("partitions,method", [
+    ({"type": "hashed", "numShards": 2}, "numShards"),
+    # The late plan (issue 36): a failed attempt's slabs and statistics count for nothing.
+    # (A slab is a flush of every partition: an attempt fails after its first.)
+    ({"type": "hashed", "targetRowsPerSegment": 300}, "latePlan"),
+    ({"type": "range", "partitionDimensions": ["country"], "targetRowsPerSegment": 300},
+     "latePlan"),
+], ids=["numShards", "late-hashed", "late-range"])
 def test_native_reader_is_exactly_once_under_failed_attempts(
-        spark: Any, daemons: list[Any], parquet_input: Any, tmp_path: Path) -> None:
+        spark: Any, daemons: list[Any], parquet_input: Any, tmp_path: Path,
+        partitions: dict[str, Any], method: str) -> None:
     base, good, _ = parquet_input
-    spec = _spec(base, {"type": "hashed", "numShards": 2}, maxRowsInMemory=500,
-                 maxBytesInMemory=1 << 16)
-    fault = FailAttempts(partitions=[0, 1], attempts=[0], after_uploads=2)
+    spec = _spec(base, partitions, maxRowsInMemory=500, maxBytesInMemory=1 << 16)
+    fault = FailAttempts(partitions=[0, 1], attempts=[0],
+                         after_uploads=2 if method == "numShards" else 1)
     result = run_ingestion(spec, shuffle_servers=[d.url for d in daemons],
                            output_dir=str(tmp_path / "o"), reader="native", hooks=fault)
+    assert result.report["phases"]["determinePartitions"]["method"] == method
     assert any(s["attemptNumber"] > 0 for s in result.report["subtasks"])
     _, table = read_output(tmp_path / "o")
     exp = expected_rollup(good)
