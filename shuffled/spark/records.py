@@ -54,6 +54,11 @@ class SlabSent:
     rows: int
     bytes: int
     chunks: int
+    replicas: tuple[str, ...] = ()  # every daemon holding it (shuffleReplicas > 1)
+
+    @property
+    def holders(self) -> tuple[str, ...]:
+        return self.replicas or (self.server,)
 
 
 @dataclass(frozen=True)

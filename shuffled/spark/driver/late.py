@@ -60,8 +60,6 @@ def keying(spec: IngestSpec, reader: str) -> Keying | str:
         return "numShards is given (the plan is known up front)"
     if reader == "jvm":
         return "the JVM reader was asked for (it keeps the determine pass)"
-    if spec.shuffle_replicas > 1:
-        return "shuffleReplicas > 1 (replicated slabs are not built yet)"
     if spec.shuffle_durability != "local":
         return "shuffleDurability deep (slabs are not offloaded yet)"
     if ps.type == "hashed":
@@ -161,7 +159,7 @@ def phase2(job: Job, keyed: Keying, slabs: CommittedSlabs,
     if ctx.rows is not None:
         ctx.rows.start()
     started = time.monotonic()
-    shards = _shards(plans)
+    shards = _shards(plans, slabs)
     if not shards:
         job.report.phase("partialSegmentMerge", started, tasks=0, partitions=0)
         job.say("phase 2: no rows to merge")
@@ -193,7 +191,7 @@ def phase2(job: Job, keyed: Keying, slabs: CommittedSlabs,
         plans = late_recompute.sealed(job, keyed, slabs, plans, "during phase 2")
         ctx.enter("phase 2 (merge)")
         again_keys = {(r.start, r.partition) for r in lost}
-        todo = [s for s in _shards(plans) if (s.start, s.partition) in again_keys]
+        todo = [s for s in _shards(plans, slabs) if (s.start, s.partition) in again_keys]
         job.recovery.round("phase 2 re-merge", again, partitionsRemerged=len(todo),
                            round=round_ + 1)
     else:
@@ -233,9 +231,19 @@ def phase2(job: Job, keyed: Keying, slabs: CommittedSlabs,
     return results
 
 
-def _shards(plans: list[shardplan.ChunkPlan]) -> list[Shard]:
-    return [Shard(p.start, p.end, i, lo, hi, p.servers, p.estimate // max(p.shards, 1))
-            for p in plans if p.rows for i, (lo, hi) in enumerate(p.bounds)]
+def _shards(plans: list[shardplan.ChunkPlan], slabs: CommittedSlabs) -> list[Shard]:
+    """Every shard of the plan, read from the daemons its chunk's slabs are read from
+    (with replicas every reading daemon: a chunk's statistics name only first copies)."""
+    readers = set(slabs.readers)
+    replicated = any(sl.replicas for sl in slabs.kept)
+    out = []
+    for p in plans:
+        if not p.rows:
+            continue
+        servers = tuple(sorted(readers if replicated else set(p.servers) & readers))
+        out += [Shard(p.start, p.end, i, lo, hi, servers, p.estimate // max(p.shards, 1))
+                for i, (lo, hi) in enumerate(p.bounds)]
+    return out
 
 
 def _merge(job: Job, slabs: CommittedSlabs, shards: list[Shard], tasks: int,
@@ -244,7 +252,7 @@ def _merge(job: Job, slabs: CommittedSlabs, shards: list[Shard], tasks: int,
     ctx = job.ctx
     groups = balance(shards, tasks)
     fn = make_phase2_slabs(ctx.phase2_config(tuple(sorted(job.multi_value))), slabs.counts(),
-                           slabs.without)
+                           slabs.without())
     acc = ctx.rows.acc if ctx.rows is not None else None
 
     def run(it: Iterable[list[Shard]]) -> Iterator[str]:

@@ -1,11 +1,11 @@
 """Recovering from a lost daemon under the late plan (issue 36, docs/slab.md "A lost
-daemon"): the late plan keeps one copy of each slab, so the slabs a lost daemon held are
-made again.
+daemon"): a subtask is read whole from another copy (``shuffleReplicas`` > 1), or its
+slabs are made again.
 
 A slab is a flush of one phase-1 attempt, with rows of every chunk and key of it, and a
-subtask's flushes are spread over the daemons: a lost daemon costs exactly the subtasks that
-stored a slab there, each re-run on its own input splits on the survivors (new attempts,
-so new subtask ids). Their earlier slabs on the survivors are superseded: seals only grow
+subtask's flushes are spread over the daemons: a lost daemon costs exactly the subtasks
+that stored a slab there and have no live daemon holding all of their slabs, each re-run
+on its own input splits on the survivors (new attempts, so new subtask ids). Their earlier slabs on the survivors are superseded: seals only grow
 (docs/paged-reads.md), so they stay sealed, and every read names them in ``without``
 (``POST .../shards``), which leaves them out; the re-run's slabs are sealed beside them.
 The plan itself stands: the re-run reads the same rows, and the shards are key ranges, so
@@ -35,37 +35,85 @@ Job = Any
 
 @dataclass
 class CommittedSlabs:
-    """The late plan's committed slabs: what phase 1 stored, after any recompute."""
+    """The late plan's committed slabs, after any recompute, and which daemon each
+    subtask's slabs are read from.
+
+    Reads are per (daemon, subtask): a daemon is asked for all of a subtask's slabs it
+    holds, or told to leave the subtask out (``without``). With ``shuffleReplicas`` > 1 a
+    slab is on several daemons and must be read from one: a subtask is read whole from
+    one daemon holding every slab of it (its flushes go to the first daemons of its ring
+    that take them, so one that never failed it holds all). A subtask that cannot be read
+    so (every copy of a slab lost) is re-run (:func:`recover`)."""
 
     kept: list[SlabSent]  # read by phase 2
     superseded: list[SlabSent] = field(default_factory=list)  # sealed, never read again
+    # subtask -> the daemons it is read from (each of its slabs from exactly one)
+    reader: dict[str, frozenset[str]] = field(default_factory=dict)
 
     def sealed_on(self) -> dict[str, set[str]]:
-        """Per daemon, the subtasks its seal names: the kept ones and, since a seal only
-        grows, those superseded after they were sealed."""
+        """Per daemon, the subtasks its seal names: every one with a slab there, kept or
+        superseded (a seal only grows)."""
         on: dict[str, set[str]] = {}
         for sl in (*self.kept, *self.superseded):
-            on.setdefault(sl.server, set()).add(sl.sub)
+            for server in sl.holders:
+                on.setdefault(server, set()).add(sl.sub)
         return on
 
+    def choose(self, gone: Collection[str]) -> list[int]:
+        """Pick the daemons each kept subtask is read from: every slab of it from exactly
+        one of them, none ``gone``; earlier picks are kept while they still do, new ones
+        are one daemon holding the whole subtask (the least loaded), else, for slabs of
+        one copy each, every daemon holding one. Returns the phase-1 subtasks (Spark
+        partitions) with a subtask that cannot be read so."""
+        copies: dict[str, list[set[str]]] = {}
+        for sl in self.kept:
+            copies.setdefault(sl.sub, []).append(set(sl.holders) - set(gone))
+        load: dict[str, int] = {}
+        reader: dict[str, frozenset[str]] = {}
+
+        def take(sub: str, servers: frozenset[str]) -> None:
+            reader[sub] = servers
+            for live in copies[sub]:
+                for server in live & servers:
+                    load[server] = load.get(server, 0) + 1
+
+        for sub, before in self.reader.items():
+            if sub in copies and all(len(live & before) == 1 for live in copies[sub]):
+                take(sub, before - set(gone))
+        for sub in sorted(copies, key=lambda x: -len(copies[x])):
+            if sub in reader:
+                continue
+            live = copies[sub]
+            whole = set.intersection(*live)
+            if whole:
+                take(sub, frozenset([min(whole, key=lambda x: (load.get(x, 0), x))]))
+            elif all(len(c) == 1 for c in live):  # one copy each, on several daemons
+                take(sub, frozenset().union(*live))
+        self.reader = reader
+        return sorted({sl.task for sl in self.kept if sl.sub not in reader})
+
     def counts(self) -> dict[str, int]:
-        """The kept slabs on each daemon (what each read must find there)."""
+        """The slabs each daemon is read for (what each read must find there)."""
         out: dict[str, int] = {}
         for sl in self.kept:
-            out[sl.server] = out.get(sl.server, 0) + 1
+            for server in set(sl.holders) & self.reader[sl.sub]:
+                out[server] = out.get(server, 0) + 1
         return out
 
+    def without(self) -> dict[str, frozenset[str]]:
+        """Per daemon, the sealed subtasks it is not read for (superseded, or read from
+        another copy)."""
+        return {server: frozenset(sub for sub in subs
+                                  if server not in self.reader.get(sub, frozenset()))
+                for server, subs in self.sealed_on().items()}
+
     @property
-    def without(self) -> frozenset[str]:
-        return frozenset(sl.sub for sl in self.superseded) - {sl.sub for sl in self.kept}
+    def readers(self) -> tuple[str, ...]:
+        return tuple(sorted(frozenset().union(*self.reader.values())))
 
     @property
     def rows(self) -> int:
         return sum(sl.rows for sl in self.kept)
-
-    def lost_tasks(self, gone: Collection[str]) -> list[int]:
-        """The phase-1 subtasks that stored a kept slab on a ``gone`` daemon."""
-        return sorted({sl.task for sl in self.kept if sl.server in gone})
 
     def replace(self, tasks: Collection[int], rerun: list[SlabSent]) -> None:
         """``tasks``' slabs superseded by ``rerun``'s."""
@@ -95,13 +143,11 @@ def recover(job: Job, keyed: Keying, slabs: CommittedSlabs, plans: list[ChunkPla
     """Ask which daemons are gone (waiting out a restart); if any held kept slabs, re-run
     the subtasks that stored them on the survivors."""
     ctx = job.ctx
-    if ctx.monitor is None:
-        return plans
-    gone = ctx.monitor.verdict(ctx.survivors)
+    gone = ctx.monitor.verdict(ctx.survivors) if ctx.monitor is not None else {}
     ctx.lost.update(gone)
     job.recovery.lost.update(gone)
-    tasks = slabs.lost_tasks(ctx.lost)
-    if not tasks:
+    tasks = slabs.choose(ctx.lost)
+    if not tasks:  # every subtask is read whole from a live daemon
         return plans
     if not ctx.survivors:
         raise RuntimeError("every shuffle daemon is gone")  # explained by _explain_loss
@@ -113,7 +159,10 @@ def recover(job: Job, keyed: Keying, slabs: CommittedSlabs, plans: list[ChunkPla
     rerun = _rerun(job, keyed, tasks)
     dropped = sum(1 for sl in slabs.kept if sl.task in set(tasks))
     slabs.replace(tasks, rerun)
-    holding = {sl.server for sl in rerun}
+    if slabs.choose(ctx.lost):  # the re-run's slabs are on live daemons, whole
+        raise IngestionFailed("a phase-1 subtask run again to recover a lost daemon "
+                              "stored its slabs on no daemon whole")
+    holding = {server for sl in rerun for server in sl.holders}
     lost = set(ctx.lost)
     plans = [replace(p, servers=tuple(sorted((set(p.servers) - lost) | holding)))
              for p in plans]

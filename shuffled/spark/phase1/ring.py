@@ -121,22 +121,28 @@ class Placer:
             held.clear()
         return Placed(tuple(servers), answers, failovers, replica_ms)
 
-    def put_slab(self, sup: str, slab: Slab) -> tuple[str, int]:
-        """Store one slab on the first daemon of the ring that takes it (one copy: the slab
-        path runs with one replica), failing over as :meth:`put` does. Returns the daemon
-        and the failovers it took."""
+    def put_slab(self, sup: str, slab: Slab) -> Placed:
+        """Store one slab on the first ``replicas`` daemons of the ring that take it (the
+        same bytes to each), failing over as :meth:`put` does."""
+        servers: list[str] = []
         failovers = 0
+        replica_ms = 0
         for server in self.order:
-            if server in self.down:
+            if server in self.down or len(servers) == self.replicas:
                 continue
+            started = time.monotonic()
             try:
                 self._client(server).put_slab(sup, slab)
             except Exception as exc:
                 self._down(server, exc)
                 failovers += 1
                 continue
-            return server, failovers
-        raise self._none_took(f"a slab of {sup}")
+            if servers:
+                replica_ms += int((time.monotonic() - started) * 1000)
+            servers.append(server)
+        if not servers:
+            raise self._none_took(f"a slab of {sup}")
+        return Placed(tuple(servers), [], failovers, replica_ms)
 
     def _down(self, server: str, exc: Exception) -> None:
         """``server`` failed a send: out of the ring for this task (or, if the failure is

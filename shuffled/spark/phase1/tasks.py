@@ -345,13 +345,17 @@ class _Task:
         rows = table.num_rows
         self.stats["bytes_before_compression"] += table.nbytes
         del table
-        server, failovers = self.placer.put_slab(self.cfg.supervisor_task_id, slab)
+        placed = self.placer.put_slab(self.cfg.supervisor_task_id, slab)
+        server = placed.servers[0]
         self.stats["bytes_shuffled"] += slab.size
-        self.stats["failovers"] += failovers
+        self.stats["failovers"] += placed.failovers
+        self.stats["bytes_replicated"] += slab.size * (len(placed.servers) - 1)
+        self.stats["replication_ms"] += placed.replica_ms
         self.stats["rows_shipped"] += rows
         self.slabs.append(SlabSent(task=self.partition, server=server, sub=sub, slab=slab_id,
                                    attempt=self.attempt_number, rows=rows, bytes=slab.size,
-                                   chunks=slab.chunks))
+                                   chunks=slab.chunks,
+                                   replicas=placed.servers if len(placed.servers) > 1 else ()))
         if self.on_slab is not None:
             self.on_slab(slab.stats, server, sample)
         self.cfg.hooks.phase1_uploaded(self.partition, self.attempt_number, len(self.slabs))

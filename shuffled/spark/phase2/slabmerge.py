@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -100,12 +100,13 @@ Fetched = tuple[list[pa.Table], int, int]  # a shard's tables (one per daemon), 
 
 def fetch_shards(client: Callable[[str], ShuffleClient], supervisor_task_id: str,
                  batch: Sequence[Shard], slabs_on: dict[str, int],
-                 without: frozenset[str] = frozenset()) -> list[Fetched | ShortRead]:
+                 without: Mapping[str, frozenset[str]] | None = None,
+                 ) -> list[Fetched | ShortRead]:
     """Every shard of ``batch`` from every daemon holding its chunk: one ``read_shards``
     per daemon for the lot. A daemon that does not answer, or answers holding another
     count of the sealed subtasks' slabs than phase 1 stored there, makes each of the
-    batch's shards it holds :class:`ShortRead`. ``without``: sealed subtasks left out
-    (recomputed elsewhere after a daemon was lost)."""
+    batch's shards it holds :class:`ShortRead`. ``without``: per daemon, the sealed
+    subtasks it is not read for (read from another copy, or superseded by a re-run)."""
     asked: dict[str, list[int]] = {}
     for n, s in enumerate(batch):
         for server in s.servers:
@@ -116,7 +117,7 @@ def fetch_shards(client: Callable[[str], ShuffleClient], supervisor_task_id: str
             got = client(server).read_shards(
                 supervisor_task_id,
                 [(Interval(batch[n].start, batch[n].end), batch[n].key_from, batch[n].key_to)
-                 for n in items], without)
+                 for n in items], (without or {}).get(server, frozenset()))
         except Exception as exc:
             if not daemon_failed(exc):
                 raise
@@ -141,11 +142,11 @@ def fetch_shards(client: Callable[[str], ShuffleClient], supervisor_task_id: str
 
 
 def make_phase2_slabs(cfg: Phase2Config, slabs_on: dict[str, int],
-                      without: frozenset[str] = frozenset(),
+                      without: Mapping[str, frozenset[str]] | None = None,
                       ) -> Callable[[Iterable[Shard]], Iterator[str]]:
     """The ``mapPartitions`` function of phase 2 over slabs (input: :class:`Shard`;
-    output: JSON lines). ``slabs_on``: the committed slabs on each daemon; ``without``:
-    sealed subtasks superseded by a recompute (left out of every read)."""
+    output: JSON lines). ``slabs_on``: the slabs each daemon is read for; ``without``:
+    per daemon, the sealed subtasks it is not read for."""
 
     def run(shards: Iterable[Shard]) -> Iterator[str]:
         from pyspark import TaskContext

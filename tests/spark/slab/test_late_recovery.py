@@ -92,3 +92,34 @@ def test_a_lost_daemon_is_recomputed_under_the_late_plan(
     assert report["cleanup"][victim.url] == "lost"
     for d in three[1:]:
         assert held_tasks(d.url) == []  # the survivors' slabs, old attempts too: deleted
+
+
+@pytest.mark.parametrize("when", ["in_phase1", "sealed"])
+def test_two_replicas_of_each_slab_ride_through_a_loss_without_recompute(
+        spark: Any, dataset: Any, three: list[DaemonProcess], tmp_path: Path,
+        when: str) -> None:
+    """``shuffleReplicas`` 2 takes the late plan too: each slab is stored on two daemons and
+    read from one (a subtask whole from one daemon, the others told to leave it out), so
+    no row is read twice; a lost daemon's subtasks are read from their other copies,
+    nothing is re-run."""
+    base, good = dataset
+    spec = base_spec(base, HASHED, maxNumConcurrentSubTasks=4, shuffleRetrySeconds=2,
+                     maxRowsInMemory=1000, maxBytesInMemory=1 << 16, shuffleReplicas=2)
+    victim = three[0]
+    hooks = StopDaemons(**{when: [victim.pid]}, sig=int(signal.SIGKILL), partition=3,
+                        after_uploads=1)
+    out = tmp_path / "out"
+    result = run_ingestion(spec, shuffle_servers=[d.url for d in three], output_dir=str(out),
+                           hooks=hooks, keepalive_seconds=0.5)
+    assert victim.proc.wait(timeout=30) == -signal.SIGKILL
+    report = result.report
+    assert report["phases"]["determinePartitions"]["method"] == "latePlan"
+    phase1 = report["phases"]["partialSegmentGeneration"]
+    assert phase1["replicas"] == 2 and phase1["bytesReplicated"] > 0
+    _, table = read_output(out)
+    assert_matches(table, expected_rollup(good))
+    rec = report["recovery"]
+    assert list(rec["lostDaemons"]) == [victim.url]
+    assert rec["subtasksRecomputed"] == 0
+    for d in three[1:]:
+        assert held_tasks(d.url) == []
