@@ -27,8 +27,9 @@ class EmbeddedDaemon:
             base = {"host": "127.0.0.1", "port": 0, "access_log": False,
                     "locations": [str(p) for p in locations or []]}
             base.update(overrides)
-            settings = replace(load_settings(environ={}, overrides=base),
-                               signing_secrets=secrets)
+            settings = load_settings(environ={}, overrides=base)
+            if secrets:  # else keep what signing_secret_file gave (replacing it opened
+                settings = replace(settings, signing_secrets=secrets)  # the daemon)
         elif locations:
             settings = replace(settings, locations=tuple(LocationSettings(Path(p))
                                                          for p in locations))

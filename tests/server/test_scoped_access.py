@@ -14,7 +14,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from shuffled.tokens import Scope, mint, verify
-from shuffled.errors import Unauthorized
+from shuffled.errors import Forbidden, Unauthorized
 from tests.conftest import DAY, PREFIX, arrow_bytes, files_under, sample_table
 
 TTL = 600.0
@@ -261,3 +261,21 @@ def test_tokens_unit_contract() -> None:
         mint(key, "*", Scope.READ, 100)  # only an operator token is for every task
     with pytest.raises(ValueError):
         mint(b"", "t1", Scope.READ, 100)
+
+
+def test_an_embedded_daemon_given_a_secret_file_is_not_open(tmp_path: Path,
+                                                            secret_file: Any) -> None:
+    """Finding (issue 37's slab access tests): EmbeddedDaemon read ``signing_secret_file``
+    and then replaced the secrets it read with the ``signing_secrets`` argument's (none):
+    a daemon embedded with a secret file took anonymous writes."""
+    from shuffled.client import ShuffleClient
+    from shuffled.server.embedded import EmbeddedDaemon
+
+    path, secret = secret_file
+    with EmbeddedDaemon([tmp_path / "loc"], free_space_reserve=0,
+                        signing_secret_file=str(path)) as url:
+        with ShuffleClient(url) as anonymous, pytest.raises(Unauthorized):
+            anonymous.list_tasks()
+        with ShuffleClient(url, token=mint(secret, "t", Scope.READ, TTL)) as reader, \
+                pytest.raises(Forbidden):
+            reader.list_tasks()  # the operator's route
