@@ -57,11 +57,38 @@ def three(tmp_path: Path) -> Iterator[list[DaemonProcess]]:
 HASHED = {"type": "hashed", "targetRowsPerSegment": 300}
 
 
-@pytest.mark.parametrize("when,partitions", [
+def ingest_losing(dataset: Any, three: list[DaemonProcess], out: Path, when: str,
+                  partitions: dict[str, Any], **tuning: Any) -> dict[str, Any]:
+    """Ingest through ``three`` while the hook SIGKILLs the first ``when``; checks the run
+    took the late plan, the victim died, every row is published once (DuckDB's rollup of
+    the input) and the survivors hold nothing after; returns the task report."""
+    base, good = dataset
+    spec = base_spec(base, partitions, maxNumConcurrentSubTasks=4, shuffleRetrySeconds=2,
+                     maxRowsInMemory=1000, maxBytesInMemory=1 << 16, **tuning)
+    victim = three[0]
     # Subtask 3 flushes a slab per day it holds (3), the first to daemon 0 (its ring's
-    # first: 3 % 3); daemon 0 is killed after that one, so the rest fail over to a
-    # survivor: that subtask's slabs there are superseded by its re-run and must be left
-    # out of the reads (sealed or not), or its rows would be merged twice.
+    # first: 3 % 3); daemon 0 is killed after that one, so in phase 1 the rest fail over
+    # to a survivor.
+    hooks = StopDaemons(**{when: [victim.pid]}, sig=int(signal.SIGKILL), partition=3,
+                        after_uploads=1)
+    result = run_ingestion(spec, shuffle_servers=[d.url for d in three], output_dir=str(out),
+                           hooks=hooks, keepalive_seconds=0.5)
+    assert victim.proc.wait(timeout=30) == -signal.SIGKILL
+    report = result.report
+    assert report["status"] == "SUCCESS"
+    assert report["phases"]["determinePartitions"]["method"] == "latePlan"
+    _, table = read_output(out)
+    assert_matches(table, expected_rollup(good))  # every row once: none lost, none twice
+    assert list(report["recovery"]["lostDaemons"]) == [victim.url]
+    assert report["cleanup"][victim.url] == "lost"
+    for d in three[1:]:
+        assert held_tasks(d.url) == []  # the survivors' slabs, old attempts too: deleted
+    return report
+
+
+@pytest.mark.parametrize("when,partitions", [
+    # In phase 1, subtask 3's slabs on the survivor are superseded by its re-run and must
+    # be left out of the reads (sealed or not), or its rows would be merged twice.
     ("in_phase1", HASHED),
     ("between", HASHED),
     ("sealed", HASHED),
@@ -71,27 +98,8 @@ HASHED = {"type": "hashed", "targetRowsPerSegment": 300}
 def test_a_lost_daemon_is_recomputed_under_the_late_plan(
         spark: Any, dataset: Any, three: list[DaemonProcess], tmp_path: Path, when: str,
         partitions: dict[str, Any]) -> None:
-    base, good = dataset
-    spec = base_spec(base, partitions, maxNumConcurrentSubTasks=4, shuffleRetrySeconds=2,
-                     maxRowsInMemory=1000, maxBytesInMemory=1 << 16)
-    victim = three[0]
-    hooks = StopDaemons(**{when: [victim.pid]}, sig=int(signal.SIGKILL), partition=3,
-                        after_uploads=1)
-    out = tmp_path / "out"
-    result = run_ingestion(spec, shuffle_servers=[d.url for d in three], output_dir=str(out),
-                           hooks=hooks, keepalive_seconds=0.5)
-    assert victim.proc.wait(timeout=30) == -signal.SIGKILL
-    report = result.report
-    assert report["status"] == "SUCCESS"
-    assert report["phases"]["determinePartitions"]["method"] == "latePlan"
-    _, table = read_output(out)
-    assert_matches(table, expected_rollup(good))  # every row once: none lost, none twice
-    rec = report["recovery"]
-    assert list(rec["lostDaemons"]) == [victim.url]
-    assert 1 <= rec["subtasksRecomputed"] <= len(report["subtasks"])
-    assert report["cleanup"][victim.url] == "lost"
-    for d in three[1:]:
-        assert held_tasks(d.url) == []  # the survivors' slabs, old attempts too: deleted
+    report = ingest_losing(dataset, three, tmp_path / "out", when, partitions)
+    assert 1 <= report["recovery"]["subtasksRecomputed"] <= len(report["subtasks"])
 
 
 @pytest.mark.parametrize("when", ["in_phase1", "sealed"])
@@ -102,24 +110,7 @@ def test_two_replicas_of_each_slab_ride_through_a_loss_without_recompute(
     read from one (a subtask whole from one daemon, the others told to leave it out), so
     no row is read twice; a lost daemon's subtasks are read from their other copies,
     nothing is re-run."""
-    base, good = dataset
-    spec = base_spec(base, HASHED, maxNumConcurrentSubTasks=4, shuffleRetrySeconds=2,
-                     maxRowsInMemory=1000, maxBytesInMemory=1 << 16, shuffleReplicas=2)
-    victim = three[0]
-    hooks = StopDaemons(**{when: [victim.pid]}, sig=int(signal.SIGKILL), partition=3,
-                        after_uploads=1)
-    out = tmp_path / "out"
-    result = run_ingestion(spec, shuffle_servers=[d.url for d in three], output_dir=str(out),
-                           hooks=hooks, keepalive_seconds=0.5)
-    assert victim.proc.wait(timeout=30) == -signal.SIGKILL
-    report = result.report
-    assert report["phases"]["determinePartitions"]["method"] == "latePlan"
+    report = ingest_losing(dataset, three, tmp_path / "out", when, HASHED, shuffleReplicas=2)
     phase1 = report["phases"]["partialSegmentGeneration"]
     assert phase1["replicas"] == 2 and phase1["bytesReplicated"] > 0
-    _, table = read_output(out)
-    assert_matches(table, expected_rollup(good))
-    rec = report["recovery"]
-    assert list(rec["lostDaemons"]) == [victim.url]
-    assert rec["subtasksRecomputed"] == 0
-    for d in three[1:]:
-        assert held_tasks(d.url) == []
+    assert report["recovery"]["subtasksRecomputed"] == 0
