@@ -178,9 +178,7 @@ class StoreMachine(RuleBasedStateMachine):
         ack = client.put_slab(sup, slab)
         assert ack == {"subTaskId": sub, "slabId": slab_id, "attempt": attempt,
                        "rows": len(rows), "size": len(body), "new": held is None}
-        # A deleted task takes the slab, but (unlike a partial) it does not live again: its
-        # reads and seals stay refused until the restart (a daemon bug, see
-        # test_a_slab_upload_revives_a_deleted_task below); so ``failed`` stays as it is.
+        self.failed.discard(sup)  # a deleted task's id lives again with an upload
         self.slabs[key] = (body, rows)
 
     def _served(self, sup: str, subs: frozenset[str]) -> dict[tuple[str, int], tuple[Row, ...]]:
@@ -471,20 +469,16 @@ TestStoreAgainstModel = StoreMachine.TestCase
 
 
 @pytest.mark.daemon
-@pytest.mark.xfail(strict=True, reason=(
-    "daemon bug: a slab upload to a deleted task is stored but does not revive the task "
-    "(shuffled/storage/slabs/service.py Slabs._admit never calls Seals.revive, as the "
-    "partials' admission does): its seal and shard reads stay refused as 'marked failed' "
-    "until mark_ttl passes or the daemon restarts, though Seals.mark_deleted promises a "
-    "task id used again starts a new life with its first upload"))
 def test_a_slab_upload_revives_a_deleted_task(daemon_url: str) -> None:
-    """The state machine models it as the daemon does today (put_slab keeps ``failed``):
-    put_slab, delete, put_slab, seal -> 409 "marked failed (or deleted)"."""
+    """Finding (the state machine's slab rules): a slab upload to a deleted task was
+    stored but did not revive the task, as a partial's does (Seals.mark_deleted: a task id
+    used again starts a new life with its first upload): its seal and shard reads stayed
+    refused as "marked failed" until mark_ttl passed or the daemon restarted."""
     slab, _, rows = slab_of("s1", 0, 0, 1)
     with ShuffleClient(daemon_url) as client:
         assert client.put_slab("rerun", slab)["new"] is True
         client.delete_task("rerun")
         assert client.put_slab("rerun", slab)["new"] is True  # taken: the id lives again
-        client.seal("rerun", ["s1"])  # Conflict: "rerun was marked failed (or deleted)"
+        client.seal("rerun", ["s1"])  # was Conflict: "rerun was marked failed (or deleted)"
         read = client.read_shard("rerun", Interval(0, HOUR), None, None)
         assert read.rows == sum(1 for r in rows if r[1] < HOUR)

@@ -102,6 +102,7 @@ class Slabs:
             raise SealedConflict(f"subtask {header.sub_task_id} of {sup} is sealed: its "
                                  "committed data never changes; nothing was stored",
                                  supervisorTaskId=sup, subTaskId=header.sub_task_id)
+        self.seals.revive(sup)  # a deleted task's id lives again, as with a partial
         quota = self.quota_of(sup)
         entry = self.book.get(sup)
         held = entry.bytes if entry else 0
