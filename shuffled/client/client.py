@@ -313,9 +313,9 @@ class ShuffleClient:
 
     def read_shards(self, supervisor_task_id: str,
                     shards: Sequence[tuple[Interval, bytes | None, bytes | None]],
-                    ) -> list[slabs.SlabRead]:
+                    *, keys: bool = False) -> list[slabs.SlabRead]:
         """:func:`.slabs.read_shards`."""
-        return slabs.read_shards(self._http, supervisor_task_id, shards)
+        return slabs.read_shards(self._http, supervisor_task_id, shards, keys=keys)
 
     # -- the supervisor's calls (shuffled.client.supervisor) ------------------------------
 
