@@ -65,6 +65,19 @@ class ChunkStats:
     hashes: np.ndarray
     servers: frozenset[str]
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Plain bytes through Spark's shuffle: pickling the numpy and pyarrow objects cost
+        # ~100 us a chunk (ChunkStats of 400 keys), this ~5.
+        keys = self.keys
+        offsets = np.frombuffer(keys.buffers()[1], np.int32, len(keys) + 1, keys.offset * 4) \
+            if len(keys) else np.zeros(1, np.int32)
+        data = keys.buffers()[2] if len(keys) else None
+        lo, hi = int(offsets[0]), int(offsets[-1])
+        return (_unpickle, (self.start, self.end, self.rows, self.regs.tobytes(),
+                            (offsets - lo).tobytes(),
+                            data[lo:hi].to_pybytes() if data is not None else b"",
+                            self.hashes.tobytes(), tuple(self.servers)))
+
     @property
     def exact_sample(self) -> bool:
         """The sample holds every distinct rolled-up row (fewer than it may keep)."""
@@ -79,6 +92,15 @@ class ChunkStats:
         if self.exact_sample:
             return len(self.keys)
         return max(1, min(self.rows, round(sketch.estimate(self.regs))))
+
+
+def _unpickle(start: int, end: int, rows: int, regs: bytes, offsets: bytes, data: bytes,
+              hashes: bytes, servers: tuple[str, ...]) -> ChunkStats:
+    n = len(offsets) // 4 - 1
+    keys = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
+                                                  pa.py_buffer(data)]) if n else _NO_KEYS
+    return ChunkStats(start, end, rows, np.frombuffer(regs, np.uint8).copy(), keys,
+                      np.frombuffer(hashes, np.uint64).copy(), frozenset(servers))
 
 
 _NO_KEYS = pa.array([], pa.binary())
