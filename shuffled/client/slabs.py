@@ -62,7 +62,10 @@ def _decoded(data: bytes, rows: int, slabs: int,
             raise CorruptData(f"a shard of {rows} rows came with no body")
         return SlabRead(None, 0, slabs)
     try:
-        table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+        # Not on Arrow's thread pool: a shard's stream is a few small batches, and handing
+        # each to the pool cost 5x the decoding (185 -> 36 us a day chunk of 2 batches).
+        table = pa.ipc.open_stream(pa.py_buffer(data), options=pa.ipc.IpcReadOptions(
+            use_threads=False)).read_all()
     except (pa.ArrowInvalid, OSError) as exc:
         raise CorruptData(f"a shard's answer is not an Arrow stream: {exc}") from exc
     if table.num_rows != rows:

@@ -57,14 +57,28 @@ class Shard:
 
 
 def balance(shards: list[Shard], tasks: int) -> list[list[Shard]]:
-    """Spread shards over ``tasks`` merge tasks, largest first onto the lightest task."""
+    """Spread shards over ``tasks`` merge tasks, largest first onto the lightest task, a
+    chunk's shards together (in runs of at most a quarter of a task's share): they are
+    read as one key range (:func:`runs`), each slab batch of the chunk once. Spread
+    shard by shard, the two shards of a day chunk went to different tasks about half the
+    time, and each task read (and trimmed) the chunk's whole batches."""
     tasks = max(1, min(tasks, len(shards)))
+    total = sum(max(s.estimate, 1) for s in shards)
+    cap = max(1, total // (4 * tasks))
+    units: list[tuple[int, list[Shard]]] = []  # (estimated rows, consecutive shards)
+    for s in sorted(shards, key=lambda x: (x.start, x.partition)):
+        rows = max(s.estimate, 1)
+        if units and units[-1][1][-1].start == s.start and units[-1][0] + rows <= cap:
+            units[-1] = (units[-1][0] + rows, [*units[-1][1], s])
+        else:
+            units.append((rows, [s]))
+    tasks = min(tasks, len(units))
     groups: list[list[Shard]] = [[] for _ in range(tasks)]
     loads = [0] * tasks
-    for s in sorted(shards, key=lambda x: (-x.estimate, x.start, x.partition)):
+    for rows, unit in sorted(units, key=lambda u: (-u[0], u[1][0].start, u[1][0].partition)):
         i = loads.index(min(loads))
-        groups[i].append(s)
-        loads[i] += max(s.estimate, 1)
+        groups[i].extend(unit)
+        loads[i] += rows
     for g in groups:
         g.sort(key=lambda x: (x.start, x.partition))
     return groups
