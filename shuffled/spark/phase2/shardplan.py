@@ -193,11 +193,16 @@ def hash_bounds(shards: int) -> list[Bound]:
     return list(zip(edges[:-1], edges[1:], strict=True))
 
 
-def _groups(keys: pa.Array) -> tuple[list[bytes], np.ndarray]:
-    """The distinct keys of ``keys`` (sorted) and the rank where each starts."""
-    values = keys.to_pylist()
-    starts = [0] + [i for i in range(1, len(values)) if values[i] != values[i - 1]]
-    return [values[i] for i in starts], np.array(starts, dtype=np.int64)
+def _groups(keys: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """The distinct keys of ``keys`` (sorted) and the rank where each starts: found by one
+    comparison of neighbours, no key made a Python object (a chunk's sample holds up to
+    :data:`PLAN_SAMPLE`, and the plan of a range chunk needs one or two of them)."""
+    n = len(keys)
+    if n < 2:
+        return keys, np.zeros(n, dtype=np.int64)
+    change = np.asarray(pc.not_equal(keys.slice(1), keys.slice(0, n - 1)), dtype=bool)
+    starts = np.concatenate([[0], np.flatnonzero(change) + 1]).astype(np.int64)
+    return keys.take(pa.array(starts)), starts
 
 
 def _edges(cuts: list[bytes]) -> list[Bound]:
@@ -213,11 +218,13 @@ def range_bounds(keys: pa.Array, shards: int) -> list[Bound]:
         return [(None, None)]
     distinct, starts = _groups(keys)
     cuts: list[bytes] = []
+    last = 0  # the distinct keys ascend: a later rank is a greater key
     for i in range(1, shards):
         want = i * len(keys) / shards
         at = int(np.argmin(np.abs(starts - want)))
-        if at > 0 and (not cuts or distinct[at] > cuts[-1]):
-            cuts.append(distinct[at])
+        if at > last:
+            cuts.append(distinct[at].as_py())
+            last = at
     return _edges(cuts)
 
 
@@ -228,7 +235,7 @@ def packed_bounds(keys: pa.Array, cap: int) -> list[Bound]:
     sizes = np.diff(np.append(starts, len(keys)))
     cuts: list[bytes] = []
     held = 0
-    for key, n in zip(distinct, sizes.tolist(), strict=True):
+    for key, n in zip(distinct.to_pylist(), sizes.tolist(), strict=True):
         if held and held + n > cap:
             cuts.append(key)
             held = 0
