@@ -313,9 +313,10 @@ class ShuffleClient:
 
     def read_shards(self, supervisor_task_id: str,
                     shards: Sequence[tuple[Interval, bytes | None, bytes | None]],
-                    without: Collection[str] = ()) -> list[slabs.SlabRead]:
+                    without: Collection[str] = (), *, keys: bool = False,
+                    ) -> list[slabs.SlabRead]:
         """:func:`.slabs.read_shards`."""
-        return slabs.read_shards(self._http, supervisor_task_id, shards, without)
+        return slabs.read_shards(self._http, supervisor_task_id, shards, without, keys=keys)
 
     # -- the supervisor's calls (shuffled.client.supervisor) ------------------------------
 

@@ -55,15 +55,41 @@ def _bytes_hash(column: pa.Array) -> np.ndarray:
             sums = np.add.reduceat(terms, (offsets[:-1] - base)[nonempty])
             out[nonempty] += sums
     if arr.null_count:
-        out[np.asarray(arr.is_null(), dtype=bool)] = _U64(0x5BD1E995)
+        out[np.asarray(arr.is_null(), dtype=bool)] = _NULL_HASH
     return _mix(out)
+
+
+_NULL_HASH = _U64(0x5BD1E995)  # what _bytes_hash gives a null before mixing
+
+
+def _distinct_hash(column: pa.Array) -> np.ndarray:
+    """:func:`_bytes_hash` of a string/binary column (maybe dictionary-encoded), hashing
+    each distinct value once: the per-byte arithmetic is the cost, and a slab's dimension
+    columns repeat their values (measured 16x faster on 375,000 users of 16,623)."""
+    enc = column if pa.types.is_dictionary(column.type) else pc.dictionary_encode(column)
+    if len(enc.dictionary) > len(enc):  # a dictionary bigger than the column: decode it
+        enc = pc.dictionary_encode(enc.dictionary_decode())
+    values = _bytes_hash(enc.dictionary)
+    indices = enc.indices
+    if indices.null_count:
+        out = values[np.asarray(indices.fill_null(0)).astype(np.int64)]
+        out[np.asarray(indices.is_null(), dtype=bool)] = _mix(np.array([_NULL_HASH]))[0]
+        return out
+    return values[np.asarray(indices).astype(np.int64, copy=False)]
 
 
 def _column_hash(column: pa.Array) -> np.ndarray:
     typ = column.type
     if pa.types.is_dictionary(typ):
+        if pa.types.is_string(typ.value_type) or pa.types.is_binary(typ.value_type) or \
+                pa.types.is_large_string(typ.value_type) or \
+                pa.types.is_large_binary(typ.value_type):
+            return _distinct_hash(column)
         column = column.dictionary_decode()
         typ = column.type
+    if (pa.types.is_string(typ) or pa.types.is_binary(typ) or pa.types.is_large_string(typ)
+            or pa.types.is_large_binary(typ)) and len(column) > 64:
+        return _distinct_hash(column)
     if pa.types.is_integer(typ) or pa.types.is_timestamp(typ) or pa.types.is_date(typ):
         values = pc.cast(column, pa.int64()) if not pa.types.is_int64(typ) else column
         raw = np.asarray(values.fill_null(-0x7FFF_FFFF_FFFF_FFF1)).view(_U64)

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from shuffled.slab import keys as slab_keys
 from shuffled.slab import sketch
@@ -51,9 +50,7 @@ def row_keys(table: pa.Table, keying: Keying) -> tuple[pa.Array, np.ndarray]:
         h = hash_values(table, keying.columns)
         return slab_keys.hash_keys(h), np.lexsort((h, chunks))
     keys = slab_keys.tuple_keys([_plain(table.column(c)) for c in keying.columns])
-    order = pc.sort_indices(pa.table({"c": pa.array(chunks), "k": keys}),
-                            sort_keys=[("c", "ascending"), ("k", "ascending")])
-    return keys, order.to_numpy()
+    return keys, slab_keys.chunk_key_order(chunks, keys)
 
 
 def chunk_ends(chunk_start: np.ndarray, granularity: str) -> np.ndarray:

@@ -23,9 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from shuffled.client import ShuffleClient, daemon_failed
 from shuffled.protocol import Interval
+from shuffled.slab.keys import KEY_COLUMN
 from shuffled.spark.phase2.durable import sync_files
 from shuffled.spark.phase2.merge import (
     SegmentSink, _segment_table, _write, merge_partitions, read_ahead,
@@ -55,14 +57,28 @@ class Shard:
 
 
 def balance(shards: list[Shard], tasks: int) -> list[list[Shard]]:
-    """Spread shards over ``tasks`` merge tasks, largest first onto the lightest task."""
+    """Spread shards over ``tasks`` merge tasks, largest first onto the lightest task, a
+    chunk's shards together (in runs of at most a quarter of a task's share): they are
+    read as one key range (:func:`runs`), each slab batch of the chunk once. Spread
+    shard by shard, the two shards of a day chunk went to different tasks about half the
+    time, and each task read (and trimmed) the chunk's whole batches."""
     tasks = max(1, min(tasks, len(shards)))
+    total = sum(max(s.estimate, 1) for s in shards)
+    cap = max(1, total // (4 * tasks))
+    units: list[tuple[int, list[Shard]]] = []  # (estimated rows, consecutive shards)
+    for s in sorted(shards, key=lambda x: (x.start, x.partition)):
+        rows = max(s.estimate, 1)
+        if units and units[-1][1][-1].start == s.start and units[-1][0] + rows <= cap:
+            units[-1] = (units[-1][0] + rows, [*units[-1][1], s])
+        else:
+            units.append((rows, [s]))
+    tasks = min(tasks, len(units))
     groups: list[list[Shard]] = [[] for _ in range(tasks)]
     loads = [0] * tasks
-    for s in sorted(shards, key=lambda x: (-x.estimate, x.start, x.partition)):
+    for rows, unit in sorted(units, key=lambda u: (-u[0], u[1][0].start, u[1][0].partition)):
         i = loads.index(min(loads))
-        groups[i].append(s)
-        loads[i] += max(s.estimate, 1)
+        groups[i].extend(unit)
+        loads[i] += rows
     for g in groups:
         g.sort(key=lambda x: (x.start, x.partition))
     return groups
@@ -98,46 +114,94 @@ def shard_batches(shards: Iterable[Shard], count: int = BATCH_SHARDS,
 Fetched = tuple[list[pa.Table], int, int]  # a shard's tables (one per daemon), rows, bytes
 
 
+def runs(batch: Sequence[Shard]) -> list[list[int]]:
+    """Consecutive shards of ``batch`` that make one key range of one chunk on the same
+    daemons (a chunk's shards, in order): each run is read as one range and cut after."""
+    out: list[list[int]] = []
+    for n, s in enumerate(batch):
+        if out:
+            p = batch[out[-1][-1]]
+            if (p.start, p.end, p.servers) == (s.start, s.end, s.servers) and \
+                    p.key_to is not None and p.key_to == s.key_from:
+                out[-1].append(n)
+                continue
+        out.append([n])
+    return out
+
+
+def cut(table: pa.Table, edges: Sequence[bytes]) -> list[pa.Table | None]:
+    """``table``'s rows (a range read with ``__key``, each record batch sorted by it: a run
+    of one slab) in the ``len(edges) + 1`` key ranges ``edges`` cut, without ``__key``
+    (None: no rows): one comparison a batch and edge, the pieces zero-copy slices."""
+    pieces: list[list[pa.RecordBatch]] = [[] for _ in range(len(edges) + 1)]
+    scalars = [pa.scalar(e, pa.binary()) for e in edges]
+    for rb in table.to_batches():
+        key = rb.column(KEY_COLUMN)
+        rb = rb.drop_columns([KEY_COLUMN])
+        at = [0, *(int(pc.sum(pc.less(key, e)).as_py() or 0) for e in scalars), rb.num_rows]
+        for i in range(len(edges) + 1):
+            if at[i + 1] > at[i]:
+                pieces[i].append(rb.slice(at[i], at[i + 1] - at[i]))
+    return [pa.Table.from_batches(p) if p else None for p in pieces]
+
+
 def fetch_shards(client: Callable[[str], ShuffleClient], supervisor_task_id: str,
                  batch: Sequence[Shard], slabs_on: dict[str, int],
                  without: Mapping[str, frozenset[str]] | None = None,
                  ) -> list[Fetched | ShortRead]:
     """Every shard of ``batch`` from every daemon holding its chunk: one ``read_shards``
-    per daemon for the lot. A daemon that does not answer, or answers holding another
+    per daemon for the lot, a chunk's consecutive shards asked as one key range and cut
+    here (:func:`runs`, :func:`cut`: each slab batch of the chunk decoded once, not once
+    per shard it overlaps). A daemon that does not answer, or answers holding another
     count of the sealed subtasks' slabs than phase 1 stored there, makes each of the
     batch's shards it holds :class:`ShortRead`. ``without``: per daemon, the sealed
     subtasks it is not read for (read from another copy, or superseded by a re-run)."""
-    asked: dict[str, list[int]] = {}
-    for n, s in enumerate(batch):
-        for server in s.servers:
-            asked.setdefault(server, []).append(n)
+    asked: dict[str, list[list[int]]] = {}
+    for run in runs(batch):
+        for server in batch[run[0]].servers:
+            asked.setdefault(server, []).append(run)
     out: list[Fetched | ShortRead] = [([], 0, 0) for _ in batch]
     for server, items in asked.items():
         try:
             got = client(server).read_shards(
                 supervisor_task_id,
-                [(Interval(batch[n].start, batch[n].end), batch[n].key_from, batch[n].key_to)
-                 for n in items], (without or {}).get(server, frozenset()))
+                [(Interval(batch[r[0]].start, batch[r[0]].end), batch[r[0]].key_from,
+                  batch[r[-1]].key_to) for r in items],
+                (without or {}).get(server, frozenset()), keys=True)
         except Exception as exc:
             if not daemon_failed(exc):
                 raise
             short = ShortRead(server, getattr(exc, "message", None) or repr(exc))
-            for n in items:
-                if not isinstance(out[n], ShortRead):
-                    out[n] = short
+            for r in items:
+                for n in r:
+                    if not isinstance(out[n], ShortRead):
+                        out[n] = short
             continue
-        for n, read in zip(items, got, strict=True):
-            slot = out[n]
-            if isinstance(slot, ShortRead):
-                continue
+        for r, read in zip(items, got, strict=True):
             if read.slabs != slabs_on.get(server, 0):
-                out[n] = ShortRead(server, f"holds {read.slabs} slabs of the sealed subtasks; "
-                                   f"phase 1 stored {slabs_on.get(server, 0)} there",
-                                   missing=True)
-            elif read.table is not None and read.rows:
+                short = ShortRead(server, f"holds {read.slabs} slabs of the sealed subtasks; "
+                                  f"phase 1 stored {slabs_on.get(server, 0)} there",
+                                  missing=True)
+                for n in r:
+                    out[n] = short
+                continue
+            if read.table is None or not read.rows:
+                continue
+            table = read.table
+            parts: list[pa.Table | None] = [table]
+            if len(r) > 1:
+                parts = cut(table, [e for e in (batch[n].key_from for n in r[1:])
+                                    if e is not None])
+            elif KEY_COLUMN in table.column_names:
+                parts = [table.drop_columns([KEY_COLUMN])]
+            per_row = table.nbytes / max(table.num_rows, 1)  # once a read: nbytes is not free
+            for n, t in zip(r, parts, strict=True):
+                slot = out[n]
+                if isinstance(slot, ShortRead) or t is None or not t.num_rows:
+                    continue
                 tables, rows, size = slot
-                tables.append(read.table)
-                out[n] = (tables, rows + read.rows, size + read.table.nbytes)
+                tables.append(t)
+                out[n] = (tables, rows + t.num_rows, size + int(per_row * t.num_rows))
     return out
 
 
@@ -170,14 +234,16 @@ def make_phase2_slabs(cfg: Phase2Config, slabs_on: dict[str, int],
             return _segment_table(t, cfg.multi_value, cfg.layout.hidden)
 
         def segment(s: Shard, path: str, rows_in: int, rows: int, size: int, fetched: int,
-                    fetch_s: float, merge_s: float, write_s: float, **extra: Any) -> str:
+                    fetch_s: float, merge_s: float, write_s: float, peak: int | None = None,
+                    **extra: Any) -> str:
             written.append(path)
             return dump(Segment(
                 start=s.start, end=s.end, partition=s.partition, rows=rows, rows_in=rows_in,
                 bytes=size, path=path, attempt=attempt, bytes_fetched=fetched,
                 fetch_ms=fetch_s * 1000, merge_ms=merge_s * 1000, write_ms=write_s * 1000,
-                ms=int((fetch_s + merge_s + write_s) * 1000), peak_rss=peak_rss(),
-                rss_at_start=baseline, **extra))
+                ms=int((fetch_s + merge_s + write_s) * 1000),
+                peak_rss=peak_rss() if peak is None else peak, rss_at_start=baseline,
+                **extra))
 
         def path_of(s: Shard) -> str:
             return os.path.join(cfg.segment_dir, segment_name(s.start, s.end, s.partition,
@@ -192,12 +258,13 @@ def make_phase2_slabs(cfg: Phase2Config, slabs_on: dict[str, int],
             parts = [t if t else [cfg.layout.schema().empty_table()] for _, t, _, _, _ in batch]
             merged = merge_partitions(parts, cfg.layout, finish)
             merge_s = (time.monotonic() - started) / len(batch)
+            peak = peak_rss()  # once a batch, as the partials' phase 2 (/proc reads)
             for (s, _, rows_in, fetched, fetch_s), out in zip(batch, merged, strict=True):
                 w = time.monotonic()
                 path = path_of(s)
                 size = _write(out, path, cfg)
                 yield segment(s, path, rows_in, out.num_rows, size, fetched, fetch_s, merge_s,
-                              time.monotonic() - w)
+                              time.monotonic() - w, peak)
             batch.clear()
 
         def prefetched() -> Iterator[tuple[list[Shard], list[Fetched | ShortRead], float]]:

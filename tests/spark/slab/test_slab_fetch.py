@@ -56,13 +56,13 @@ class Counting:
         counting = self
 
         class Client:
-            def read_shards(self, sup: str, shards: Any, without: Any = ()) -> Any:
+            def read_shards(self, sup: str, shards: Any, *args: Any, **how: Any) -> Any:
                 counting.calls[server] = counting.calls.get(server, 0) + 1
                 c = counting.clients.get(server)
                 if c is None:
                     kw = {"retry": counting.retry} if counting.retry else {}
                     c = counting.clients[server] = ShuffleClient(server, **kw)
-                return c.read_shards(sup, shards, without)
+                return c.read_shards(sup, shards, *args, **how)
 
         return Client()
 
