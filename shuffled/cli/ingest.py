@@ -251,6 +251,15 @@ def where_it_went(result: Any) -> str:
             f"manifest: {result.manifest_path}\ntask report: {result.report_path}")
 
 
+def not_py4j(record: logging.LogRecord) -> bool:
+    """Drop py4j's own log records. py4j logs its connection errors at ERROR through the
+    root logger, e.g. "Exception while sending command" when Ctrl-C's handler cancels
+    Spark's jobs while the main thread is inside a gateway call (CI saw it twice, each
+    time after the interrupt itself had been handled). The command reports every failure
+    in its one paragraph; ``--verbose`` keeps them."""
+    return f"{os.sep}py4j{os.sep}" not in record.pathname
+
+
 def cmd_ingest(args: argparse.Namespace) -> int:
     """Run `shuffled ingest`; returns the exit code."""
     from shuffled.api import ingest
@@ -258,6 +267,9 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     level = "INFO" if args.verbose else os.environ.get("SHUFFLED_LOG_LEVEL", "ERROR")
     logging.basicConfig(level=level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if not args.verbose:
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(not_py4j)
     progress = Progress(sys.stdout)
     try:
         spec = _read_spec(args.spec)

@@ -116,3 +116,19 @@ def test_ctrl_c_ends_with_one_line_and_leaves_no_empty_directory(tmp_path: Path)
     assert not leftovers, leftovers
     report = json.loads((ds / "task-report.json").read_text())
     assert "interrupted" in json.dumps(report)
+
+
+def test_the_quiet_ingest_drops_py4js_own_log_records() -> None:
+    """The Ctrl-C test above saw py4j's "Exception while sending command" (logged at ERROR
+    through the root logger as the interrupt cancelled Spark's jobs mid-call) print
+    beside the one line, once in a clean-clone run: the quiet command filters py4j's
+    records; everything else still goes out."""
+    import logging
+
+    from shuffled.cli.ingest import not_py4j
+
+    def record(path: str) -> logging.LogRecord:
+        return logging.LogRecord("root", logging.ERROR, path, 1, "x", None, None)
+
+    assert not not_py4j(record("/venv/lib/python3.11/site-packages/py4j/clientserver.py"))
+    assert not_py4j(record("/work/shuffled/spark/driver/pipeline.py"))
