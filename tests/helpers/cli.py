@@ -58,7 +58,7 @@ def ingest_cli_runs(tmp_path: Path, runs: Sequence[Sequence[str]], *,
 
 
 @contextlib.contextmanager
-def _fds_to(stdout: Path, stderr: Path) -> Iterator[None]:
+def fds_to(stdout: Path, stderr: Path) -> Iterator[None]:
     """File descriptors 1 and 2 (what a terminal would show) to files while the block runs."""
     saved = [os.dup(1), os.dup(2)]
     files = [open(stdout, "wb"), open(stderr, "wb")]
@@ -86,7 +86,7 @@ def _run_all(args_path: Path) -> None:
     results = []
     for i, argv in enumerate(json.loads(args_path.read_text())):
         out, err = args_path.with_suffix(f".{i}.stdout"), args_path.with_suffix(f".{i}.stderr")
-        with _fds_to(out, err):
+        with fds_to(out, err):
             try:
                 code = int(cli.main(argv) or 0)
             except SystemExit as exc:

@@ -30,6 +30,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from tests.helpers.cli import fds_to
 from tests.helpers.hooks import StopDaemons
 from tests.helpers.procs import DaemonProcess
 from tests.helpers.ingestion import base_spec, free_port, held_tasks
@@ -68,27 +69,6 @@ def restarter(victim: DaemonProcess, done: threading.Event, out: dict[str, Any],
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread
-
-
-@contextlib.contextmanager
-def captured_fds(path: Path) -> Any:
-    """Send fds 1 and 2 to files (what a terminal would show) while the block runs."""
-    saved = [os.dup(1), os.dup(2)]
-    files = [open(path.with_suffix(".stdout"), "wb"), open(path.with_suffix(".stderr"), "wb")]
-    sys.stdout.flush()
-    sys.stderr.flush()
-    try:
-        for fd, fh in zip((1, 2), files):
-            os.dup2(fh.fileno(), fd)
-        yield
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        for fd, old in zip((1, 2), saved):
-            os.dup2(old, fd)
-            os.close(old)
-        for fh in files:
-            fh.close()
 
 
 def run_scenario(args: dict[str, Any], sc: dict[str, Any]) -> dict[str, Any]:
@@ -202,7 +182,7 @@ def run_cli(spec: dict[str, Any], urls: list[str], master: str, output: Path,
         argv += ["--shuffle-server", url]
     shuffled.spark.run_ingestion = with_fault  # type: ignore[assignment]
     try:
-        with captured_fds(root / "cli"):
+        with fds_to(root / "cli.stdout", root / "cli.stderr"):
             try:
                 return int(cli.main(argv) or 0)
             except SystemExit as exc:

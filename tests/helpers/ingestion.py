@@ -169,6 +169,15 @@ def write_parts(lines: list[str], directory: Path, parts: int = 3) -> None:
         (directory / f"part-{p}.json").write_text("\n".join(lines[p * size:(p + 1) * size]) + "\n")
 
 
+def json_input(base: Path, rows: int, seed: int, parts: int,
+               ) -> tuple[Path, list[dict[str, Any]]]:
+    """:func:`generate`'s ``rows`` as newline-delimited JSON in ``parts`` files under
+    ``base/json``: that directory and the good rows (what DuckDB's rollup is made of)."""
+    lines, good, _ = generate(rows, seed=seed)
+    write_parts(lines, base / "json", parts=parts)
+    return base / "json", good
+
+
 def base_spec(base_dir: Path, partitions: dict[str, Any], **tuning: Any) -> dict[str, Any]:
     return {
         "type": "index_parallel",

@@ -23,10 +23,9 @@ from tests.helpers.ingestion import (  # noqa: F401  (fixtures)
     assert_matches,
     base_spec,
     expected_rollup,
-    generate,
+    json_input,
     spark,
     start_daemon,
-    write_parts,
 )
 
 pyiceberg = pytest.importorskip("pyiceberg", reason="pyiceberg is in the spark extras")
@@ -55,10 +54,7 @@ def catalog(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
-    base = tmp_path_factory.mktemp("input")
-    lines, good, _ = generate(6000, seed=5)
-    write_parts(lines, base / "json", parts=3)
-    return base / "json", good
+    return json_input(tmp_path_factory.mktemp("input"), 6000, seed=5, parts=3)
 
 
 def _events(base: Path, **io: Any) -> dict[str, Any]:

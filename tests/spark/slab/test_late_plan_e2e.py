@@ -25,20 +25,16 @@ from tests.helpers.ingestion import (  # noqa: F401  (fixtures)
     base_spec,
     daemons,
     expected_rollup,
-    generate,
     held_tasks,
+    json_input,
     read_output,
     spark,
-    write_parts,
 )
 
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
-    base = tmp_path_factory.mktemp("late")
-    lines, good, _ = generate(12000, seed=11)
-    write_parts(lines, base / "json", parts=3)
-    return base / "json", good
+    return json_input(tmp_path_factory.mktemp("late"), 12000, seed=11, parts=3)
 
 
 @pytest.fixture
@@ -139,10 +135,7 @@ def test_range_in_one_pass(spark: Any, daemons: list[Any], dataset: Any, tmp_pat
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
-    base = tmp_path_factory.mktemp("small")
-    lines, good, _ = generate(2000, seed=12)
-    write_parts(lines, base / "json", parts=2)
-    return base / "json", good
+    return json_input(tmp_path_factory.mktemp("small"), 2000, seed=12, parts=2)
 
 
 @pytest.mark.parametrize(("partitions", "reader", "method", "why"), [

@@ -21,11 +21,10 @@ from tests.helpers.ingestion import (  # noqa: F401  (fixtures)
     assert_matches,
     base_spec,
     expected_rollup,
-    generate,
     held_tasks,
+    json_input,
     read_output,
     spark,
-    write_parts,
 )
 from tests.helpers.procs import DaemonProcess
 
@@ -34,10 +33,7 @@ pytestmark = pytest.mark.spark
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
-    base = tmp_path_factory.mktemp("late-recovery")
-    lines, good, _ = generate(12000, seed=7)
-    write_parts(lines, base / "json", parts=4)
-    return base / "json", good
+    return json_input(tmp_path_factory.mktemp("late-recovery"), 12000, seed=7, parts=4)
 
 
 @pytest.fixture
