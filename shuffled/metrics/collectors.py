@@ -92,11 +92,13 @@ class StoreCollector(Collector):
         # Deep storage (shuffled.storage.deep): zero without it.
         deep = self._store.deep
         stats = deep.stats if deep is not None else DeepStats()
-        yield CounterMetricFamily("shuffled_deep_offloaded_bytes", "Pack bytes copied to "
+        yield CounterMetricFamily("shuffled_deep_offloaded_bytes", "Pack and slab bytes copied to "
                                   "the deep-storage tier (before encryption).",
                                   value=stats.offloaded_bytes)
         yield CounterMetricFamily("shuffled_deep_offloaded_packs", "Packs copied to the "
                                   "deep-storage tier.", value=stats.offloaded_packs)
+        yield CounterMetricFamily("shuffled_deep_offloaded_slabs", "Slabs copied to the "
+                                  "deep-storage tier.", value=stats.offloaded_slabs)
         yield GaugeMetricFamily("shuffled_deep_offload_pending_tasks", "Sealed tasks being "
                                 "copied to the deep-storage tier or waiting to be.",
                                 value=deep.pending if deep is not None else 0)

@@ -79,6 +79,7 @@ def make_app(settings: Settings, *, registry: CollectorRegistry | None = None,
     # A lost peer's share from deep storage: the read routes under /peers/{instance}.
     peers.install(app, task, {
         ("POST", "/partitions"): partitions.read_partitions,
+        ("POST", "/shards"): slabs.post_shards,  # the late plan's shard reads (slabs)
         ("GET", "/partition"): partitions.get_partition,
         ("GET", "/{sub}/partition"): partials.get_partial,
         ("GET", "/partition/pages"): pages.get_pages,

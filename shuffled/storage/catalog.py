@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from shuffled.storage.ondisk import layout
 from shuffled.storage.ondisk.records import CatalogRow, slot_key
 from shuffled.storage.ondisk import slabrows
+from shuffled.storage.ondisk.slabrows import SlabRow
 
 #: Storage format 3: ``offset`` is where the body starts, ``schema_at`` where the schema
 #: message is, ``size`` the whole stream's length (:class:`~shuffled.storage.ondisk.records.PartialMeta`).
@@ -328,6 +329,16 @@ class Catalog:
             self.reader, f'SELECT {_COLS} FROM partials WHERE sup = ? AND (start, "end", pid, sub) > '
             f'(?, ?, ?, ?) ORDER BY start, "end", pid, sub LIMIT ?',
             (sup, *after, limit)).fetchall()
+
+    @_disk_errors
+    def task_slabs(self, sup: str, subs: Iterable[str] | None = None) -> list[SlabRow]:
+        """The slab rows of ``sup`` (of ``subs`` only, if named), through a connection of
+        its own (any thread: the deep-storage offload reads them on its threads)."""
+        conn = self.connect_reader()
+        try:
+            return slabrows.of_task(conn, sup, subs)
+        finally:
+            conn.close()
 
     @_disk_errors
     def task_rows(self, sup: str) -> list[Row]:

@@ -55,7 +55,9 @@ from shuffled.storage.tasks.seals import Seals
 from shuffled.storage.threads import IoThreads
 from shuffled.storage.write.outcomes import PutResult, Rejected
 from shuffled.storage.write.sessionpacks import INLINE_MAX, Writing
+from shuffled.storage.slabs import shards as slab_shards
 from shuffled.storage.slabs.service import Slabs
+from shuffled.storage.slabs.shards import TaskIndex
 from shuffled.storage.write.upload import BulkSession
 from shuffled.storage.tasks.verdicts import Verdicts
 
@@ -125,7 +127,8 @@ class Store:
         if self.deep is not None:
             from shuffled.storage.deep.evict import Evictor as Evicting
             self.evictor = Evicting(deep=self.deep, disks=self.disks, threads=self.threads,
-                                    uploads=self.uploads, packs=self.packs, book=self.book)
+                                    uploads=self.uploads, packs=self.packs, book=self.book,
+                                    on_evicted=lambda sup: self.slabs.forget(sup))
         self._writing = Writing(settings=settings, locations=self.locations,
                                 threads=self.threads, uploads=self.uploads, packs=self.packs,
                                 committer=self.committer, admission=self.admission,
@@ -134,7 +137,8 @@ class Store:
                            threads=self.threads, book=self.book, uploads=self.uploads,
                            seals=self._seals, placement=self.packs.placement,
                            deleting=self.removal.deleting, quota_of=self.admission.of,
-                           notify=self._notify, clock=clock)
+                           notify=self._notify, clock=clock,
+                           localize=self.deep.local_slabs if self.deep is not None else None)
         self.recovered_partials = 0
         self.recovered_slabs = 0
         self.dropped_on_recovery = 0
@@ -152,15 +156,17 @@ class Store:
         # A removal a crash interrupted is finished before anything is loaded or served.
         for sup in await self.removal.resume():
             self._seals.mark_deleted(sup)  # never complete while its leftovers stand
-        kept = None
-        if self.deep is not None:  # packs evicted to the tier: their rows are kept
+        kept = kept_slabs = None
+        if self.deep is not None:  # packs and slabs evicted to the tier: rows are kept
             from shuffled.storage.deep.evict import kept as evicted
+            from shuffled.storage.deep.evict import kept_slabs as evicted_slabs
             await self.deep.journal.load()
             kept = evicted(self.deep.journal.entries)
+            kept_slabs = evicted_slabs(self.deep.journal.entries)
         opened = await startup.load(self.disks, self.threads, self.book,
                                     self.generations, self.packs, self._seals, kept)
         self.recovered_partials = opened.recovered
-        self.recovered_slabs = await self.slabs.load()
+        self.recovered_slabs = await self.slabs.load(kept_slabs)
         self.dropped_on_recovery = opened.dropped
         if self.deep is not None:
             await self.deep.start(held=self.book.entries)
@@ -375,6 +381,21 @@ class Store:
             raise NotFound(f"this daemon has no deep storage to read {instance}'s share of "
                            f"{supervisor_task_id} from", supervisorTaskId=supervisor_task_id)
         return await self.deep.peer(supervisor_task_id, instance)
+
+    async def peer_shard_index(self, supervisor_task_id: str, instance: str,
+                               without: frozenset[str] = frozenset()) -> TaskIndex:
+        """The shard index over the slabs the daemon ``instance`` offloaded (of its sealed
+        subtasks but ``without``), read back from deep storage (:mod:`.deep.peers`); kept
+        on the peer's share for the next reads that leave out the same subtasks."""
+        peer = await self.peer(supervisor_task_id, instance)
+        held = peer.slab_index
+        if held is not None and held[0] == without:
+            index: TaskIndex = held[1]
+            return index
+        found = await peer.slab_files(without)
+        index = await self.threads.run(slab_shards.build, found)
+        peer.slab_index = (without, index)
+        return index
 
     async def open_many(self, metas: Sequence[PartialMeta]) -> list[IO[bytes]]:
         """Open the packs of ``metas`` (each once) up front; one file object per meta."""

@@ -8,7 +8,8 @@ hex (either may be left out: unbounded). ``X-Shuffled-Rows`` says the rows sent 
 ``X-Shuffled-Slabs`` how many slabs of the sealed subtasks this daemon holds for the task,
 so that a reader can tell a daemon that lost a slab from one that has no rows for it.
 ``POST /tasks/{sup}/shards`` reads up to 1,000 shards in one answer, framed
-(:mod:`shuffled.slab.frames`).
+(:mod:`shuffled.slab.frames`); under ``/peers/{instance}`` it answers from the slabs that
+daemon offloaded to deep storage (docs/deep-storage.md), as that daemon would have.
 """
 
 from __future__ import annotations
@@ -157,8 +158,12 @@ async def post_shards(request: web.Request) -> web.StreamResponse:
         raise BadRequest("trim is true (the daemon trims the edge batches to each shard's "
                          "keys) or false (it sends them whole: the reader trims)", field="trim")
     without = _without(body)
+    instance = request.match_info.get("instance")  # a lost peer's share (routes.peers)
     with state.downloads.slot():
-        ti = await state.store.slabs.task_index(sup, without)
+        if instance is None:
+            ti = await state.store.slabs.task_index(sup, without)
+        else:
+            ti = await state.store.peer_shard_index(sup, instance, without)
         state.store.touch(sup)
         response = web.StreamResponse(status=200, headers={
             "Content-Type": frames.MEDIA_TYPE, SLABS_HEADER: str(ti.slabs)})

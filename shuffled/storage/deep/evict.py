@@ -27,7 +27,7 @@ import asyncio
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -84,11 +84,25 @@ def kept(entries: dict[str, Entry]) -> dict[int, frozenset[tuple[str, int]]]:
     return {i: frozenset(v) for i, v in out.items()}
 
 
+def kept_slabs(entries: dict[str, Entry]) -> dict[int, frozenset[tuple[str, str, int, int]]]:
+    """Per location index, the slabs (sup, sub, slab, attempt) evicted: recovery keeps
+    their rows."""
+    out: dict[int, set[tuple[str, str, int, int]]] = {}
+    for sup, entry in entries.items():
+        if entry.deleting:
+            continue
+        for key in entry.evicted_slabs:
+            location, sub, slab, attempt = manifest.slab_key_parts(key)
+            out.setdefault(location, set()).add((sup, sub, slab, attempt))
+    return {i: frozenset(v) for i, v in out.items()}
+
+
 class Evictor:
     """Frees local space from what the tier holds (event loop; files on the I/O threads)."""
 
     def __init__(self, *, deep: DeepStorage, disks: Sequence[Disk], threads: IoThreads, uploads: Uploads,
-                 packs: PackSource, book: TaskBook, spill: bool = True) -> None:
+                 packs: PackSource, book: TaskBook, spill: bool = True,
+                 on_evicted: Callable[[str], None] = lambda sup: None) -> None:
         self.deep = deep
         self.disks = list(disks)
         self.locations = [d.location for d in self.disks]
@@ -97,6 +111,7 @@ class Evictor:
         self.packs = packs
         self.book = book
         self.spill = spill
+        self.on_evicted = on_evicted  # a task's slab files changed place: its index goes
         self.margin = EVICT_MARGIN
         self._lock = asyncio.Lock()  # one pass at a time: concurrent refusals share it
 
@@ -150,11 +165,16 @@ class Evictor:
         """Remove the read-back cache files held at ``loc``; the bytes freed."""
         root = layout.meta_dir(loc.path)
         slots = [(k, p) for k, p in self.deep.cached.items() if p.is_relative_to(root)]
-        if not slots:
+        slabs = [(k, p) for k, p in self.deep.cached_slabs.items() if p.is_relative_to(root)]
+        if not slots and not slabs:
             return 0
         for k, _ in slots:
             self.deep.cached.pop(k, None)  # later reads fetch again
-        paths = [p for _, p in slots]
+        for slab, _ in slabs:
+            self.deep.cached_slabs.pop(slab, None)
+        for sup in {slab[0] for slab, _ in slabs}:
+            self.on_evicted(sup)  # its index named the cached files
+        paths = [p for _, p in slots] + [p for _, p in slabs]
         sizes = await self.threads.run(_sizes, paths)
         await self.threads.run(_unlink, paths)
         freed = sum(s or 0 for s in sizes)
@@ -193,22 +213,34 @@ class Evictor:
             sizes = await self.threads.run(_sizes, paths)
             chosen = [(k, p) for k, p, s in zip(keys, paths, sizes, strict=True)
                       if s is not None and s == entry.packs[k].size]
-            if not chosen:
+            # Slab files copied (a slab never changes: its copy stands), not evicted yet.
+            slab_prefix = f"{loc.index}/"
+            slab_keys = [k for k in entry.slabs
+                         if k.startswith(slab_prefix) and k not in entry.evicted_slabs]
+            slab_paths = [loc.path / sup / k[len(slab_prefix):] for k in slab_keys]
+            slab_sizes = await self.threads.run(_sizes, slab_paths)
+            slabs = [(k, p) for k, p, s in zip(slab_keys, slab_paths, slab_sizes, strict=True)
+                     if s is not None and s == entry.slabs[k].size]
+            if not chosen and not slabs:
                 return 0
             entry.evicted |= {k for k, _ in chosen}
+            entry.evicted_slabs |= {k for k, _ in slabs}
             try:
                 await deep.journal.save(entry)  # before any file goes: recovery keeps rows
             except OSError as exc:
                 log.warning("could not record the eviction of %s's packs: %s", sup, exc)
                 return 0
-            await self.threads.run(_unlink, [p for _, p in chosen])
-            freed = sum(entry.packs[k].size for k, _ in chosen)
+            if slabs:
+                self.on_evicted(sup)  # reads build the task's index again, from the tier
+            await self.threads.run(_unlink, [p for _, p in chosen] + [p for _, p in slabs])
+            freed = (sum(entry.packs[k].size for k, _ in chosen)
+                     + sum(entry.slabs[k].size for k, _ in slabs))
             loc.used_bytes -= freed
             task.pack_bytes[loc.index] = task.pack_bytes.get(loc.index, 0) - freed
             deep.stats.evicted_bytes += freed
             deep.stats.evicted_packs += len(chosen)
-            log.info("evicted %d packs of %s at %s (%d bytes, in %s)", len(chosen), sup,
-                     loc.path, freed, deep.tier.uri)
+            log.info("evicted %d packs and %d slabs of %s at %s (%d bytes, in %s)",
+                     len(chosen), len(slabs), sup, loc.path, freed, deep.tier.uri)
             return freed
 
     async def _spill(self, loc: Location, sup: str, entry: Entry | None) -> Entry:

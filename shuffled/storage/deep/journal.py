@@ -8,9 +8,12 @@ file was removed to free space (:mod:`.evict`): recovery keeps their catalog row
 serve them from the tier. ``deleting`` marks a task whose prefix in the tier a DELETE or
 an expiry has yet to remove (retried by the sweeper and at start); ``everyone`` that it is
 the whole ``<sup>/`` prefix, every daemon's copy (a DELETE), not only this daemon's
-``<sup>/<instance>/`` (an expiry).
+``<sup>/<instance>/`` (an expiry). ``slabs`` and ``evictedSlabs`` are the same for the
+task's slab files (docs/slab.md), keyed ``<location>/<sub>.<slabId>.<attempt>.slab``.
 Copies agree but for a location that missed a write: the one of the newest ``updated``
-wins. Versioned: a file of another version is refused at start.
+wins. Versioned: a file of another version is refused at start. Version 2 adds the slabs;
+an entry without any is still written as version 1, so a daemon of before slabs keeps
+reading the journals of tasks of partials only.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from shuffled.storage.threads import IoThreads
 
 log = logging.getLogger("shuffled.storage")
 
-JOURNAL_VERSION = 1
+JOURNAL_VERSION = 2  # version 2: the slabs; 1 (no slabs) is still read and written
+READ_VERSIONS = (1, 2)
 JOURNAL_DIR = "deep"
 
 
@@ -57,20 +61,29 @@ class Entry:
     updated: float = 0.0
     evicted: set[str] = field(default_factory=set)  # packs whose local file was removed
     offloaded_at: float = 0.0  # when the copy last completed (eviction takes oldest first)
+    slabs: dict[str, Copied] = field(default_factory=dict)  # "<location>/<slab file>" -> copy
+    evicted_slabs: set[str] = field(default_factory=set)  # slabs whose local file was removed
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": JOURNAL_VERSION, "supervisorTaskId": self.sup,
-                "subTaskIds": sorted(self.subs), "complete": self.complete,
-                "deleting": self.deleting, "everyone": self.everyone, "updated": self.updated,
-                "evicted": sorted(self.evicted), "offloadedAt": self.offloaded_at,
-                "packs": {k: {"object": c.object, "size": c.size, "crc32c": c.crc}
-                          for k, c in sorted(self.packs.items())}}
+        body: dict[str, Any] = {
+            "version": 2 if self.slabs or self.evicted_slabs else 1,
+            "supervisorTaskId": self.sup,
+            "subTaskIds": sorted(self.subs), "complete": self.complete,
+            "deleting": self.deleting, "everyone": self.everyone, "updated": self.updated,
+            "evicted": sorted(self.evicted), "offloadedAt": self.offloaded_at,
+            "packs": {k: {"object": c.object, "size": c.size, "crc32c": c.crc}
+                      for k, c in sorted(self.packs.items())}}
+        if body["version"] == 2:
+            body["slabs"] = {k: {"object": c.object, "size": c.size, "crc32c": c.crc}
+                             for k, c in sorted(self.slabs.items())}
+            body["evictedSlabs"] = sorted(self.evicted_slabs)
+        return body
 
     @classmethod
     def from_json(cls, body: dict[str, Any], where: Path) -> Entry:
-        if body.get("version") != JOURNAL_VERSION:
+        if body.get("version") not in READ_VERSIONS:
             raise ValueError(f"{where}: deep-storage journal version {body.get('version')!r}"
-                             f", this daemon reads version {JOURNAL_VERSION}; upgrade it")
+                             f", this daemon reads versions {READ_VERSIONS}; upgrade it")
         return cls(sup=str(body["supervisorTaskId"]), subs=frozenset(body["subTaskIds"]),
                    complete=bool(body["complete"]), deleting=bool(body["deleting"]),
                    everyone=bool(body.get("everyone", False)),
@@ -80,7 +93,10 @@ class Entry:
                    evicted=set(body.get("evicted", [])),
                    offloaded_at=float(body.get("offloadedAt", 0.0)),
                    packs={k: Copied(str(v["object"]), int(v["size"]), int(v["crc32c"]))
-                          for k, v in body["packs"].items()})
+                          for k, v in body["packs"].items()},
+                   slabs={k: Copied(str(v["object"]), int(v["size"]), int(v["crc32c"]))
+                          for k, v in body.get("slabs", {}).items()},
+                   evicted_slabs=set(body.get("evictedSlabs", [])))
 
 
 def journal_dir(root: Path) -> Path:

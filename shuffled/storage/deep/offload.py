@@ -1,4 +1,4 @@
-"""The background copier: a sealed task's packs, then its manifest, to the tier.
+"""The background copier: a sealed task's packs and slabs, then its manifest, to the tier.
 
 A task sealed here (or found sealed and not fully offloaded at start) gets one job, an
 asyncio task: it reads the task's catalog rows (one query per location, on the tier's
@@ -9,7 +9,9 @@ bytes a second, records each copy in the journal, and writes the manifest last. 
 it runs on the event loop's thread or the store's I/O threads but the small queries and
 journal writes, so the data plane is not held up. A seal that adds subtasks while a job
 runs makes it run again. Each pack is read once: its CRC32C is computed as it is
-encrypted and recorded, and checked on read-back (:mod:`.readback`).
+encrypted and recorded, and checked on read-back (:mod:`.readback`). The slabs of the
+sealed subtasks (docs/slab.md) are copied the same way beside the packs, each once (a
+slab file never changes), and the manifest lists them with their catalog rows.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from shuffled.storage.deep import crypt, manifest
 from shuffled.storage.deep.journal import Copied, Entry, Journal
 from shuffled.storage.deep.stats import DeepStats
 from shuffled.storage.deep.tier import Tier
+from shuffled.storage.ondisk.slabrows import SlabRow
 from shuffled.storage.threads import IoThreads
 
 log = logging.getLogger("shuffled.storage")
@@ -85,10 +88,12 @@ def copy_pack(tier: Tier, key: bytes, sup: str, name: str, path: Path, throttle:
 
 
 def put_manifest(tier: Tier, key: bytes, sup: str, instance: str, subs: list[str],
-                 packs: dict[str, Copied], rows: list[tuple[int, Row]]) -> None:
+                 packs: dict[str, Copied], rows: list[tuple[int, Row]],
+                 slabs: Sequence[manifest.SlabCopy] = ()) -> None:
     """Build, encrypt and write the task's manifest (blocking: thousands of rows)."""
     name = manifest.manifest_object(sup, instance)
-    body = manifest.build(sup=sup, instance=instance, subs=subs, packs=packs, rows=rows)
+    body = manifest.build(sup=sup, instance=instance, subs=subs, packs=packs, rows=rows,
+                          slabs=slabs)
     tier.put(name, [crypt.encrypt(key, sup, name, body)])
 
 
@@ -194,6 +199,15 @@ class Offloader:
             rows.extend((loc.index, r) for r in found)
         return rows
 
+    async def _slabs(self, sup: str, subs: frozenset[str]) -> list[tuple[int, SlabRow]]:
+        """The slab rows of ``sup``'s sealed subtasks, per location."""
+        out: list[tuple[int, SlabRow]] = []
+        for loc, catalog in ((d.location, d.catalog) for d in self.disks):
+            found = await asyncio.get_running_loop().run_in_executor(
+                self.executor, catalog.task_slabs, sup, subs)
+            out.extend((loc.index, r) for r in found)
+        return out
+
     async def _offload(self, sup: str) -> None:
         subs = self.seals(sup)
         if subs is None:
@@ -221,33 +235,50 @@ class Offloader:
                  else await self.threads.run(os.path.getsize, path)
                  for k, (path, _) in wanted.items()}
         todo = [k for k in wanted if k not in entry.packs or entry.packs[k].size != sizes[k]]
+        # Slabs: a file never changes once committed, so one copy of it stands.
+        slab_rows = {manifest.slab_key(index, r.sub, r.slab, r.attempt): (index, r)
+                     for index, r in await self._slabs(sup, subs)}
+        entry.evicted_slabs &= set(slab_rows)
+        slab_todo = [k for k in slab_rows if k not in entry.slabs]
         stop = self._stops[sup]
-        outcomes = await asyncio.gather(*(self._copy(entry, k, *wanted[k], key, stop)
-                                          for k in todo), return_exceptions=True)
+        copies = [self._copy(entry, k, *wanted[k], key, stop) for k in todo]
+        for k in slab_todo:
+            index, r = slab_rows[k]
+            copies.append(self._copy(
+                entry, k, layout.slab_path(self.locations[index].path, sup, r.sub, r.slab,
+                                           r.attempt),
+                manifest.slab_object(sup, instance, k), key, stop, slab=True))
+        outcomes = await asyncio.gather(*copies, return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 raise outcome
         entry.packs = {k: c for k, c in entry.packs.items() if k in wanted}
+        entry.slabs = {k: c for k, c in entry.slabs.items() if k in slab_rows}
+        listed = [(index, r, entry.slabs[k]) for k, (index, r) in sorted(slab_rows.items())]
         await asyncio.get_running_loop().run_in_executor(
             self.executor, put_manifest, self.tier, key, sup, instance, sorted(subs),
-            dict(entry.packs), rows)
+            dict(entry.packs), rows, listed)
         if stop.is_set():
             raise Stopped()
         entry.complete = True
         entry.offloaded_at = time.time()
         await self.journal.save(entry)
         self.stats.offloaded_tasks += 1
-        log.info("offloaded %s to %s: %d packs", sup, self.tier.uri, len(entry.packs))
+        log.info("offloaded %s to %s: %d packs, %d slabs", sup, self.tier.uri,
+                 len(entry.packs), len(entry.slabs))
 
     async def _copy(self, entry: Entry, k: str, path: Path, name: str, key: bytes,
-                    stop: threading.Event) -> None:
+                    stop: threading.Event, slab: bool = False) -> None:
         async with self.slots:
             if stop.is_set():
                 raise Stopped()
             copied = await asyncio.get_running_loop().run_in_executor(
                 self.executor, copy_pack, self.tier, key, entry.sup, name, path,
                 self.throttle, stop)
-        entry.packs[k] = copied
+        (entry.slabs if slab else entry.packs)[k] = copied
         self.stats.offloaded_bytes += copied.size
-        self.stats.offloaded_packs += 1
+        if slab:
+            self.stats.offloaded_slabs += 1
+        else:
+            self.stats.offloaded_packs += 1
         await self.journal.save(entry)

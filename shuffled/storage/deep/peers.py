@@ -10,6 +10,12 @@ the same page tokens), the same bytes. A pack is fetched on first use into the r
 cache (``.shuffled/deep-cache/<sup>/peer-<instance>/<location>/<sup>/<pack>.pack``, the
 layout a pack has under a location, so the reads' paths need no translation), checked
 against the CRC32C recorded when it was copied and each partial's own.
+
+A manifest of version 2 lists the peer's slabs too (docs/slab.md): a shard read
+(``POST .../shards``) fetches the slabs of the sealed subtasks it reads (not those it
+leaves out) into ``.../peer-<instance>/slabs/``, each checked against the row the manifest
+holds for it, and answers from them as the peer would have (the same index, so the same
+rows and the same slab count).
 """
 
 from __future__ import annotations
@@ -25,9 +31,11 @@ from shuffled.errors import NotFound
 from shuffled.protocol import PartitionKey, TaskDataState
 from shuffled.storage.catalog import COLUMNS, Row
 from shuffled.storage.deep.journal import Copied
-from shuffled.storage.deep.manifest import pack_key
+from shuffled.storage.deep.manifest import SlabCopy, pack_key, slab_key
+from shuffled.storage.deep.readback import slab_cache_path
 from shuffled.storage.read.reads import Reader
 from shuffled.storage.ondisk.records import CatalogRow, PartialMeta
+from shuffled.storage.ondisk.slabrows import SlabRow
 from shuffled.storage.threads import IoThreads
 
 PEER_DIR = "peer-"
@@ -73,6 +81,18 @@ class PeerPlace:
 
 
 Fetch = Callable[[Copied, Path, list[PartialMeta]], Awaitable[None]]
+FetchSlab = Callable[[Copied, Path, SlabRow], Awaitable[Path]]
+
+
+def newest(slabs: Sequence[SlabCopy]) -> list[SlabCopy]:
+    """Per (subtask, slab) the highest attempt (as the daemon's shard reads take it)."""
+    best: dict[tuple[str, int], SlabCopy] = {}
+    for item in slabs:
+        row = item[1]
+        held = best.get((row.sub, row.slab))
+        if held is None or held[1].attempt < row.attempt:
+            best[(row.sub, row.slab)] = item
+    return [best[k] for k in sorted(best)]
 
 
 class PeerTask(Reader):
@@ -83,7 +103,8 @@ class PeerTask(Reader):
 
     def __init__(self, *, sup: str, instance: str, subs: frozenset[str],
                  packs: dict[str, Copied], rows: Sequence[tuple[int, Row]], cache: Path,
-                 threads: IoThreads, fetch: Fetch) -> None:
+                 threads: IoThreads, fetch: Fetch, slabs: Sequence[SlabCopy] = (),
+                 fetch_slab: FetchSlab | None = None) -> None:
         by_location: dict[int, list[Row]] = {}
         for index, row in rows:
             if row.sup != sup:
@@ -103,6 +124,17 @@ class PeerTask(Reader):
         self._fetch = fetch
         self._here: set[tuple[int, int]] = set()  # packs fetched into the cache
         self._fetches: dict[tuple[int, int], asyncio.Future[None]] = {}
+        for item in slabs:
+            if item[1].sup != sup:
+                raise ValueError(f"a slab of {item[1].sup!r} in the manifest of {sup!r}")
+        self.slabs = list(slabs)
+        self._slab_dir = cache / f"{PEER_DIR}{instance}"
+        self._fetch_slab = fetch_slab
+        self._slab_paths: dict[str, Path] = {}  # slab key -> its file in the cache
+        self._slab_fetches: dict[str, asyncio.Future[Path]] = {}
+        # The shard index over the slabs read, per "without" (built by the store: one
+        # entry, as the store keeps one per task).
+        self.slab_index: tuple[frozenset[str], Any] | None = None
 
     def view(self, key: PartitionKey, sub_task_ids: Sequence[str] | None, token: int,
              ) -> tuple[list[PartialMeta], bool, bool]:
@@ -140,12 +172,38 @@ class PeerTask(Reader):
         return True
 
     async def warm(self) -> int:
-        """Fetch every pack of the share now (the driver asks as soon as it declares the
-        peer lost, so the merge tasks' first reads find them here); the packs."""
+        """Fetch every pack and slab of the share now (the driver asks as soon as it
+        declares the peer lost, so the merge tasks' first reads find them here); the
+        packs and slabs."""
         metas = [self._meta(index, row) for index, catalog in enumerate(self.manifest_catalogs)
                  for row in catalog.rows if row.sub in self.subs]
         await self.localize(metas)
-        return len({(m.location, m.pack) for m in metas})
+        slabs = await self.slab_files(frozenset())
+        return len({(m.location, m.pack) for m in metas}) + len(slabs)
+
+    async def slab_files(self, without: frozenset[str]) -> list[tuple[Path, SlabRow]]:
+        """The slabs of the sealed subtasks but ``without`` (the newest attempt of each),
+        each fetched into the cache (once; at once), with its row from the manifest."""
+        chosen = newest([s for s in self.slabs if s[1].sub in self.subs - without])
+        paths = await asyncio.gather(*(self._slab(*item) for item in chosen))
+        return [(path, row) for path, (_, row, _) in zip(paths, chosen, strict=True)]
+
+    async def _slab(self, index: int, row: SlabRow, copied: Copied) -> Path:
+        key = slab_key(index, row.sub, row.slab, row.attempt)
+        path = self._slab_paths.get(key)
+        if path is not None:
+            return path
+        if self._fetch_slab is None:
+            raise ValueError(f"no slab reads for the share of {self.sup} from {self.instance}")
+        running = self._slab_fetches.get(key)
+        if running is None:
+            running = asyncio.ensure_future(self._fetch_slab(
+                copied, slab_cache_path(self._slab_dir, key, copied), row))
+            self._slab_fetches[key] = running
+            running.add_done_callback(lambda _: self._slab_fetches.pop(key, None))
+        path = await asyncio.shield(running)
+        self._slab_paths[key] = path
+        return path
 
     def _forget(self, slot: tuple[int, int]) -> Callable[[asyncio.Future[None]], None]:
         def done(_: asyncio.Future[None]) -> None:

@@ -32,6 +32,7 @@ from shuffled.storage.deep.stats import DeepStats
 from shuffled.storage.deep.tier import Tier
 from shuffled.storage.location import Location
 from shuffled.storage.ondisk.records import PartialMeta
+from shuffled.storage.ondisk.slabrows import SlabRow
 from shuffled.storage.threads import IoThreads
 
 log = logging.getLogger("shuffled.storage")
@@ -79,6 +80,9 @@ class DeepStorage:
             bandwidth=settings.deep_storage_bandwidth, on_done=notify)
         # Packs read back: (sup, location, pack) -> the cached file (see :mod:`.readback`).
         self.cached: dict[tuple[str, int, int], Path] = {}
+        # Slabs read back: (sup, "<location>/<slab file>") -> the cached file.
+        self.cached_slabs: dict[tuple[str, str], Path] = {}
+        self._slab_fetches: dict[tuple[str, str], asyncio.Future[Path]] = {}
         self._fetches: dict[tuple[str, int, int], asyncio.Future[Path]] = {}
         self._background: set[asyncio.Task[Any]] = set()
         # Lost peers' shares served here: (sup, instance) -> its manifest as a catalog.
@@ -161,6 +165,8 @@ class DeepStorage:
         await self.offloader.stop(sup)
         for key in [k for k in self.cached if k[0] == sup]:
             del self.cached[key]
+        for slab in [k for k in self.cached_slabs if k[0] == sup]:
+            del self.cached_slabs[slab]
         for slot in [k for k in self.peers if k[0] == sup]:
             del self.peers[slot]
         for loc in self.locations:
@@ -268,6 +274,77 @@ class DeepStorage:
         self.stats.read_bytes += got
         log.info("read %s back from %s (%d bytes)", copied.object, self.tier.uri, got)
 
+    # -- slabs ---------------------------------------------------------------------------
+
+    async def local_slabs(self, sup: str, found: Sequence[tuple[int, SlabRow, Path]],
+                          ) -> list[Path]:
+        """The file each slab of ``found`` (location index, row, its local path) is read
+        from: its own, or, for a slab evicted to the tier, a copy read back (once; the
+        fetches at once). CorruptData if a copy does not check or is missing from the
+        tier, Overloaded if the tier cannot be read."""
+        entry = self.journal.entries.get(sup)
+        if entry is None or entry.deleting or not entry.evicted_slabs:
+            return [path for _, _, path in found]
+        out: list[Path | None] = []
+        waits = []
+        for index, row, path in found:
+            key = manifest.slab_key(index, row.sub, row.slab, row.attempt)
+            if key not in entry.evicted_slabs:
+                out.append(path)
+                continue
+            out.append(None)
+            waits.append(self._local_slab(sup, key, row, entry.slabs.get(key)))
+        got = iter(await asyncio.gather(*waits))
+        return [p if p is not None else next(got) for p in out]
+
+    async def _local_slab(self, sup: str, key: str, row: SlabRow,
+                          copied: Copied | None) -> Path:
+        slot = (sup, key)
+        path = self.cached_slabs.get(slot)
+        if path is not None:
+            return path
+        if copied is None:
+            raise CorruptData(f"slab {key} of {sup} is neither here nor in deep storage",
+                              supervisorTaskId=sup)
+        running = self._slab_fetches.get(slot)
+        if running is None:
+            dest = readback.slab_cache_path(readback.cache_dir(self._cache_root().path, sup),
+                                            key, copied)
+            running = asyncio.ensure_future(self._read_back_slab(sup, copied, dest, row))
+            self._slab_fetches[slot] = running
+            running.add_done_callback(lambda _: self._slab_fetches.pop(slot, None))
+        path = await asyncio.shield(running)
+        self.cached_slabs[slot] = path
+        return path
+
+    async def _read_back_slab(self, sup: str, copied: Copied, dest: Path,
+                              row: SlabRow) -> Path:
+        """Fetch the slab ``copied`` into ``dest``, checked against ``row`` (see
+        :mod:`.readback`): CorruptData if it does not check or its object is missing (a
+        complete copy names it), Overloaded if the tier cannot be read."""
+        secret = crypt.task_key(self.secret, sup)
+        try:
+            got = await self._tier(readback.fetch_slab, self.tier, secret, sup, copied, dest,
+                                   row)
+        except FileNotFoundError as exc:
+            self.stats.errors += 1
+            raise CorruptData(f"the deep-storage copy {copied.object} of slab {row.sub}."
+                              f"{row.slab}.{row.attempt} of {sup} is missing from "
+                              f"{self.tier.uri}, although its offload recorded it",
+                              supervisorTaskId=sup, subTaskId=row.sub) from exc
+        except (readback.Mismatch, crypt.Undecryptable) as exc:
+            self.stats.errors += 1
+            raise CorruptData(f"the deep-storage copy {copied.object} of slab {row.sub}."
+                              f"{row.slab}.{row.attempt} of {sup} does not check: {exc}",
+                              supervisorTaskId=sup, subTaskId=row.sub) from exc
+        except Exception as exc:
+            self.stats.errors += 1
+            raise Overloaded(f"deep storage {self.tier.uri} could not be read: {exc}",
+                             retry_after=5, tier=self.tier.uri) from exc
+        self.stats.read_bytes += got
+        log.info("read %s back from %s (%d bytes)", copied.object, self.tier.uri, got)
+        return dest
+
     # -- a lost peer's share ------------------------------------------------------------
 
     async def peer(self, sup: str, instance: str) -> peers.PeerTask:
@@ -305,14 +382,17 @@ class DeepStorage:
                 sup=sup, instance=instance, subs=frozenset(body["subTaskIds"]),
                 packs=peers.parse_packs(body), rows=peers.parse_rows(body),
                 cache=readback.cache_dir(self._cache_root().path, sup), threads=self.threads,
-                fetch=lambda copied, dest, metas: self._read_back(sup, copied, dest, metas))
+                fetch=lambda copied, dest, metas: self._read_back(sup, copied, dest, metas),
+                slabs=manifest.parse_slabs(body),
+                fetch_slab=lambda copied, dest, row: self._read_back_slab(sup, copied, dest,
+                                                                          row))
         except (crypt.Undecryptable, ValueError, KeyError, TypeError) as exc:
             self.stats.errors += 1
             raise CorruptData(f"the manifest of {sup} from {instance} in {self.tier.uri} "
                               f"does not check: {exc}", supervisorTaskId=sup) from exc
         self.peers[(sup, instance)] = task
-        log.info("serving %s's share of %s from %s: %d partials", instance, sup,
-                 self.tier.uri, task.rows)
+        log.info("serving %s's share of %s from %s: %d partials, %d slabs", instance, sup,
+                 self.tier.uri, task.rows, len(task.slabs))
         return task
 
     def _cache_root(self) -> Location:

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 class DeepStats:
     """Counters for the metrics (read at scrape time)."""
 
-    offloaded_bytes: int = 0  # plaintext pack bytes copied to the tier
+    offloaded_bytes: int = 0  # plaintext pack and slab bytes copied to the tier
     offloaded_packs: int = 0
+    offloaded_slabs: int = 0  # slab files copied (docs/slab.md)
     offloaded_tasks: int = 0
     read_bytes: int = 0  # pack bytes read back from the tier
     evicted_bytes: int = 0  # local pack (and read-back cache) bytes removed to free space

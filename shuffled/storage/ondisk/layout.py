@@ -61,6 +61,18 @@ def pack_path(root: Path, supervisor_task_id: str, pack: int) -> Path:
     return root / supervisor_task_id / f"{pack}{PACK_SUFFIX}"
 
 
+SLAB_SUFFIX = ".slab"
+
+
+def slab_file_name(sub: str, slab: int, attempt: int) -> str:
+    """``<sub>.<slabId>.<attempt>.slab``: one slab, whole (docs/slab.md)."""
+    return f"{sub}.{slab}.{attempt}{SLAB_SUFFIX}"
+
+
+def slab_path(root: Path, supervisor_task_id: str, sub: str, slab: int, attempt: int) -> Path:
+    return root / supervisor_task_id / slab_file_name(sub, slab, attempt)
+
+
 def pack_number(name: str) -> int | None:
     """``<n>.pack`` -> n; None if the name is not a pack."""
     if not name.endswith(PACK_SUFFIX):

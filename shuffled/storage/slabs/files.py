@@ -9,7 +9,8 @@ import uuid
 from pathlib import Path
 from typing import NamedTuple
 
-SUFFIX = ".slab"
+from shuffled.storage.ondisk.layout import SLAB_SUFFIX as SUFFIX
+from shuffled.storage.ondisk.layout import slab_file_name
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 TMP_SUFFIX = ".tmp"
 
@@ -21,7 +22,7 @@ class SlabName(NamedTuple):
 
     @property
     def file_name(self) -> str:
-        return f"{self.sub}.{self.slab}.{self.attempt}{SUFFIX}"
+        return slab_file_name(self.sub, self.slab, self.attempt)
 
 
 def parse_name(name: str) -> SlabName | None:

@@ -7,7 +7,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,11 @@ from shuffled.storage.ondisk.slabrows import SlabRow
 from shuffled.storage.threads import IoThreads
 
 log = logging.getLogger("shuffled.storage")
+
+
+#: The files slabs are read from, given (location index, row, local path) each: their own
+#: or, for those evicted to deep storage, copies read back (:mod:`shuffled.storage.deep`).
+Localize = Callable[[str, Sequence[tuple[int, SlabRow, Path]]], Awaitable[list[Path]]]
 
 
 @dataclass(frozen=True)
@@ -70,7 +75,8 @@ class Slabs:
                  book: TaskBook,
                  uploads: Uploads, seals: Seals, placement: RoundRobin,
                  deleting: Callable[[str], bool], quota_of: Callable[[str], Any],
-                 notify: Callable[[str], None], clock: Callable[[], float] = time.time) -> None:
+                 notify: Callable[[str], None], clock: Callable[[], float] = time.time,
+                 localize: Localize | None = None) -> None:
         self.settings = settings
         self.disks = list(disks)
         self.locations = [d.location for d in self.disks]
@@ -83,6 +89,7 @@ class Slabs:
         self.quota_of = quota_of
         self.notify = notify
         self.clock = clock
+        self.localize = localize
         self._inflight: set[tuple[str, str, int, int]] = set()
         # Per task, its index over the sealed subtasks, less those a reader leaves out (one
         # entry per task: the readers of one ingestion all leave out the same ones).
@@ -243,13 +250,16 @@ class Slabs:
         held = self._indexes.get(sup)
         if held is not None and held[0] == without:
             return held[1]
-        found: list[tuple[Path, SlabRow]] = []
+        held_rows: list[tuple[int, SlabRow, Path]] = []
         served = sealed - without
         for loc, catalog in ((d.location, d.catalog) for d in self.disks):
             for row in await self.threads.on_writer(loc.index, rows.of_task, catalog.writer,
                                                     sup, served):
-                found.append((files.path_of(loc.path, sup, files.SlabName(
-                    row.sub, row.slab, row.attempt)), row))
+                held_rows.append((loc.index, row, files.path_of(loc.path, sup, files.SlabName(
+                    row.sub, row.slab, row.attempt))))
+        paths = ([p for _, _, p in held_rows] if self.localize is None
+                 else await self.localize(sup, held_rows))
+        found = [(path, row) for path, (_, row, _) in zip(paths, held_rows, strict=True)]
         built = await self.threads.run(shards.build, found)
         if self.seals.sealed.get(sup) is sealed:  # nothing changed meanwhile
             self._indexes[sup] = (without, built)
@@ -269,13 +279,16 @@ class Slabs:
 
     # -- start -----------------------------------------------------------------------------
 
-    async def load(self) -> int:
+    async def load(self, kept: dict[int, frozenset[tuple[str, str, int, int]]] | None = None,
+                   ) -> int:
         """Reconcile slab files and rows at every location, count them in the book;
-        returns the slabs held."""
+        returns the slabs held. ``kept``: per location, the slabs (sup, sub, slab,
+        attempt) evicted to deep storage: their rows stay, their bytes are not counted."""
         total = 0
         for loc, catalog in ((d.location, d.catalog) for d in self.disks):
             found = await self.threads.on_writer(loc.index, reconcile_slabs, loc.path, catalog,
-                                                 self.settings)
+                                                 self.settings,
+                                                 (kept or {}).get(loc.index, frozenset()))
             for sup, count, size in found:
                 self._count(sup, loc, size, count)
                 total += count
@@ -308,10 +321,12 @@ def _file_row(path: Path, sup: str, name: files.SlabName, settings: Settings) ->
 
 
 def reconcile_slabs(root: Path, catalog: Catalog, settings: Settings,
+                    kept: Collection[tuple[str, str, int, int]] = frozenset(),
                     ) -> list[tuple[str, int, int]]:
     """Writer thread: temporary leftovers removed; a file without its row (a crash between
     rename and insert) gets its row back from its own bytes; a row without its file is
-    dropped. Returns per task (slabs, bytes)."""
+    dropped, unless ``kept`` (evicted to deep storage: its copy there serves it). Returns
+    per task (slabs, bytes on disk)."""
     conn = catalog.writer
     held = rows.keys(conn)
     on_disk: set[tuple[str, str, int, int]] = set()
@@ -336,7 +351,13 @@ def reconcile_slabs(root: Path, catalog: Catalog, settings: Settings,
                 rows.insert(conn, row)
                 log.info("%s: its catalog row was rebuilt from the file", item.path)
             on_disk.add(key)
+    evicted: dict[str, int] = {}
     for key in held - on_disk:
+        if key in kept:
+            found = rows.get(conn, *key)
+            if found is not None:
+                evicted[key[0]] = evicted.get(key[0], 0) + found.size
+            continue
         rows.delete(conn, *key)
         log.warning("slab %s of %s is missing: its row was dropped", key, root)
-    return rows.figures(conn)
+    return [(sup, count, size - evicted.get(sup, 0)) for sup, count, size in rows.figures(conn)]
