@@ -144,6 +144,8 @@ class Job:
         slabs = late_recompute.CommittedSlabs(list(self.slabs))
         plans = late_recompute.sealed(self, keyed, slabs, plans, "after phase 1")
         self.ctx.hooks.after_seal()
+        if self.shares.instances:  # the seal may have waited for the copies: a daemon lost
+            plans = late_recompute.sealed(self, keyed, slabs, plans, "before phase 2")
         staged = late.phase2(self, keyed, slabs, plans)
         self.recovery.restarts = self.ctx.monitor.restarts() if self.ctx.monitor else {}
         return staged, plan

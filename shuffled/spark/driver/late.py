@@ -12,10 +12,11 @@ slabs (:mod:`shuffled.spark.phase2.slabmerge`).
 
 Taken only where it holds today's guarantees for less: the native reader (the JVM reader
 keeps the determine pass: its rows reach Python through the data source sink, whose
-commit messages carry no statistics), one shuffle replica and local durability (a lost
-daemon's slabs are made again by re-running the subtasks that stored them,
-:mod:`.late_recompute`; replicas and deep storage stay on the numShards path). Anything
-else falls back to :func:`shuffled.spark.phase1.determine.determine` and the partials.
+commit messages carry no statistics). A lost daemon's slabs are read from another copy
+(``shuffleReplicas`` > 1), or from its copy in deep storage through a survivor's peer
+route (``shuffleDurability`` deep, or a copy already complete), or made again by
+re-running the subtasks that stored them (:mod:`.late_recompute`). Anything else falls
+back to :func:`shuffled.spark.phase1.determine.determine` and the partials.
 """
 
 from __future__ import annotations
@@ -60,8 +61,6 @@ def keying(spec: IngestSpec, reader: str) -> Keying | str:
         return "numShards is given (the plan is known up front)"
     if reader == "jvm":
         return "the JVM reader was asked for (it keeps the determine pass)"
-    if spec.shuffle_durability != "local":
-        return "shuffleDurability deep (slabs are not offloaded yet)"
     if ps.type == "hashed":
         return Keying("hashed", tuple(ps.dimensions or (TIME, *spec.dimension_names)))
     return Keying("range", tuple(ps.dimensions))
@@ -197,8 +196,11 @@ def phase2(job: Job, keyed: Keying, slabs: CommittedSlabs,
         servers = sorted({s for r in lost for s in r.lost})
         job.say(f"phase 2: {counted(len(lost), 'shard')} could not be read from "
                 f"{', '.join(servers)}")
+        # A route to a lost daemon's copy in deep storage that could not be read: that
+        # copy is given up (its subtasks are re-run below).
+        daemons = set(late_recompute.lost_routes(job, {x for r in lost for x in r.lost}))
         for r in lost:  # answered holding fewer slabs than committed there: data gone
-            for server in r.missing:
+            for server in (x for x in r.missing if x in daemons):
                 ctx.lost.setdefault(server, f"lacks committed slabs: {r.why}")
                 job.recovery.lost.setdefault(server, ctx.lost[server])
         plans = late_recompute.sealed(job, keyed, slabs, plans, "during phase 2")
@@ -246,14 +248,16 @@ def phase2(job: Job, keyed: Keying, slabs: CommittedSlabs,
 
 def _shards(plans: list[shardplan.ChunkPlan], slabs: CommittedSlabs) -> list[Shard]:
     """Every shard of the plan, read from the daemons its chunk's slabs are read from
-    (with replicas every reading daemon: a chunk's statistics name only first copies)."""
+    (with replicas every reading daemon: a chunk's statistics name only first copies; a
+    lost daemon read from deep storage, through its route)."""
     readers = set(slabs.readers)
     replicated = any(sl.replicas for sl in slabs.kept)
     out = []
     for p in plans:
         if not p.rows:
             continue
-        servers = tuple(sorted(readers if replicated else set(p.servers) & readers))
+        held = {slabs.via.get(server, server) for server in p.servers}  # a lost one's route
+        servers = tuple(sorted(readers if replicated else held & readers))
         out += [Shard(p.start, p.end, i, lo, hi, servers, p.estimate // max(p.shards, 1))
                 for i, (lo, hi) in enumerate(p.bounds)]
     return out

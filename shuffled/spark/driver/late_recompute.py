@@ -1,5 +1,7 @@
 """Recovering from a lost daemon under the late plan (issue 36, docs/slab.md "A lost
-daemon"): a subtask is read whole from another copy (``shuffleReplicas`` > 1), or its
+daemon"): a subtask is read whole from another copy (``shuffleReplicas`` > 1), or from
+the lost daemon's copy in deep storage through a survivor (``<survivor>/peers/<instance>``,
+docs/deep-storage.md: a daemon whose offload of its seal completed is *backed*), or its
 slabs are made again.
 
 A slab is a flush of one phase-1 attempt, with rows of every chunk and key of it, and a
@@ -9,7 +11,10 @@ on its own input splits on the survivors (new attempts, so new subtask ids). The
 (docs/paged-reads.md), so they stay sealed, and every read names them in ``without``
 (``POST .../shards``), which leaves them out; the re-run's slabs are sealed beside them.
 The plan itself stands: the re-run reads the same rows, and the shards are key ranges, so
-only which daemons hold each chunk changes. Rows read are then checked in total against
+only which daemons hold each chunk changes. A backed daemon's slabs are read through its
+peer route as from the daemon itself (the same slabs, the same ``without``, the same slab
+count), so nothing is re-run; when that copy cannot be read after all (a merge task
+reports the route lost), its backing is given up and its subtasks are re-run. Rows read are then checked in total against
 the slabs kept (a re-run flushes where its own memory says, so per chunk they may differ
 from phase 1's statistics, never in total).
 """
@@ -25,6 +30,7 @@ from shuffled.spark import records
 from shuffled.spark.driver import durable, recompute
 from shuffled.spark.driver.failed import IngestionFailed
 from shuffled.spark.driver.report import counted
+from shuffled.protocol import PEERS_PATH
 from shuffled.spark.phase1.config import Keying
 from shuffled.spark.phase2.shardplan import ChunkPlan
 from shuffled.spark.records import SlabSent
@@ -49,6 +55,12 @@ class CommittedSlabs:
     superseded: list[SlabSent] = field(default_factory=list)  # sealed, never read again
     # subtask -> the daemons it is read from (each of its slabs from exactly one)
     reader: dict[str, frozenset[str]] = field(default_factory=dict)
+    # a lost daemon whose slabs are in deep storage -> the survivor's route to them
+    via: dict[str, str] = field(default_factory=dict)
+
+    def _holders(self, sl: SlabSent) -> set[str]:
+        """Where ``sl`` is read from: its daemons, a lost one's route in its place."""
+        return {self.via.get(h, h) for h in sl.holders}
 
     def sealed_on(self) -> dict[str, set[str]]:
         """Per daemon, the subtasks its seal names: every one with a slab there, kept or
@@ -61,13 +73,13 @@ class CommittedSlabs:
 
     def choose(self, gone: Collection[str]) -> list[int]:
         """Pick the daemons each kept subtask is read from: every slab of it from exactly
-        one of them, none ``gone``; earlier picks are kept while they still do, new ones
+        one of them, none ``gone`` (but those read through a route, :attr:`via`); earlier picks are kept while they still do, new ones
         are one daemon holding the whole subtask (the least loaded), else, for slabs of
         one copy each, every daemon holding one. Returns the phase-1 subtasks (Spark
         partitions) with a subtask that cannot be read so."""
         copies: dict[str, list[set[str]]] = {}
         for sl in self.kept:
-            copies.setdefault(sl.sub, []).append(set(sl.holders) - set(gone))
+            copies.setdefault(sl.sub, []).append(self._holders(sl) - set(gone))
         load: dict[str, int] = {}
         reader: dict[str, frozenset[str]] = {}
 
@@ -96,16 +108,19 @@ class CommittedSlabs:
         """The slabs each daemon is read for (what each read must find there)."""
         out: dict[str, int] = {}
         for sl in self.kept:
-            for server in set(sl.holders) & self.reader[sl.sub]:
+            for server in self._holders(sl) & self.reader[sl.sub]:
                 out[server] = out.get(server, 0) + 1
         return out
 
     def without(self) -> dict[str, frozenset[str]]:
-        """Per daemon, the sealed subtasks it is not read for (superseded, or read from
-        another copy)."""
-        return {server: frozenset(sub for sub in subs
-                                  if server not in self.reader.get(sub, frozenset()))
-                for server, subs in self.sealed_on().items()}
+        """Per daemon (or route to a lost one's copy: the same seal), the sealed subtasks
+        it is not read for (superseded, or read from another copy)."""
+        out = {}
+        for server, subs in self.sealed_on().items():
+            read = self.via.get(server, server)
+            out[read] = frozenset(sub for sub in subs
+                                  if read not in self.reader.get(sub, frozenset()))
+        return out
 
     @property
     def readers(self) -> tuple[str, ...]:
@@ -123,8 +138,10 @@ class CommittedSlabs:
 
 
 def seal(job: Job, slabs: CommittedSlabs) -> list[str]:
-    """Seal each daemon with its subtasks; the daemons that could not be sealed."""
-    return durable.seal(job.ctx, slabs.sealed_on(), job.shares, job._admin, durable=False)
+    """Seal each daemon with its subtasks (with ``shuffleDurability`` deep, the seal
+    counts once its copy is in deep storage); the daemons that could not be sealed."""
+    return durable.seal(job.ctx, slabs.sealed_on(), job.shares, job._admin,
+                        durable=job.spec.shuffle_durability == "deep")
 
 
 def sealed(job: Job, keyed: Keying, slabs: CommittedSlabs, plans: list[ChunkPlan],
@@ -143,9 +160,18 @@ def recover(job: Job, keyed: Keying, slabs: CommittedSlabs, plans: list[ChunkPla
     """Ask which daemons are gone (waiting out a restart); if any held kept slabs, re-run
     the subtasks that stored them on the survivors."""
     ctx = job.ctx
-    gone = ctx.monitor.verdict(ctx.survivors) if ctx.monitor is not None else {}
+    gone = (ctx.monitor.verdict(ctx.survivors, backed=job.shares.backed())
+            if ctx.monitor is not None else {})
     ctx.lost.update(gone)
     job.recovery.lost.update(gone)
+    tier = route(job, slabs)
+    if tier:  # their slabs are read from deep storage: nothing of theirs is re-run
+        job.say(f"recovering: {', '.join(tier)} lost; reading its slabs from deep storage "
+                "through the survivors")
+        job.recovery.from_tier.update(tier)
+        job.recovery.round(when, time.monotonic(), lost=tier, readFromTier=tier,
+                           subtasksRecomputed=0)
+        durable.warm(ctx, job.shares, tier, job._admin)
     tasks = slabs.choose(ctx.lost)
     if not tasks:  # every subtask is read whole from a live daemon
         return plans
@@ -163,13 +189,36 @@ def recover(job: Job, keyed: Keying, slabs: CommittedSlabs, plans: list[ChunkPla
         raise IngestionFailed("a phase-1 subtask run again to recover a lost daemon "
                               "stored its slabs on no daemon whole")
     holding = {server for sl in rerun for server in sl.holders}
-    lost = set(ctx.lost)
+    lost = set(ctx.lost) - set(slabs.via)  # those read from the tier still hold theirs
     plans = [replace(p, servers=tuple(sorted((set(p.servers) - lost) | holding)))
              for p in plans]
     job.recovery.round(when, started, lost=sorted(gone) or sorted(lost),
                        subtasksRecomputed=len(tasks), slabsDropped=dropped,
                        slabsRecomputed=len(rerun), bytesRecomputed=sum(s.bytes for s in rerun))
     return plans
+
+
+def route(job: Job, slabs: CommittedSlabs) -> list[str]:
+    """Read each lost daemon whose copy in deep storage is complete (and was not given
+    up) through the first survivor's peer route (:attr:`CommittedSlabs.via`, chosen
+    again each time: a survivor may be lost too); the daemons newly read so."""
+    ctx = job.ctx
+    routes = dict(job.shares.routes(ctx.servers, ctx.lost))
+    via = {server: routes[server][0] for server in ctx.lost if routes.get(server)}
+    new = sorted(s for s in via if s not in slabs.via)
+    slabs.via = via
+    return new
+
+
+def lost_routes(job: Job, lost: Collection[str]) -> list[str]:
+    """Phase 2 could not read ``lost`` (daemons, or routes to lost daemons' copies): the
+    backed daemons whose copy could not be read are given up (their subtasks are re-run
+    by the next :func:`recover`); the daemons among ``lost``."""
+    dropped = job.shares.give_up(lost)
+    if dropped:
+        job.say(f"phase 2: the deep-storage copies of {', '.join(dropped)} could not be "
+                "read; running what they held again")
+    return [s for s in lost if PEERS_PATH not in s]
 
 
 def _rerun(job: Job, keyed: Keying, tasks: list[int]) -> list[SlabSent]:
