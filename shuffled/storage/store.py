@@ -128,7 +128,8 @@ class Store:
             from shuffled.storage.deep.evict import Evictor as Evicting
             self.evictor = Evicting(deep=self.deep, disks=self.disks, threads=self.threads,
                                     uploads=self.uploads, packs=self.packs, book=self.book,
-                                    on_evicted=lambda sup: self.slabs.forget(sup))
+                                    on_evicted=lambda sup: self.slabs.forget(sup),
+                                    reading=lambda sup: self.slabs.being_read(sup))
         self._writing = Writing(settings=settings, locations=self.locations,
                                 threads=self.threads, uploads=self.uploads, packs=self.packs,
                                 committer=self.committer, admission=self.admission,

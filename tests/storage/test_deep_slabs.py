@@ -281,3 +281,26 @@ async def test_kind_none_and_tuple_slabs_round_trip_through_a_peer(
     await a.close()
     b = await start_daemon(tier["settings"](locations=[str(tmp_path / "b0")]))
     assert await _shards(_url(b, f"/peers/{instance}"), "tup-1") == before
+
+
+async def test_slabs_being_read_are_not_evicted(tier: dict[str, Any],
+                                                start_daemon: Any) -> None:
+    """A shard read holds its task's slab files from its index to its last file: an
+    eviction meanwhile leaves them (the upload then finds nothing else to free: 507);
+    once the read is over they go."""
+    one = tier["settings"](locations=1, pack_max_bytes="1MiB")
+    first = await start_daemon(one)
+    await _put_slabs(_url(first), "rd-1", rows=40_000)
+    await _offloaded(first)
+    await first.close()
+    client = await start_daemon(_full(one, tier["settings"], pack_max_bytes="1MiB"))
+    store = _store(client)
+    assert store.evictor is not None
+    store.evictor.margin = 0
+    files = [p for p in _slab_files(one, "rd-1") if not p.name.startswith("s3.")]
+    big = _arrow(_table(1, rows=20, blob=UPLOAD))
+    with store.slabs.reading("rd-1"):
+        assert await _put(client, "up-1", "s0", big) == 507
+        assert all(p.exists() for p in files)
+    assert await _put(client, "up-1", "s0", big) == 201
+    assert not any(p.exists() for p in files)

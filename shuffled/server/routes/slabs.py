@@ -14,6 +14,7 @@ daemon offloaded to deep storage (docs/deep-storage.md), as that daemon would ha
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from aiohttp import web
@@ -159,7 +160,10 @@ async def post_shards(request: web.Request) -> web.StreamResponse:
                          "keys) or false (it sends them whole: the reader trims)", field="trim")
     without = _without(body)
     instance = request.match_info.get("instance")  # a lost peer's share (routes.peers)
-    with state.downloads.slot():
+    # Its own slabs are not evicted while it reads them (a peer's cache never is).
+    reading = (state.store.slabs.reading(sup) if instance is None
+               else contextlib.nullcontext())
+    with state.downloads.slot(), reading:
         if instance is None:
             ti = await state.store.slabs.task_index(sup, without)
         else:

@@ -102,7 +102,8 @@ class Evictor:
 
     def __init__(self, *, deep: DeepStorage, disks: Sequence[Disk], threads: IoThreads, uploads: Uploads,
                  packs: PackSource, book: TaskBook, spill: bool = True,
-                 on_evicted: Callable[[str], None] = lambda sup: None) -> None:
+                 on_evicted: Callable[[str], None] = lambda sup: None,
+                 reading: Callable[[str], bool] = lambda sup: False) -> None:
         self.deep = deep
         self.disks = list(disks)
         self.locations = [d.location for d in self.disks]
@@ -112,6 +113,7 @@ class Evictor:
         self.book = book
         self.spill = spill
         self.on_evicted = on_evicted  # a task's slab files changed place: its index goes
+        self.reading = reading  # a task's shards are being read: its slab files stay
         self.margin = EVICT_MARGIN
         self._lock = asyncio.Lock()  # one pass at a time: concurrent refusals share it
 
@@ -165,7 +167,8 @@ class Evictor:
         """Remove the read-back cache files held at ``loc``; the bytes freed."""
         root = layout.meta_dir(loc.path)
         slots = [(k, p) for k, p in self.deep.cached.items() if p.is_relative_to(root)]
-        slabs = [(k, p) for k, p in self.deep.cached_slabs.items() if p.is_relative_to(root)]
+        slabs = [(k, p) for k, p in self.deep.cached_slabs.items()
+                 if p.is_relative_to(root) and not self.reading(k[0])]
         if not slots and not slabs:
             return 0
         for k, _ in slots:
@@ -215,8 +218,9 @@ class Evictor:
                       if s is not None and s == entry.packs[k].size]
             # Slab files copied (a slab never changes: its copy stands), not evicted yet.
             slab_prefix = f"{loc.index}/"
-            slab_keys = [k for k in entry.slabs
-                         if k.startswith(slab_prefix) and k not in entry.evicted_slabs]
+            slab_keys = [] if self.reading(sup) else [
+                k for k in entry.slabs
+                if k.startswith(slab_prefix) and k not in entry.evicted_slabs]
             slab_paths = [loc.path / sup / k[len(slab_prefix):] for k in slab_keys]
             slab_sizes = await self.threads.run(_sizes, slab_paths)
             slabs = [(k, p) for k, p, s in zip(slab_keys, slab_paths, slab_sizes, strict=True)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,24 @@ class Slabs:
         # Per task, its index over the sealed subtasks, less those a reader leaves out (one
         # entry per task: the readers of one ingestion all leave out the same ones).
         self._indexes: dict[str, tuple[frozenset[str], shards.TaskIndex]] = {}
+        self._reading: dict[str, int] = {}  # shard reads in flight per task
+
+    @contextlib.contextmanager
+    def reading(self, sup: str) -> Iterator[None]:
+        """A shard read of ``sup`` from its index to its last file: its slab files (and
+        copies read back) are not evicted meanwhile (:meth:`being_read`)."""
+        self._reading[sup] = self._reading.get(sup, 0) + 1
+        try:
+            yield
+        finally:
+            left = self._reading[sup] - 1
+            if left:
+                self._reading[sup] = left
+            else:
+                del self._reading[sup]
+
+    def being_read(self, sup: str) -> bool:
+        return sup in self._reading
 
     # -- uploads ---------------------------------------------------------------------------
 
@@ -269,8 +288,9 @@ class Slabs:
                     key_to: bytes | None) -> tuple[shards.ShardRead, int]:
         """The shard's parts (the caller sends them, then closes the read) and the slab
         count of the sealed subtasks."""
-        ti = await self.task_index(sup)
-        read = await self.threads.run(shards.read, ti, start, end, key_from, key_to)
+        with self.reading(sup):  # the files are open on return
+            ti = await self.task_index(sup)
+            read = await self.threads.run(shards.read, ti, start, end, key_from, key_to)
         return read, ti.slabs
 
     def forget(self, sup: str) -> None:
