@@ -10,7 +10,9 @@ server (moto on loopback) and real daemons:
   restart keeps their rows);
 - a manifest naming a slab whose object is missing or is another object gives a clear
   error, never other rows;
-- DELETE leaves nothing in the bucket nor on the disks.
+- DELETE leaves nothing in the bucket nor on the disks, and the orphan sweep removes a
+  lost daemon's slabs with its task's prefix;
+- a task's slab files are not evicted while its shards are being read.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +33,12 @@ from prometheus_client import CollectorRegistry
 from shuffled.client import ShuffleClient
 from shuffled.errors import CorruptData
 from shuffled.protocol import Interval
+from shuffled.server.state import STATE
 from shuffled.slab.wire import KeyKind
 from shuffled.storage.deep import crypt, manifest
 from shuffled.storage.deep.journal import Copied
 from shuffled.storage.deep.readback import CACHE_DIR
+from tests.cleanup.test_cleanup import Clock
 from tests.conftest import PREFIX, metric
 from tests.helpers.slabs import HOUR, make_slab, rows_table
 from tests.storage.test_deep_evict import UPLOAD, _full, _put
@@ -304,3 +309,23 @@ async def test_slabs_being_read_are_not_evicted(tier: dict[str, Any],
         assert all(p.exists() for p in files)
     assert await _put(client, "up-1", "s0", big) == 201
     assert not any(p.exists() for p in files)
+
+
+async def test_the_orphan_sweep_removes_a_lost_daemons_slabs(
+        tier: dict[str, Any], start_daemon: Any, tmp_path: Path) -> None:
+    """A task's DELETE never came and its daemon is gone: the orphan sweep (by age, no
+    overlord) removes its whole prefix, slab objects and manifest included."""
+    instance, _, _ = await _lost(tier, start_daemon, tmp_path, "orph-1")
+    fs, base = tier["fs"], f"{tier['base']}/orph-1"
+    assert any(n.startswith(f"{instance}/slabs/") for n in _names(fs, base))
+    clock = Clock(time.time())
+    registry = CollectorRegistry()
+    b = await start_daemon(tier["settings"](locations=[str(tmp_path / "b0")],
+                                            deep_storage_orphan_seconds=3600.0),
+                           registry=registry, clock=clock)
+    sweeper = b.server.app[STATE].sweeper
+    assert (await sweeper.run_once()).orphans == []  # young: kept
+    clock.advance(3605)
+    assert (await sweeper.run_once()).orphans == ["orph-1"]
+    assert _names(fs, base) == []
+    assert metric(registry, "shuffled_deep_orphans_removed_total") == 1
