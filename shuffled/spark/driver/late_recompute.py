@@ -215,6 +215,7 @@ def lost_routes(job: Job, lost: Collection[str]) -> list[str]:
     backed daemons whose copy could not be read are given up (their subtasks are re-run
     by the next :func:`recover`); the daemons among ``lost``."""
     dropped = job.shares.give_up(lost)
+    job.recovery.from_tier.difference_update(dropped)  # not read from the tier after all
     if dropped:
         job.say(f"phase 2: the deep-storage copies of {', '.join(dropped)} could not be "
                 "read; running what they held again")

@@ -60,3 +60,24 @@ def test_superseded_subtasks_are_left_out_everywhere() -> None:
     assert c.without() == {"A": frozenset({"p0-a1"}), "B": frozenset({"p0-a1"})}
     assert c.sealed_on() == {"A": {"p0-a1"}, "B": {"p0-a1", "p0-a9"}}
     assert c.counts() == {"B": 1}
+
+
+def test_a_lost_daemon_in_deep_storage_is_read_through_its_route() -> None:
+    """``via``: a lost daemon whose copy is in deep storage is read through a survivor's
+    peer route in its place: the same slabs counted there, its seal's ``without`` (the
+    subtasks read elsewhere) sent there; nothing re-run. Its route dropped (the copy
+    given up), its subtasks are re-run."""
+    route = "B/peers/inst-a"
+    c = CommittedSlabs([slab(0, "p0-a1", 0, "A"), slab(0, "p0-a1", 1, "A"),
+                        slab(1, "p1-a1", 0, "B"), slab(2, "p2-a1", 0, "A", "C")])
+    assert c.choose(gone=()) == []
+    c.via = {"A": route}
+    assert c.choose(gone={"A"}) == []
+    assert c.reader["p0-a1"] == frozenset({route})
+    assert c.reader["p2-a1"] == frozenset({"C"})  # a live copy: read where it is
+    assert c.counts() == {route: 2, "B": 1, "C": 1}
+    assert c.without() == {route: frozenset({"p2-a1"}), "B": frozenset(),
+                           "C": frozenset()}
+    assert "A" not in c.readers
+    c.via = {}
+    assert c.choose(gone={"A"}) == [0]
