@@ -15,6 +15,9 @@ class ShuffleError(Exception):
 
     status: int = 500
     code: str = "internal"
+    #: Whether an answer of this status without a known code is rebuilt as this class
+    #: (a 502 from a proxy is no :class:`BadTierCopy`).
+    by_status: bool = True
 
     def __init__(self, message: str, **details: Any) -> None:
         super().__init__(message)
@@ -168,6 +171,17 @@ class CorruptData(ShuffleError):
     code = "corrupt_data"
 
 
+class BadTierCopy(ShuffleError):
+    """A lost daemon's copy in deep storage, served through ``/peers/{instance}``, is
+    missing an object its manifest names or holds one that does not check: that copy is
+    unusable (the reader needs another source; asking again returns the same). 502: the
+    daemon answering is a gateway to the tier, and not the one that lost the bytes."""
+
+    status = 502
+    code = "bad_tier_copy"
+    by_status = False
+
+
 class ConfigError(ShuffleError):
     """A setting is invalid; the message names the setting."""
 
@@ -199,7 +213,8 @@ def error_from_json(status: int, body: dict[str, Any] | None) -> ShuffleError:
     code = str(body.pop("code", ""))
     cls = _BY_CODE.get(code)
     if cls is None or cls.status != status:
-        cls = next((c for c in _BY_CODE.values() if c.status == status), ShuffleError)
+        cls = next((c for c in _BY_CODE.values() if c.status == status and c.by_status),
+                   ShuffleError)
     if cls is Overloaded:
         retry_after = int(body.pop("retry_after", 1) or 1)
         return Overloaded(message, retry_after=retry_after, **body)

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from shuffled.errors import CorruptData, LocationFailed, ShuffleError
+from shuffled.errors import BadTierCopy, CorruptData, LocationFailed, ShuffleError
 
 # Statuses worth another try; 507 only when the server says a location failed (another disk may
 # take the data), never for "everything is full".
@@ -80,7 +80,7 @@ def parse_retry_after(value: str | None) -> float | None:
 
 def is_retryable(status: int, error: ShuffleError) -> bool:
     """Whether an answer with this status and error is worth another try."""
-    if isinstance(error, CorruptData):
+    if isinstance(error, (CorruptData, BadTierCopy)):
         return False  # the stored bytes are damaged: asking again returns the same damage
     if status in _RETRY_STATUSES:
         return True

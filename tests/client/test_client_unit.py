@@ -30,6 +30,7 @@ import pytest
 from shuffled.client import RetryPolicy, ShuffleClient, ShuffleUnavailable, crc32c_of
 from shuffled.client.digest import CHUNK
 from shuffled.errors import (
+    BadTierCopy,
     Conflict,
     DigestMismatch,
     InsufficientStorage,
@@ -611,6 +612,20 @@ def test_5xx_retried_then_succeeds(server: FakeServer, client: ShuffleClient, co
     server.fake.actions += [status(code, {"error": "boom"})]
     assert client.get_partial(KEY) == b"x"
     assert len(server.fake.requests) == 2
+
+
+def test_a_bad_tier_copy_is_not_retried_and_counts_as_the_daemons(
+        server: FakeServer, client: ShuffleClient) -> None:
+    """502 bad_tier_copy (a lost peer's copy in deep storage is unusable): asking again
+    returns the same, and a reader takes it as that source failing (phase 2 then reports
+    it lost, and the driver re-runs what it held); a plain 502 is still retried above."""
+    from shuffled.client import daemon_failed
+
+    server.fake.actions += [status(502, {"error": "slab missing", "code": "bad_tier_copy"})]
+    with pytest.raises(BadTierCopy) as info:
+        client.get_partial(KEY)
+    assert len(server.fake.requests) == 1
+    assert daemon_failed(info.value)
 
 
 def test_507_location_failed_is_retried_but_plain_507_is_not(server: FakeServer,

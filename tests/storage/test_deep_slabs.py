@@ -31,7 +31,7 @@ from aiohttp.test_utils import TestClient
 from prometheus_client import CollectorRegistry
 
 from shuffled.client import ShuffleClient
-from shuffled.errors import CorruptData
+from shuffled.errors import BadTierCopy
 from shuffled.protocol import Interval
 from shuffled.server.state import STATE
 from shuffled.slab.wire import KeyKind
@@ -233,9 +233,10 @@ async def test_a_missing_or_swapped_slab_object_is_a_clear_error(
         out.write(other)
     b = await start_daemon(tier["settings"](locations=[str(tmp_path / "b0")]))
     peer = _url(b, f"/peers/{instance}")
-    with pytest.raises(CorruptData, match="is missing from"):
+    # 502 bad_tier_copy, not retried: that copy is unusable, the reader needs another.
+    with pytest.raises(BadTierCopy, match="is missing from"):
         await _shards(peer, "bad-1", ("s2",))
-    with pytest.raises(CorruptData, match="does not check"):
+    with pytest.raises(BadTierCopy, match="does not check"):
         await _shards(peer, "bad-1", ("s1",))
     # Leaving both out, what is whole is served.
     got = await _shards(peer, "bad-1", ("s1", "s2"))

@@ -2,15 +2,18 @@
 the slabs of every sealed daemon are in deep storage before phase 2, so a daemon SIGKILLed
 after the seal, or while phase 2 reads, is read from the tier through a survivor's
 ``/peers/<instance>`` route, nothing re-run; a daemon lost in phase 1, before any copy of
-its seal, is re-run as before. Real Spark (local), three real daemon processes with deep
+its seal, is re-run as before, and so is one whose copy in the tier turns out to lack its
+slabs (the survivor answers 502, the driver gives the copy up). Real Spark (local), three real daemon processes with deep
 storage on a moto S3 server on loopback; rows checked against DuckDB's rollup of the
 input; the bucket is empty after the driver's DELETE."""
 
 from __future__ import annotations
 
+import os
 import secrets
 import signal
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +72,7 @@ def _objects(fs: Any, base: str) -> list[str]:
 
 
 def ingest_losing(dataset: Any, deep: dict[str, Any], out: Path, when: str,
-                  ) -> dict[str, Any]:
+                  hooks: StopDaemons | None = None) -> dict[str, Any]:
     """Ingest with durability deep while the hook SIGKILLs daemon 0 ``when``; checks the
     late plan was taken, the victim died, every row is published once, the survivors hold
     nothing after and the bucket is empty; returns the task report."""
@@ -79,8 +82,9 @@ def ingest_losing(dataset: Any, deep: dict[str, Any], out: Path, when: str,
                      maxRowsInMemory=1000, maxBytesInMemory=1 << 16,
                      shuffleDurability="deep")
     victim = three[0]
-    hooks = StopDaemons(**{when: [victim.pid]}, sig=int(signal.SIGKILL),
-                        phase2_sig=int(signal.SIGKILL), partition=3, after_uploads=1)
+    hooks = hooks or StopDaemons(**{when: [victim.pid]}, sig=int(signal.SIGKILL),
+                                 phase2_sig=int(signal.SIGKILL), partition=3,
+                                 after_uploads=1)
     result = run_ingestion(spec, shuffle_servers=[d.url for d in three], output_dir=str(out),
                            hooks=hooks, keepalive_seconds=0.5)
     assert victim.proc.wait(timeout=30) == -signal.SIGKILL
@@ -116,3 +120,42 @@ def test_a_daemon_lost_before_its_copy_is_re_run(
     rec = report["recovery"]
     assert rec["readFromTier"] == []
     assert 1 <= rec["subtasksRecomputed"] <= len(report["subtasks"])
+
+
+@dataclass
+class LoseTheCopy(StopDaemons):
+    """After the seal (every copy complete): remove the victim's slab objects from the
+    tier, then SIGKILL it. Its manifest still names them."""
+
+    base: str = ""
+    instance: str = ""
+
+    def after_seal(self) -> None:
+        fs = pafs.S3FileSystem(access_key=os.environ["AWS_ACCESS_KEY_ID"],
+                               secret_key=os.environ["AWS_SECRET_ACCESS_KEY"],
+                               region="us-east-1", scheme="http",
+                               endpoint_override=os.environ["AWS_ENDPOINT_URL_S3"]
+                               .split("://", 1)[1])
+        gone = [i.path for i in fs.get_file_info(pafs.FileSelector(self.base, recursive=True))
+                if i.type == pafs.FileType.File and f"/{self.instance}/slabs/" in i.path]
+        assert gone, "the victim copied no slab"
+        for path in gone:
+            fs.delete_file(path)
+        super().after_seal()
+
+
+def test_a_tier_copy_missing_its_slabs_is_given_up_and_re_run(
+        spark: Any, dataset: Any, deep: dict[str, Any], tmp_path: Path) -> None:
+    """The victim's manifest names slabs the tier lacks: phase 2's reads through the
+    survivor answer 502 bad_tier_copy (never other rows); the driver gives that copy up
+    and re-runs what the victim held, and every row is published once."""
+    three = deep["daemons"]
+    victim = three[0]
+    instance = (victim.locations[0] / ".shuffled" / "instance-id").read_text().strip()
+    hooks = LoseTheCopy(sealed=[victim.pid], sig=int(signal.SIGKILL), base=deep["base"],
+                        instance=instance)
+    report = ingest_losing(dataset, deep, tmp_path / "out", "sealed", hooks=hooks)
+    rec = report["recovery"]
+    assert rec["readFromTier"] == []  # tried, given up: not read from the tier
+    assert 1 <= rec["subtasksRecomputed"] <= len(report["subtasks"])
+    assert any(r.get("readFromTier") == [victim.url] for r in rec["rounds"])  # tried first
