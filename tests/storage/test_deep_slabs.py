@@ -340,3 +340,25 @@ async def test_the_orphan_sweep_removes_a_lost_daemons_slabs(
     assert (await sweeper.run_once()).orphans == ["orph-1"]
     assert _names(fs, base) == []
     assert metric(registry, "shuffled_deep_orphans_removed_total") == 1
+
+
+async def test_slabs_of_a_location_out_of_service_are_read_from_the_tier(
+        tier: dict[str, Any], start_daemon: Any, tmp_path: Path) -> None:
+    """As packs are: a location taken out of service (I/O errors) no longer serves its
+    slab files; the task's shards come from their copies in the tier, the same rows."""
+    registry = CollectorRegistry()
+    settings = tier["settings"](locations=[str(tmp_path / "a0"), str(tmp_path / "a1")])
+    a = await start_daemon(settings, registry=registry)
+    await _put_slabs(_url(a), "oos-1")
+    await _offloaded(a)
+    before = await _shards(_url(a), "oos-1")  # its index is built (and kept) now
+    store = _store(a)
+    held = {p.parent.parent for p in _slab_files(settings, "oos-1")}
+    assert len(held) == 2  # slabs on both locations
+    store.locations[1].healthy = False
+    for p in (settings.locations[1].path / "oos-1").glob("*.slab"):
+        p.rename(p.with_suffix(".gone"))  # what a failed disk gives: nothing
+    assert await _shards(_url(a), "oos-1") == before
+    assert metric(registry, "shuffled_deep_read_bytes_total") > 0
+    cache = settings.locations[0].path / ".shuffled" / CACHE_DIR / "oos-1"
+    assert list(cache.rglob("*.slab"))

@@ -279,17 +279,19 @@ class DeepStorage:
     async def local_slabs(self, sup: str, found: Sequence[tuple[int, SlabRow, Path]],
                           ) -> list[Path]:
         """The file each slab of ``found`` (location index, row, its local path) is read
-        from: its own, or, for a slab evicted to the tier, a copy read back (once; the
-        fetches at once). CorruptData if a copy does not check or is missing from the
-        tier, Overloaded if the tier cannot be read."""
+        from: its own, or, for a slab evicted to the tier or on a location out of service
+        with a copy in the tier, that copy read back (once; the fetches at once).
+        CorruptData if a copy does not check or is missing from the tier, Overloaded if
+        the tier cannot be read."""
         entry = self.journal.entries.get(sup)
-        if entry is None or entry.deleting or not entry.evicted_slabs:
+        down = {loc.index for loc in self.locations if not loc.healthy}
+        if entry is None or entry.deleting or not (entry.evicted_slabs or down):
             return [path for _, _, path in found]
         out: list[Path | None] = []
         waits = []
         for index, row, path in found:
             key = manifest.slab_key(index, row.sub, row.slab, row.attempt)
-            if key not in entry.evicted_slabs:
+            if key not in entry.evicted_slabs and not (index in down and key in entry.slabs):
                 out.append(path)
                 continue
             out.append(None)

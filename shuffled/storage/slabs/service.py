@@ -94,7 +94,10 @@ class Slabs:
         self._inflight: set[tuple[str, str, int, int]] = set()
         # Per task, its index over the sealed subtasks, less those a reader leaves out (one
         # entry per task: the readers of one ingestion all leave out the same ones).
-        self._indexes: dict[str, tuple[frozenset[str], shards.TaskIndex]] = {}
+        # Kept with the locations out of service when built: one going out of service
+        # sends its slabs' reads elsewhere (deep storage), so the index is built again.
+        self._indexes: dict[str, tuple[tuple[frozenset[str], frozenset[int]],
+                                       shards.TaskIndex]] = {}
         self._reading: dict[str, int] = {}  # shard reads in flight per task
 
     @contextlib.contextmanager
@@ -267,7 +270,8 @@ class Slabs:
             raise Conflict(f"{sup} is not sealed: a shard is read from the slabs of the "
                            "sealed subtasks only", supervisorTaskId=sup, state="running")
         held = self._indexes.get(sup)
-        if held is not None and held[0] == without:
+        down = frozenset(loc.index for loc in self.locations if not loc.healthy)
+        if held is not None and held[0] == (without, down):
             return held[1]
         held_rows: list[tuple[int, SlabRow, Path]] = []
         served = sealed - without
@@ -281,7 +285,7 @@ class Slabs:
         found = [(path, row) for path, (_, row, _) in zip(paths, held_rows, strict=True)]
         built = await self.threads.run(shards.build, found)
         if self.seals.sealed.get(sup) is sealed:  # nothing changed meanwhile
-            self._indexes[sup] = (without, built)
+            self._indexes[sup] = ((without, down), built)
         return built
 
     async def shard(self, sup: str, start: int, end: int, key_from: bytes | None,
