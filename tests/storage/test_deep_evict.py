@@ -46,6 +46,14 @@ def _full(settings: Any, make: Callable[..., Any], **more: Any) -> Any:
                 **more)
 
 
+def _refill(store: Any) -> None:
+    """The reserve again from the free space now, leaving no room for UPLOAD bytes (short
+    by SHORT): the disk is shared, and its free space moves between the daemon's start and
+    the upload by more than SHORT when something else writes."""
+    loc = store.locations[0]
+    loc.reserve_bytes = _free(loc.path) - UPLOAD + SHORT
+
+
 async def _put(client: TestClient, sup: str, sub: str, body: bytes) -> int:
     resp = await client.put(f"{PREFIX}/tasks/{sup}/{sub}/partition", params=_q(0), data=body)
     await resp.read()
@@ -80,6 +88,7 @@ async def test_a_full_location_evicts_offloaded_packs_oldest_first(
     assert store.evictor is not None
     store.evictor.margin = 0  # evict no more than this upload needs: one task's packs
     upload = _big(1)
+    _refill(store)
     assert await _put(client, "up-1", "s0", upload) == 201
     # The oldest offload went, the newer one stayed.
     assert not any(p.exists() for p in old_packs)
@@ -120,6 +129,7 @@ async def test_a_task_not_sealed_spills_to_the_tier_instead_of_507(
     registry = CollectorRegistry()
     client = await start_daemon(_full(one, tier["settings"], pack_max_bytes="1MiB"),
                                 registry=registry)
+    _refill(_store(client))
     assert await _put(client, "up-2", "s0", _big(2)) == 201  # not 507
     assert metric(registry, "shuffled_deep_spilled_packs_total") == len(packs)
     assert metric(registry, "shuffled_deep_evicted_bytes_total") == size
@@ -157,6 +167,7 @@ async def test_packs_being_written_are_never_evicted(tier: dict[str, Any],
     registry = CollectorRegistry()
     client = await start_daemon(_full(one, tier["settings"]), registry=registry)
     # The only packs are the uploading task's own: nothing may go, 507 as without a tier.
+    _refill(_store(client))
     assert await _put(client, "busy-1", "sub1", _big(3)) == 507
     assert all(p.exists() for p in packs)
     assert metric(registry, "shuffled_deep_evicted_bytes_total") == 0

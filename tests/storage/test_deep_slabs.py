@@ -41,7 +41,7 @@ from shuffled.storage.deep.readback import CACHE_DIR
 from tests.cleanup.test_cleanup import Clock
 from tests.conftest import PREFIX, metric
 from tests.helpers.slabs import HOUR, make_slab, rows_table
-from tests.storage.test_deep_evict import SHORT, UPLOAD, _free, _full, _put
+from tests.storage.test_deep_evict import UPLOAD, _full, _put, _refill
 from tests.storage.test_deep_storage import (  # noqa: F401 (fixtures)
     _arrow, _objects, _offloaded, _q, _store, _table, s3, tier,
 )
@@ -93,13 +93,6 @@ async def _put_slabs(url: str, sup: str, subs: int = 3, unsealed: int = 1,
 def _names(fs: Any, prefix: str) -> list[str]:
     infos = fs.get_file_info(pafs.FileSelector(prefix, allow_not_found=True, recursive=True))
     return sorted(i.path[len(prefix) + 1:] for i in infos if i.type == pafs.FileType.File)
-
-
-def _refill(store: Any) -> None:
-    """The reserve again from the free space now (the disk is shared: it moved since the
-    daemon started), leaving no room for UPLOAD bytes, short by SHORT."""
-    loc = store.locations[0]
-    loc.reserve_bytes = _free(loc.path) - UPLOAD + SHORT
 
 
 def _slab_files(settings: Any, sup: str) -> list[Path]:
