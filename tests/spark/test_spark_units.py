@@ -286,3 +286,35 @@ def test_publish_plan_drops_exactly_the_old_segments_a_new_interval_covers() -> 
     assert len(keep) == len(old) - 5 and {"straddles", "p9", "p0"} <= {s["path"] for s in keep}
     _, keep, dropped = plan_moves(old, "ds", "v2", staged, shard, True, "/r")
     assert not dropped and len(keep) == len(old)
+
+
+class _Verdicts:
+    """What the daemon monitor answers once the job failed: nothing more is gone."""
+
+    def verdict(self, servers: list[str]) -> dict[str, str]:
+        return {}
+
+
+def _lost_ctx() -> Any:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(monitor=_Verdicts(), servers=["http://a", "http://b"],
+                           lost={"http://a": "connection refused"}, survivors=["http://b"],
+                           phase="phase 2 (merge)")
+
+
+def test_a_loss_says_whether_anything_was_recomputed() -> None:
+    """The paragraph of a failure after a lost daemon said "lost subtasks were recomputed
+    from the input, which failed with ..." even when the failure came before any was."""
+    from shuffled.spark.driver.failed import IngestionFailed
+    from shuffled.spark.driver.pipeline import _explain_loss
+
+    cause = RuntimeError("PythonException: the merge task failed")
+    with pytest.raises(IngestionFailed) as none:
+        _explain_loss(_lost_ctx(), cause, 0)
+    assert "before any lost subtask was recomputed" in none.value.message
+    assert "were recomputed" not in none.value.message
+    with pytest.raises(IngestionFailed) as some:
+        _explain_loss(_lost_ctx(), cause, 3)
+    assert "3 lost subtasks recomputed from the input, then the ingestion failed with: " \
+           "RuntimeError: PythonException" in some.value.message

@@ -174,7 +174,7 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
                         ice.discard()
                 # each raises the one-paragraph IngestionFailed if it is its failure
                 _explain_spark(ctx, watchdog, exc)  # a stall, a JVM out of memory
-                _explain_loss(ctx, exc)  # lost daemons
+                _explain_loss(ctx, exc, job.recovery.recomputed if job is not None else 0)
                 raise
             finally:
                 watchdog.stop()
@@ -274,10 +274,10 @@ def _explain_spark(ctx: JobContext, watchdog: Watchdog, exc: BaseException) -> N
         raise IngestionFailed(what, phase=ctx.phase, hint=hint) from exc
 
 
-def _explain_loss(ctx: JobContext, exc: BaseException) -> None:
+def _explain_loss(ctx: JobContext, exc: BaseException, recomputed: int) -> None:
     """Raise the one-paragraph IngestionFailed for a job that failed because shuffle
     daemons were lost (every daemon gone, or lost data that could not be recomputed);
-    return for any other failure."""
+    return for any other failure. ``recomputed``: the subtasks run again so far."""
     if isinstance(exc, (IngestionFailed, KeyboardInterrupt)) or ctx.monitor is None:
         return
     gone = ctx.monitor.verdict([s for s in ctx.servers if s not in ctx.lost])
@@ -289,9 +289,12 @@ def _explain_loss(ctx: JobContext, exc: BaseException) -> None:
     what = (f"no shuffle daemon is left ({len(ctx.servers)} lost)" if not left else
             f"the data lost with {len(ctx.lost)} of {len(ctx.servers)} shuffle daemons could "
             f"not be recomputed on the {len(left)} left")
-    if left:
-        tried = ("lost subtasks were recomputed from the input, which failed with: "
-                 f"{getattr(exc, 'message', None) or _first_line(exc)}")
+    cause = getattr(exc, "message", None) or _first_line(exc)
+    if left and recomputed:
+        tried = (f"{counted(recomputed, 'lost subtask')} recomputed from the input, then "
+                 f"the ingestion failed with: {cause}")
+    elif left:
+        tried = f"the ingestion failed before any lost subtask was recomputed, with: {cause}"
     elif ctx.phase.startswith("phase 1"):
         tried = "phase-1 uploads failed over from daemon to daemon until none was left"
     else:
