@@ -8,6 +8,7 @@ import secrets
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pyarrow.fs as pafs
@@ -46,3 +47,19 @@ def moto_s3() -> Iterator[tuple[Any, dict[str, str]]]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@contextmanager
+def deep_tier(tmp_path: Path, name: str) -> Iterator[dict[str, Any]]:
+    """A deep storage tier for daemons: :func:`moto_s3` (the daemons inherit the AWS
+    environment it sets) with a fresh bucket ``name-<random>`` and a key file made for this
+    run. Yields ``fs``, ``base`` (the tier's prefix), ``key_file`` and ``args`` (the
+    ``shuffled serve`` options that use it)."""
+    with moto_s3() as (fs, _):
+        bucket = f"{name}-" + secrets.token_hex(6)
+        fs.create_dir(bucket)
+        key_file = tmp_path / "deep.key"
+        key_file.write_bytes(secrets.token_bytes(48))
+        yield {"fs": fs, "base": f"{bucket}/tier", "key_file": key_file,
+               "args": ["--deep-storage", f"s3://{bucket}/tier",
+                        "--deep-storage-key-file", str(key_file)]}

@@ -7,7 +7,6 @@ decrypts to the local pack it was copied from."""
 from __future__ import annotations
 
 import os
-import secrets
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ from shuffled.protocol import Interval, PartialKey
 from shuffled.storage.deep import crypt, manifest
 from tests.conftest import DAY, pack_files
 from tests.helpers.procs import DaemonProcess
-from tests.helpers.s3 import moto_s3
+from tests.helpers.s3 import deep_tier
 from tests.storage.test_deep_storage import _arrow, _objects, _table
 
 pytest.importorskip("moto.server", reason="moto[server] is not installed (test extras)")
@@ -30,14 +29,8 @@ WAIT = 60.0
 
 @pytest.fixture
 def tier(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    with moto_s3() as (fs, _):  # the daemon inherits the AWS environment it sets
-        bucket = "kill-" + secrets.token_hex(6)
-        fs.create_dir(bucket)
-        key_file = tmp_path / "deep.key"
-        key_file.write_bytes(secrets.token_bytes(48))
-        yield {"fs": fs, "base": f"{bucket}/tier", "key_file": key_file,
-               "args": ["--deep-storage", f"s3://{bucket}/tier",
-                        "--deep-storage-key-file", str(key_file)]}
+    with deep_tier(tmp_path, "kill") as made:
+        yield made
 
 
 def test_sigkill_mid_offload_resumes_after_restart(tier: dict[str, Any],

@@ -13,7 +13,6 @@ random number of slab objects landed, plus a random delay) in three rounds. Each
 from __future__ import annotations
 
 import random
-import secrets
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +24,7 @@ from shuffled.client import ShuffleClient
 from shuffled.errors import NotFound
 from shuffled.storage.deep import crypt
 from tests.helpers.procs import DaemonProcess
-from tests.helpers.s3 import moto_s3
+from tests.helpers.s3 import deep_tier
 from tests.helpers.slabs import make_slab, rows_table
 from tests.storage.test_deep_slabs import SHARDS, _rows
 from tests.storage.test_deep_storage import _objects
@@ -38,14 +37,8 @@ SLABS = 6  # of about 400 KB each: ~2.5 s of copying at 1 MB/s
 
 @pytest.fixture
 def tier(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    with moto_s3() as (fs, _):  # the daemons inherit the AWS environment it sets
-        bucket = "slabkill-" + secrets.token_hex(6)
-        fs.create_dir(bucket)
-        key_file = tmp_path / "deep.key"
-        key_file.write_bytes(secrets.token_bytes(48))
-        yield {"fs": fs, "base": f"{bucket}/tier", "key_file": key_file,
-               "args": ["--deep-storage", f"s3://{bucket}/tier",
-                        "--deep-storage-key-file", str(key_file)]}
+    with deep_tier(tmp_path, "slabkill") as made:
+        yield made
 
 
 def _shards(url: str, sup: str) -> list[Any]:

@@ -77,15 +77,7 @@ def fetch(tier: Tier, key: bytes, sup: str, copied: Copied, dest: Path,
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.tmp")
     try:
-        crc, size = 0, 0
-        with open(tmp, "wb") as out:
-            for piece in crypt.decrypt_stream(key, sup, copied.object, tier.get(copied.object)):
-                out.write(piece)
-                crc = crc32c(piece, crc)
-                size += len(piece)
-        if size != copied.size or crc != copied.crc:
-            raise Mismatch(f"{copied.object}: {size} bytes with CRC32C {crc_hex(crc)} came "
-                           f"back, {copied.size} with {crc_hex(copied.crc)} were copied")
+        _download(tier, key, sup, copied, tmp)
         fd = os.open(tmp, os.O_RDONLY)
         try:
             for meta in metas:  # the CRC32C each partial's upload stored
@@ -96,7 +88,7 @@ def fetch(tier: Tier, key: bytes, sup: str, copied: Copied, dest: Path,
         finally:
             os.close(fd)
         os.replace(tmp, dest)
-        return size
+        return copied.size  # as _download checked
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -10,7 +10,6 @@ input; the bucket is empty after the driver's DELETE."""
 from __future__ import annotations
 
 import os
-import secrets
 import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from tests.helpers.ingestion import (  # noqa: F401  (fixtures)
     spark,
 )
 from tests.helpers.procs import DaemonProcess
-from tests.helpers.s3 import moto_s3
+from tests.helpers.s3 import deep_tier
 
 pytestmark = pytest.mark.spark
 pytest.importorskip("moto.server", reason="moto[server] is not installed (test extras)")
@@ -47,20 +46,15 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[s
 
 @pytest.fixture
 def deep(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    with moto_s3() as (fs, _):  # the daemons inherit the AWS environment it sets
-        bucket = "late-" + secrets.token_hex(6)
-        fs.create_dir(bucket)
-        key_file = tmp_path / "deep.key"
-        key_file.write_bytes(secrets.token_bytes(48))
+    with deep_tier(tmp_path, "late") as tier:
         started: list[DaemonProcess] = []
         try:
             for i in range(3):
-                d = DaemonProcess([tmp_path / f"loc{i}"], "--deep-storage",
-                                  f"s3://{bucket}/tier", "--deep-storage-key-file",
-                                  str(key_file), log_path=tmp_path / f"daemon{i}.log")
+                d = DaemonProcess([tmp_path / f"loc{i}"], *tier["args"],
+                                  log_path=tmp_path / f"daemon{i}.log")
                 d.start()
                 started.append(d)
-            yield {"fs": fs, "base": f"{bucket}/tier", "daemons": started}
+            yield {"fs": tier["fs"], "base": tier["base"], "daemons": started}
         finally:
             for d in started:
                 d.kill()
