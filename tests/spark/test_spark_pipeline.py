@@ -15,6 +15,8 @@ import pytest
 from shuffled.client import ShuffleClient
 from shuffled.protocol import parse_instant
 from shuffled.spark import IngestionFailed, run_ingestion
+from shuffled.spark.phase2.publish import FS_TOPDIR_FL
+from tests.spark.phase2.test_version_folders import _flags, _fs_type
 from tests.helpers.hooks import FailAttempts
 from tests.helpers.ingestion import (  # noqa: F401  (fixtures)
     BASE,
@@ -159,6 +161,8 @@ def test_failed_attempts_and_daemon_restart_keep_totals_exact(
     ds = tmp_path / "out" / "events"
     assert sorted(str(p.relative_to(ds)) for p in ds.rglob("*.parquet")) == sorted(
         s["path"] for s in manifest["segments"])
+    if _fs_type(ds).startswith("ext"):  # each version folder apart from the last one's
+        assert _flags(ds / "segments") & FS_TOPDIR_FL
     attempts = [s["attemptNumber"] for s in result.report["subtasks"]]
     assert any(a > 0 for a in attempts), "no phase-1 attempt was retried"
     leftovers = held - committed - {"supervisor-keepalive"}

@@ -31,7 +31,7 @@ from shuffled.spark.driver.monitor import Monitor, RowCount, Timing, stage_statu
 from shuffled.spark.driver.watchdog import DEFAULT_STALL_SECONDS, Watchdog
 from shuffled.spark.phase2.iceberg import IcebergOutput, is_iceberg, publish_iceberg
 from shuffled.spark.phase2.publish import (make_durable_dir, publish, segment_dir,
-                                           write_json_atomic)
+                                           spread_versions, write_json_atomic)
 from shuffled.spark.hooks import NONE, Hooks
 from shuffled.spark.driver.context import READERS, Auth, JobContext
 from shuffled.spark.driver.report import TaskReport, counted
@@ -145,6 +145,7 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
                 monitor.start()
                 watchdog.start()
                 os.makedirs(staging, exist_ok=True)
+                spread_versions(os.path.dirname(segments))  # on ext4, apart from the last
                 make_durable_dir(segments)
                 job = Job(ctx)
                 staged, plan = job.run()
