@@ -145,6 +145,7 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
                 monitor.start()
                 watchdog.start()
                 os.makedirs(staging, exist_ok=True)
+                make_durable_dir(os.path.dirname(segments))
                 spread_versions(os.path.dirname(segments))  # on ext4, apart from the last
                 make_durable_dir(segments)
                 job = Job(ctx)

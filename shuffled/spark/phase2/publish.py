@@ -90,8 +90,8 @@ _FS_IOC_GETFLAGS, _FS_IOC_SETFLAGS = 0x80086601, 0x40086602
 
 
 def spread_versions(root: str) -> bool:
-    """``mkdir -p root`` (the folder holding the version folders), marked the top of a
-    directory hierarchy where the file system has that attribute (ext2/3/4); whether it
+    """Mark ``root`` (an existing folder: the one holding the version folders) the top of
+    a directory hierarchy where the file system has that attribute (ext2/3/4); whether it
     is marked. Best effort: elsewhere nothing changes.
 
     Why: ext4 without a journal does not reuse an inode freed in the last minute, and each
@@ -101,7 +101,6 @@ def spread_versions(root: str) -> bool:
     segments (docs/benchmarks.md). With ``root`` marked, the Orlov allocator places each
     new version folder, and the files in it, in a block group of its own: about 1 s less
     of phase 2 there. Journaled ext4 and other file systems lose nothing by it."""
-    os.makedirs(root, exist_ok=True)
     try:
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:

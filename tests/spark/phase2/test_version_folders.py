@@ -43,8 +43,8 @@ def test_segments_is_marked_the_top_of_a_hierarchy_on_ext4(tmp_path: Path) -> No
     if not _fs_type(tmp_path).startswith("ext"):
         pytest.skip(f"the test's folder is on {_fs_type(tmp_path)}, not ext2/3/4")
     root = tmp_path / "events" / "segments"
+    root.mkdir(parents=True)
     assert spread_versions(str(root)) is True
-    assert root.is_dir()
     assert _flags(root) & FS_TOPDIR_FL
     assert spread_versions(str(root)) is True  # again: nothing changes, no error
 
@@ -54,9 +54,10 @@ def test_elsewhere_it_does_nothing_and_says_so(tmp_path: Path) -> None:
     if not shm.is_dir() or _fs_type(shm) != "tmpfs":
         pytest.skip("no tmpfs at /dev/shm")
     root = Path(os.path.join(shm, f"shuffled-test-{os.getpid()}", "segments"))
+    root.mkdir(parents=True)
     try:
         assert spread_versions(str(root)) is False  # tmpfs has no such attribute
-        assert root.is_dir()
+        assert spread_versions(str(root.parent / "missing")) is False
     finally:
         root.rmdir()
         root.parent.rmdir()
