@@ -33,6 +33,18 @@ def tier(tmp_path: Path) -> Iterator[dict[str, Any]]:
         yield made
 
 
+def offload_completes(url: str, sup: str, instance: str) -> None:
+    """Wait (at most WAIT s, long polls on the task's state) until the daemon at ``url``
+    says the offload of ``sup`` is complete, under the daemon instance ``instance``."""
+    with ShuffleClient(url) as client:
+        state: dict[str, Any] = {}
+        deadline = time.monotonic() + WAIT
+        while state.get("deepStorage", {}).get("offload") != "complete":
+            assert time.monotonic() < deadline, state
+            state = client.task_state(sup, known=state.get("tag"), max_wait=5)
+        assert state["deepStorage"]["instance"] == instance
+
+
 def test_sigkill_mid_offload_resumes_after_restart(tier: dict[str, Any],
                                                    tmp_path: Path) -> None:
     locations = [tmp_path / "l0", tmp_path / "l1"]
@@ -66,13 +78,7 @@ def test_sigkill_mid_offload_resumes_after_restart(tier: dict[str, Any],
         again = DaemonProcess(locations, *tier["args"], log_path=tmp_path / "d2.log")
         url = again.start()
         try:
-            with ShuffleClient(url) as client:
-                state: dict[str, Any] = {}
-                deadline = time.monotonic() + WAIT
-                while state.get("deepStorage", {}).get("offload") != "complete":
-                    assert time.monotonic() < deadline, state
-                    state = client.task_state("kill-1", known=state.get("tag"), max_wait=5)
-                assert state["deepStorage"]["instance"] == instance  # same name again
+            offload_completes(url, "kill-1", instance)  # under the same name again
         finally:
             again.stop()
     finally:

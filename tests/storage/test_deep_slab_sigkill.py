@@ -27,6 +27,7 @@ from tests.helpers.procs import DaemonProcess
 from tests.helpers.s3 import deep_tier
 from tests.helpers.slabs import make_slab, rows_table
 from tests.storage.test_deep_slabs import SHARDS, _rows
+from tests.storage.test_deep_sigkill import offload_completes
 from tests.storage.test_deep_storage import _objects
 
 pytest.importorskip("moto.server", reason="moto[server] is not installed (test extras)")
@@ -94,13 +95,7 @@ def test_sigkill_mid_slab_offload_resumes_and_readers_see_whole_or_nothing(
             again = DaemonProcess(locations, *tier["args"], log_path=tmp_path / f"a{round_}.log")
             url = again.start()
             try:
-                with ShuffleClient(url) as client:
-                    state: dict[str, Any] = {}
-                    deadline = time.monotonic() + WAIT
-                    while state.get("deepStorage", {}).get("offload") != "complete":
-                        assert time.monotonic() < deadline, state
-                        state = client.task_state(sup, known=state.get("tag"), max_wait=5)
-                assert state["deepStorage"]["instance"] == instance
+                offload_completes(url, sup, instance)
             finally:
                 again.stop()
             objects = _objects(tier["fs"], prefix)

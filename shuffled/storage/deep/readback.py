@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from shuffled.crc import crc32c
@@ -69,16 +69,28 @@ def _crc_range(fd: int, offset: int, length: int, crc: int = 0) -> int:
     return crc
 
 
-def fetch(tier: Tier, key: bytes, sup: str, copied: Copied, dest: Path,
-          metas: Sequence[PartialMeta]) -> int:
-    """Fetch, decrypt and check the pack ``copied`` into ``dest`` (blocking); the bytes."""
+def _fetch(tier: Tier, key: bytes, sup: str, copied: Copied, dest: Path,
+           check: Callable[[Path], None]) -> int:
+    """Fetch and decrypt ``copied`` into ``dest`` through a temporary file that ``check``
+    passes first (blocking); the bytes (0: ``dest`` was there already)."""
     if dest.exists():
         return 0
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.tmp")
     try:
         _download(tier, key, sup, copied, tmp)
-        fd = os.open(tmp, os.O_RDONLY)
+        check(tmp)
+        os.replace(tmp, dest)
+        return copied.size  # as _download checked
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def fetch(tier: Tier, key: bytes, sup: str, copied: Copied, dest: Path,
+          metas: Sequence[PartialMeta]) -> int:
+    """Fetch, decrypt and check the pack ``copied`` into ``dest`` (blocking); the bytes."""
+    def check(path: Path) -> None:
+        fd = os.open(path, os.O_RDONLY)
         try:
             for meta in metas:  # the CRC32C each partial's upload stored
                 if (_crc_range(fd, meta.schema_at, meta.schema_len) != meta.schema_crc
@@ -87,10 +99,7 @@ def fetch(tier: Tier, key: bytes, sup: str, copied: Copied, dest: Path,
                                    "upload's CRC32C")
         finally:
             os.close(fd)
-        os.replace(tmp, dest)
-        return copied.size  # as _download checked
-    finally:
-        tmp.unlink(missing_ok=True)
+    return _fetch(tier, key, sup, copied, dest, check)
 
 
 def _download(tier: Tier, key: bytes, sup: str, copied: Copied, tmp: Path) -> None:
@@ -132,14 +141,4 @@ def check_slab(path: Path, row: SlabRow, name: str) -> None:
 def fetch_slab(tier: Tier, key: bytes, sup: str, copied: Copied, dest: Path,
                row: SlabRow) -> int:
     """Fetch, decrypt and check the slab ``copied`` into ``dest`` (blocking); the bytes."""
-    if dest.exists():
-        return 0
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        _download(tier, key, sup, copied, tmp)
-        check_slab(tmp, row, copied.object)
-        os.replace(tmp, dest)
-        return copied.size
-    finally:
-        tmp.unlink(missing_ok=True)
+    return _fetch(tier, key, sup, copied, dest, lambda path: check_slab(path, row, copied.object))

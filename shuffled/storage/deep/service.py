@@ -260,13 +260,30 @@ class DeepStorage:
     async def _read_back(self, sup: str, copied: Copied, dest: Path,
                          metas: list[PartialMeta]) -> None:
         """Fetch the pack ``copied`` into ``dest``, checked (see :mod:`.readback`)."""
+        await self._fetch_back(sup, copied, readback.fetch, dest, metas,
+                               what=f"the deep-storage copy {copied.object}",
+                               details={"key": str(metas[0].key)})
+
+    async def _fetch_back(self, sup: str, copied: Copied,
+                          fetch: Callable[..., int], dest: Path, checked: Any, *,
+                          what: str, details: dict[str, Any], missing: bool = False) -> None:
+        """``fetch`` (a :mod:`.readback` function) of ``copied`` into ``dest``, checked
+        against ``checked``, on the tier's threads. A copy that does not check is
+        CorruptData naming ``what``; so is a missing object when ``missing`` (a complete
+        copy names it); anything else is Overloaded (the tier cannot be read now)."""
         secret = crypt.task_key(self.secret, sup)
         try:
-            got = await self._tier(readback.fetch, self.tier, secret, sup, copied, dest, metas)
+            got = await self._tier(fetch, self.tier, secret, sup, copied, dest, checked)
+        except FileNotFoundError as exc:
+            self.stats.errors += 1
+            if not missing:
+                raise Overloaded(f"deep storage {self.tier.uri} could not be read: {exc}",
+                                 retry_after=5, tier=self.tier.uri) from exc
+            raise CorruptData(f"{what} is missing from {self.tier.uri}, although its "
+                              "offload recorded it", **details) from exc
         except (readback.Mismatch, crypt.Undecryptable) as exc:
             self.stats.errors += 1
-            raise CorruptData(f"the deep-storage copy {copied.object} does not check: {exc}",
-                              key=str(metas[0].key)) from exc
+            raise CorruptData(f"{what} does not check: {exc}", **details) from exc
         except Exception as exc:
             self.stats.errors += 1
             raise Overloaded(f"deep storage {self.tier.uri} could not be read: {exc}",
@@ -324,27 +341,11 @@ class DeepStorage:
         """Fetch the slab ``copied`` into ``dest``, checked against ``row`` (see
         :mod:`.readback`): CorruptData if it does not check or its object is missing (a
         complete copy names it), Overloaded if the tier cannot be read."""
-        secret = crypt.task_key(self.secret, sup)
-        try:
-            got = await self._tier(readback.fetch_slab, self.tier, secret, sup, copied, dest,
-                                   row)
-        except FileNotFoundError as exc:
-            self.stats.errors += 1
-            raise CorruptData(f"the deep-storage copy {copied.object} of slab {row.sub}."
-                              f"{row.slab}.{row.attempt} of {sup} is missing from "
-                              f"{self.tier.uri}, although its offload recorded it",
-                              supervisorTaskId=sup, subTaskId=row.sub) from exc
-        except (readback.Mismatch, crypt.Undecryptable) as exc:
-            self.stats.errors += 1
-            raise CorruptData(f"the deep-storage copy {copied.object} of slab {row.sub}."
-                              f"{row.slab}.{row.attempt} of {sup} does not check: {exc}",
-                              supervisorTaskId=sup, subTaskId=row.sub) from exc
-        except Exception as exc:
-            self.stats.errors += 1
-            raise Overloaded(f"deep storage {self.tier.uri} could not be read: {exc}",
-                             retry_after=5, tier=self.tier.uri) from exc
-        self.stats.read_bytes += got
-        log.info("read %s back from %s (%d bytes)", copied.object, self.tier.uri, got)
+        await self._fetch_back(
+            sup, copied, readback.fetch_slab, dest, row, missing=True,
+            what=(f"the deep-storage copy {copied.object} of slab {row.sub}.{row.slab}."
+                  f"{row.attempt} of {sup}"),
+            details={"supervisorTaskId": sup, "subTaskId": row.sub})
         return dest
 
     # -- a lost peer's share ------------------------------------------------------------
