@@ -318,3 +318,27 @@ def test_a_loss_says_whether_anything_was_recomputed() -> None:
         _explain_loss(_lost_ctx(), cause, 3)
     assert "3 lost subtasks recomputed from the input, then the ingestion failed with: " \
            "RuntimeError: PythonException" in some.value.message
+
+
+def test_ctrl_c_that_py4j_turned_into_its_own_error_is_still_an_interrupt() -> None:
+    """Seen in a clean-clone run: Ctrl-C landed while a py4j command was in flight; py4j
+    closes that connection in its ``except KeyboardInterrupt`` and, the gateway already
+    gone, raised ``Py4JError("Gateway must be connected to send cancel cmd.")`` in its
+    place. The ingestion then ended as "a Spark job failed", exit 1, not interrupted."""
+    from py4j.protocol import Py4JError
+
+    from shuffled.spark.driver.pipeline import interrupt_of
+
+    def py4j_send() -> None:
+        try:
+            raise KeyboardInterrupt()
+        except KeyboardInterrupt:
+            raise Py4JError("Gateway must be connected to send cancel cmd.")
+
+    with pytest.raises(Py4JError) as caught:
+        py4j_send()
+    got = interrupt_of(caught.value)
+    assert isinstance(got, KeyboardInterrupt) and got.__cause__ is caught.value
+    plain = KeyboardInterrupt()
+    assert interrupt_of(plain) is plain
+    assert interrupt_of(RuntimeError("a Spark job failed")) is None

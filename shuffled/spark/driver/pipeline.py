@@ -174,6 +174,9 @@ def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[st
                     _remove_if_empty(os.path.dirname(segments))  # <ds>/segments/ itself
                     if ice is not None:
                         ice.discard()
+                interrupt = interrupt_of(exc)
+                if interrupt is not None and interrupt is not exc:
+                    raise interrupt  # Ctrl-C, whatever py4j made of it
                 # each raises the one-paragraph IngestionFailed if it is its failure
                 _explain_spark(ctx, watchdog, exc)  # a stall, a JVM out of memory
                 _explain_loss(ctx, exc, job.recovery.recomputed if job is not None else 0)
@@ -261,6 +264,25 @@ def _check_reachable(servers: list[str], token: str | None, ca_file: str | None)
             f"shuffle server{'s' if len(down) > 1 else ''} {', '.join(down)} did not answer "
             "its health check (GET /status/health); start it (`shuffled serve`), fix the "
             "URL, or leave out --shuffle-server to use an embedded one", servers=down)
+
+
+def interrupt_of(exc: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C behind ``exc``: ``exc`` itself, or a new KeyboardInterrupt caused by it
+    when one is in its chain (py4j, interrupted mid-command, closes the connection in its
+    ``except KeyboardInterrupt`` and may raise its own Py4JError there instead); None if
+    there is none."""
+    seen: set[int] = set()
+    at: BaseException | None = exc
+    while at is not None and id(at) not in seen:
+        if isinstance(at, KeyboardInterrupt):
+            if at is exc:
+                return at
+            interrupt = KeyboardInterrupt()
+            interrupt.__cause__ = exc
+            return interrupt
+        seen.add(id(at))
+        at = at.__cause__ or at.__context__
+    return None
 
 
 def _explain_spark(ctx: JobContext, watchdog: Watchdog, exc: BaseException) -> None:
