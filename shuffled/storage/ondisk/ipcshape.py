@@ -51,6 +51,8 @@ class _Table:
         self.buf = buf
         self.pos = pos
         self.vtable = pos - _I32.unpack_from(buf, pos)[0]
+        if self.vtable < 0:  # struct would read it from the end of the metadata
+            raise IndexError(f"a vtable at {self.vtable}, before its metadata")
         self.vsize = _U16.unpack_from(buf, self.vtable)[0]
 
     def _field(self, index: int) -> int | None:

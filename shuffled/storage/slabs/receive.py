@@ -3,17 +3,21 @@ writes off the event loop (the next chunk arrives while the last is written), th
 checked and made durable off the event loop, then committed by rename and one catalog row.
 
 Nothing per batch happens on the event loop: the loop moves chunks; the writer thread
-writes and checksums them; the check walks the batches' metadata on an I/O thread.
+writes and checksums them; the check reads the batches' metadata together, in numpy, on an I/O thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import mmap
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from shuffled.crc import crc32c
@@ -142,13 +146,38 @@ async def stream_data(pull: Pull, fd: int, run: Callable[..., Awaitable[int]],
     return crc
 
 
+class FileSection:
+    """A slab's data section in the file ``fd`` from ``data_at``: read with ``pread``,
+    mapped read-only a window at a time (:func:`.check.data_section`)."""
+
+    def __init__(self, fd: int, data_at: int, size: int) -> None:
+        self.fd, self.data_at, self.size = fd, data_at, size
+
+    def read(self, offset: int, length: int) -> bytes:
+        return os.pread(self.fd, length, self.data_at + offset)
+
+    @contextlib.contextmanager
+    def mapped(self, offset: int, length: int) -> Iterator[npt.NDArray[np.uint8]]:
+        start = self.data_at + offset
+        aligned = start - start % mmap.ALLOCATIONGRANULARITY
+        mapping = mmap.mmap(self.fd, start + length - aligned, access=mmap.ACCESS_READ,
+                            offset=aligned)
+        try:
+            yield np.frombuffer(mapping, np.uint8)[start - aligned:]
+        finally:
+            try:
+                mapping.close()
+            except BufferError:
+                pass  # an InvalidBody's traceback still views it: unmapped when it goes
+
+
 def check_data(fd: int, data_at: int, data_len: int, kind: wire.KeyKind,
                index: pa.Table) -> pa.Schema:
-    """Walk the data section as written, reading its messages' metadata back (a pread a
-    batch, from the page cache); blocking."""
-    def read(offset: int, length: int) -> bytes:
-        return os.pread(fd, length, data_at + offset)
-    return check.data_section(read, data_len, kind, index)
+    """Check the data section as written: its messages' metadata read back (from the page
+    cache) through read-only mappings, a window at a time; blocking."""
+    if data_len <= 0:
+        raise InvalidBody("a slab has an empty data section")
+    return check.data_section(FileSection(fd, data_at, data_len), kind, index)
 
 
 def open_tmp(root: Path, sup: str, name: files.SlabName) -> tuple[Path, int]:
