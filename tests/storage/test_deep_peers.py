@@ -27,6 +27,7 @@ from tests.conftest import DAY, PREFIX, metric
 from tests.storage.test_deep_storage import (  # noqa: F401 (fixtures)
     _answers, _fill, _offloaded, _q, _store, s3, tier,
 )
+import pyarrow.fs as pafs
 from prometheus_client import CollectorRegistry
 
 
@@ -148,3 +149,40 @@ async def test_peer_reads_refuse_what_they_cannot_serve(
     plain = await start_daemon(make_settings(locations=[str(tmp_path / "c0")]))
     resp = await plain.get(f"/peers/{instance}{PREFIX}/tasks/peer-2/partition", params=_q(0))
     assert resp.status == 404 and "no deep storage" in (await resp.json())["error"]
+
+
+async def test_an_unusable_copy_of_a_peers_pack_answers_502_not_500(
+        tier: dict[str, Any], start_daemon: Any, tmp_path: Path) -> None:
+    """A pack object missing from the tier, or another's bytes in its place, is the copy's
+    fault, not the survivor's: 502 bad_tier_copy (never other rows), so that the driver
+    gives that copy up and recomputes the share (as with slabs, test_deep_slabs)."""
+    settings_a = tier["settings"](locations=[str(tmp_path / "a0")], pack_max_bytes="8KiB")
+    a = await start_daemon(settings_a)
+    await _fill(a, "peer-9", subs=3, pids=2)
+    instance = (await (await a.get(f"{PREFIX}/tasks/peer-9/state")).json())[
+        "deepStorage"]["instance"]
+    await _offloaded(a)
+    await a.close()
+    shutil.rmtree(settings_a.locations[0].path)
+    fs, base = tier["fs"], f"{tier['base']}/peer-9/{instance}"
+    packs = sorted(i.path for i in fs.get_file_info(
+        pafs.FileSelector(base, recursive=True)) if i.path.endswith(".pack"))
+    assert len(packs) >= 2, packs
+    for damage in ("swapped", "missing"):
+        if damage == "swapped":
+            with fs.open_input_stream(packs[1]) as src:
+                other = src.read()
+            with fs.open_output_stream(packs[0]) as out:
+                out.write(other)
+        else:
+            fs.delete_file(packs[0])
+        b = await start_daemon(tier["settings"](locations=[str(tmp_path / f"b-{damage}")]))
+        codes = set()
+        for pid in range(2):
+            resp = await b.get(f"/peers/{instance}{PREFIX}/tasks/peer-9/partition",
+                               params=_q(pid))
+            if resp.status != 200:
+                body = await resp.json()
+                codes.add((resp.status, body.get("code")))
+        assert codes == {(502, "bad_tier_copy")}, (damage, codes)
+        await b.close()

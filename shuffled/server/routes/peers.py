@@ -19,6 +19,7 @@ from typing import IO, Any, Protocol
 
 from aiohttp import web
 
+from shuffled.errors import BadTierCopy, CorruptData
 from shuffled.protocol import (PEERS_PATH, PartialKey, PartitionKey, TaskDataState,
                                validate_id)
 from shuffled.server.errors import Handler
@@ -71,8 +72,14 @@ def peer_route(handler: Handler) -> Handler:
     async def peer(request: web.Request) -> web.StreamResponse:
         sup = validate_id(request.match_info["sup"], "supervisorTaskId")
         instance = validate_id(request.match_info["instance"], "instance")
-        request[SOURCE] = await state_of(request).store.peer(sup, instance)
-        return await handler(request)
+        try:
+            request[SOURCE] = await state_of(request).store.peer(sup, instance)
+            return await handler(request)
+        except CorruptData as exc:
+            # The peer's copy is unusable (an object missing, or another's bytes): that
+            # is the copy's fault, not this daemon's, and the reader needs another source
+            # (the driver recomputes the share), as the slab peer route answers.
+            raise BadTierCopy(exc.message, **exc.details) from exc
 
     peer.__name__ = f"peer_{handler.__name__}"
     return peer

@@ -260,9 +260,11 @@ class DeepStorage:
     async def _read_back(self, sup: str, copied: Copied, dest: Path,
                          metas: list[PartialMeta]) -> None:
         """Fetch the pack ``copied`` into ``dest``, checked (see :mod:`.readback`)."""
+        # A pack is fetched back only once its task's copy is complete, which recorded the
+        # object: missing now, it is lost (CorruptData), not a tier that is slow to answer.
         await self._fetch_back(sup, copied, readback.fetch, dest, metas,
                                what=f"the deep-storage copy {copied.object}",
-                               details={"key": str(metas[0].key)})
+                               details={"key": str(metas[0].key)}, missing=True)
 
     async def _fetch_back(self, sup: str, copied: Copied,
                           fetch: Callable[..., int], dest: Path, checked: Any, *,
