@@ -40,6 +40,19 @@ class Slab:
         return len(self.head) + len(self.index) + len(self.stats) + len(self.data)
 
 
+def _key_bounds(keys: pa.Array | None, starts: np.ndarray, ends: np.ndarray,
+                ) -> tuple[pa.Array, pa.Array]:
+    """Each batch's first and last key (empty without keys), two takes."""
+    if keys is None or not len(starts):
+        empty = pa.array(np.zeros(len(starts) + 1, np.int32))
+        blank = pa.Array.from_buffers(pa.binary(), len(starts), [None, empty.buffers()[1],
+                                                                  pa.py_buffer(b"")])
+        return blank, blank
+    keys = keys.cast(pa.binary())
+    return (keys.take(pa.array(starts.astype(np.int64))),
+            keys.take(pa.array(ends.astype(np.int64) - 1)))
+
+
 def _ipc(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
@@ -81,7 +94,8 @@ def build(table: pa.Table, chunk_start: np.ndarray, chunk_end: np.ndarray, *,
     ends = np.append(starts[1:], table.num_rows).astype(np.int64)
     keys = table.column(KEY_COLUMN).combine_chunks() if kind != KeyKind.NONE else None
     data = pa.BufferOutputStream()
-    offsets, lengths, crcs, key_lo, key_hi = [], [], [], [], []
+    offsets: list[int] = []
+    lengths: list[int] = []
     combined = table.combine_chunks()
     schema_len = table.schema.serialize().size  # the writer puts it before the first batch
     with pa.ipc.new_stream(data, table.schema, options=options) as writer:
@@ -90,12 +104,6 @@ def build(table: pa.Table, chunk_start: np.ndarray, chunk_end: np.ndarray, *,
             writer.write_batch(combined.slice(int(lo), int(hi - lo)).to_batches()[0]
                                if hi > lo else pa.RecordBatch.from_pylist([], table.schema))
             lengths.append(data.tell() - offsets[-1])
-            if keys is not None:
-                key_lo.append(keys[int(lo)].as_py())
-                key_hi.append(keys[int(hi) - 1].as_py())
-            else:
-                key_lo.append(b"")
-                key_hi.append(b"")
     body = data.getvalue()
     view = memoryview(body)
     if bytes(view[:schema_len]) != table.schema.serialize().to_pybytes():
@@ -105,7 +113,7 @@ def build(table: pa.Table, chunk_start: np.ndarray, chunk_end: np.ndarray, *,
     index = pa.table([
         pa.array(chunk_start[starts] if len(starts) else [], pa.int64()),
         pa.array(chunk_end[starts] if len(starts) else [], pa.int64()),
-        pa.array(key_lo, pa.binary()), pa.array(key_hi, pa.binary()),
+        *_key_bounds(keys, starts, ends),
         pa.array(rows, pa.int64()), pa.array(offsets, pa.int64()),
         pa.array(lengths, pa.int64()), pa.array(crcs, pa.uint32()),
         pa.array(partition[starts] if partition is not None and len(starts)
@@ -117,13 +125,14 @@ def build(table: pa.Table, chunk_start: np.ndarray, chunk_end: np.ndarray, *,
     if kind == KeyKind.TUPLE and keys is not None:
         picks = sketch.sample(keys, bounds, np.random.default_rng(seed))
     else:
-        picks = [pa.array([], pa.binary())] * len(firsts)
+        picks = pa.ListArray.from_arrays(pa.array(np.zeros(len(firsts) + 1, np.int32)),
+                                         pa.array([], pa.binary()))
     stats = pa.table([
         pa.array(chunk_start[firsts] if len(firsts) else [], pa.int64()),
         pa.array(chunk_end[firsts] if len(firsts) else [], pa.int64()),
         pa.array(np.diff(bounds), pa.int64()),
         pa.array([sketch.encode_registers(r) for r in regs], pa.binary()),
-        pa.array([p.to_pylist() for p in picks], pa.list_(pa.binary())),
+        picks,
     ], schema=sketch.STATS_SCHEMA)
     index_bytes, stats_bytes, data_bytes = _ipc(index), _ipc(stats), body.to_pybytes()
     header = SlabHeader(sub_task_id, slab_id, attempt, table.num_rows, crc32c(index_bytes),

@@ -58,6 +58,35 @@ def tuple_keys(columns: Sequence[pa.Array | pa.ChunkedArray]) -> pa.Array:
     return pc.binary_join_element_wise(*parts, b"")
 
 
+def distinct_tuple_keys(columns: Sequence[pa.Array | pa.ChunkedArray],
+                        ) -> tuple[pa.Array, np.ndarray, np.ndarray]:
+    """The tuple keys of ``columns`` computed once per DISTINCT tuple: (each distinct
+    tuple's key, each row's distinct tuple, each distinct key's rank in byte order).
+    ``keys.take(row)`` is :func:`tuple_keys`'s answer. A slab's rows repeat few tuples (a
+    day's [country, city] pairs), so encoding the strings row by row, then hashing the
+    encoded keys to rank them (:func:`chunk_key_order`), did the same work many times."""
+    arrays = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in columns]
+    codes: np.ndarray | None = None
+    for arr in arrays:
+        enc = arr if pa.types.is_dictionary(arr.type) else pc.dictionary_encode(arr)
+        n = len(enc.dictionary) + 1  # null: the last code
+        idx = np.asarray(enc.indices.fill_null(n - 1)).astype(np.int64)
+        if codes is None:
+            codes = idx
+            continue
+        if int(codes.max(initial=0)) >= (1 << 62) // n:  # the next code would overflow
+            codes = np.unique(codes, return_inverse=True)[1].astype(np.int64)
+        codes = codes * n + idx
+    if codes is None or not len(codes):
+        return pa.array([], pa.binary()), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    _, first, row = np.unique(codes, return_index=True, return_inverse=True)
+    pick = pa.array(first)
+    keys = tuple_keys([arr.take(pick) for arr in arrays])
+    rank = np.empty(len(keys), dtype=np.int64)
+    rank[np.asarray(pc.sort_indices(keys))] = np.arange(len(keys))
+    return keys, row.astype(np.int64).ravel(), rank
+
+
 def chunk_key_order(chunks: np.ndarray, keys: pa.Array) -> np.ndarray:
     """The stable order sorting rows by (chunk, key), as ``pc.sort_indices`` on the pair
     gives it: the distinct keys sorted once, then the rows by (chunk, rank of their key)

@@ -175,17 +175,30 @@ def estimate(regs: np.ndarray) -> float:
 
 
 def sample(keys: pa.Array, bounds: np.ndarray, rng: np.random.Generator,
-           size: int = SAMPLE) -> list[pa.Array]:
-    """Per chunk, at most ``size`` of its keys drawn uniformly without replacement."""
-    out = []
-    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
-        n = int(hi - lo)
-        if n <= size:
-            out.append(keys.slice(int(lo), n))
-        else:
-            pick = np.sort(rng.choice(n, size=size, replace=False)) + int(lo)
-            out.append(keys.take(pa.array(pick)))
-    return out
+           size: int = SAMPLE) -> pa.ListArray:
+    """Per chunk (rows ``bounds[i]:bounds[i + 1]``), at most ``size`` of its keys drawn
+    uniformly without replacement, as one list of keys per chunk. A chunk of at most
+    ``size`` rows gives all of them, with no Python per chunk: only larger chunks are drawn
+    from, one by one (a slab of 3,652 small day chunks made 3,652 slices and a Python bytes
+    object per key)."""
+    sizes = np.diff(bounds).astype(np.int64)
+    keys = keys.cast(pa.binary())
+    big = np.flatnonzero(sizes > size)
+    if not len(big):
+        return pa.ListArray.from_arrays(pa.array(bounds - bounds[0] if len(bounds) else [0],
+                                                 pa.int32()),
+                                        keys.slice(int(bounds[0]) if len(bounds) else 0,
+                                                   int(sizes.sum())))
+    keep = np.zeros(len(keys), bool)
+    keep[int(bounds[0]):int(bounds[-1])] = True
+    for i in big.tolist():  # per chunk over ``size`` rows, in order: the draws as before
+        lo, n = int(bounds[i]), int(sizes[i])
+        chosen = np.zeros(n, bool)
+        chosen[rng.choice(n, size=size, replace=False)] = True
+        keep[lo: lo + n] = chosen
+    counts = np.minimum(sizes, size)
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), keys.filter(pa.array(keep)))
 
 
 def merge_samples(samples: Sequence[tuple[pa.Array, int]], rng: np.random.Generator,

@@ -117,10 +117,11 @@ def from_stats(table: pa.Table, server: str, sample: Any = None) -> Iterator[Chu
     hll = table.column("hll").combine_chunks()
     cuts: dict[int, tuple[int, int]] = {}
     if sample is not None and len(sample.chunks):
-        # Sorted by (chunk, key) at once, not a sort per chunk (3,652 day chunks a slab).
-        order = slab_keys.chunk_key_order(sample.chunks, sample.keys)
-        sample = replace(sample, chunks=sample.chunks[order], hashes=sample.hashes[order],
-                         keys=sample.keys.take(pa.array(order)))
+        if not sample.in_key_order:
+            # Sorted by (chunk, key) at once, not a sort per chunk (3,652 day chunks a slab).
+            order = slab_keys.chunk_key_order(sample.chunks, sample.keys)
+            sample = replace(sample, chunks=sample.chunks[order], hashes=sample.hashes[order],
+                             keys=sample.keys.take(pa.array(order)))
         change = np.flatnonzero(sample.chunks[1:] != sample.chunks[:-1]) + 1
         firsts = np.concatenate([[0], change])
         lasts = np.append(change, len(sample.chunks))
