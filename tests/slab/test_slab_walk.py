@@ -110,7 +110,7 @@ def test_a_slab_as_written_passes(kind: KeyKind) -> None:
 
 
 def test_fuzzed_metadata_gets_the_references_verdict() -> None:
-    """Bytes flipped in the batches' continuation markers, lengths and flatbuffers (never in
+    """600 mutants: bytes flipped in the batches' continuation markers, lengths and flatbuffers (never in
     bodies: those are the CRC's business): both walks refuse the same mutants, and the
     mutants both accept flipped padding or a field neither reads (a buffer's offset, a
     node's null count: pyarrow's own reader checks those against the body)."""
@@ -118,7 +118,7 @@ def test_fuzzed_metadata_gets_the_references_verdict() -> None:
     offsets = index.column("offset").to_pylist()
     rng = random.Random(20261127)
     refused = accepted = 0
-    for trial in range(1200):
+    for trial in range(600):
         mutant = bytearray(data)
         for _ in range(rng.choice((1, 1, 2, 3))):
             at = rng.choice(offsets)
@@ -133,7 +133,7 @@ def test_fuzzed_metadata_gets_the_references_verdict() -> None:
         assert _verdict(_windowed, mutant_bytes, KeyKind.HASH, index) == want, f"trial {trial}"
         refused += want == "refused"
         accepted += want == "accepted"
-    assert refused > 200 and accepted > 200  # both verdicts are exercised, often
+    assert refused > 100 and accepted > 100  # both verdicts are exercised, often
 
 
 @pytest.mark.parametrize("change", ["offset", "length", "rows", "drop_last", "swap"])
