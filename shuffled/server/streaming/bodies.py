@@ -17,6 +17,7 @@ from typing import Any
 from aiohttp import ClientPayloadError, web
 
 from shuffled.errors import InvalidBody, RequestTimeout, UnsupportedEncoding
+from shuffled.server import heap
 
 
 LARGE_BODY = 8 << 20  # bytes from which an upload is read from the socket in larger pieces
@@ -54,6 +55,7 @@ def _larger_reads(request: web.Request) -> Iterator[None]:
         yield
     finally:
         transport.max_size = before  # type: ignore[attr-defined]
+        heap.trim()
 
 
 async def _chunks(request: web.Request, idle: float) -> AsyncIterator[bytes]:
