@@ -193,3 +193,21 @@ def test_no_python_runs_per_batch() -> None:
     (few, twenty), (many, batches) = calls(1000), calls(1)
     assert twenty < 30 and batches == 20_000
     assert many - few <= 6 * 2 * 5, (few, many)  # per MiB: a gather, a check (5 calls each)
+
+
+def test_declared_metadata_cannot_size_the_checks_memory() -> None:
+    """A batch declaring 2 MiB of metadata (inside a batch the index says is that long) is
+    refused before anything is gathered: the gather costs 5 bytes a byte of metadata."""
+    from shuffled.storage.ondisk import messages
+
+    data, index = _slab()
+    first = index.column("offset")[0].as_py()
+    meta = 2 << 20
+    assert meta > messages.MAX_METADATA
+    body = (data[:first] + b"\xff\xff\xff\xff" + meta.to_bytes(4, "little")
+            + bytes(meta) + wire.EOS)
+    cols = {name: index.column(name).to_pylist()[:1] for name in index.column_names}
+    cols["length"] = [8 + meta]
+    lying = pa.table(cols, schema=index.schema)
+    with pytest.raises(InvalidBody, match="bytes of metadata"):
+        _bulk(body, KeyKind.HASH, lying)

@@ -106,11 +106,16 @@ class _Messages:
         return out
 
 
+MAX_METADATA = 1 << 20  # bytes of one record batch's metadata (a column's is ~50)
+
+
 def heads(data: npt.NDArray[np.uint8], offsets: Positions, lengths: Positions,
           ids: Positions) -> Positions:
     """The metadata lengths of the messages at ``offsets`` of ``data`` (``lengths`` bytes
     each: continuation marker, metadata, body), after checking that each starts as an
-    Arrow message whose metadata fits in it. ``ids`` name them in errors."""
+    Arrow message whose metadata fits in it and is at most :data:`MAX_METADATA` bytes (its
+    gather costs 5 bytes a byte: a client's declared length must not size it). ``ids``
+    name them in errors."""
     if not len(offsets):
         return np.zeros(0, np.int64)
     outside = (offsets < 0) | (offsets + lengths > len(data)) | (lengths < 8)
@@ -119,6 +124,8 @@ def heads(data: npt.NDArray[np.uint8], offsets: Positions, lengths: Positions,
     meta_len = head[:, 1].view("<i4").astype(np.int64)
     bad = (head[:, 0] != _CONTINUATION) | (meta_len <= 0) | (8 + meta_len > lengths)
     _refuse(bad, "is not an Arrow message", ids)
+    _refuse(meta_len > MAX_METADATA, f"declares more than {MAX_METADATA} bytes of metadata "
+            "(a record batch's is tens of bytes a column)", ids)
     return meta_len
 
 

@@ -6,8 +6,8 @@
 - the data section, from its messages' metadata alone: a schema message without
   dictionaries, then exactly the record batches the index names, at its offsets, of its
   lengths and rows, every batch's declarations checked against the schema at once (numpy
-  gathers, no Python per batch), then the end-of-stream marker. A read trusts the index afterwards: it
-  points at whole, valid batches and nowhere else.
+  gathers, no Python per batch), then the end-of-stream marker. A read trusts the index
+  afterwards: it points at whole, valid batches and nowhere else.
 """
 
 from __future__ import annotations
@@ -124,7 +124,8 @@ def data_section(section: Section, kind: KeyKind, index: pa.Table,
         with section.mapped(first, last - first) as data:
             meta_len = messages.heads(data, rel, lengths[lo:hi], ids[lo:hi])
             # One gather per GATHER bytes of metadata: one a window, unless its batches are
-            # mostly metadata (never so from Arrow's writer).
+            # mostly metadata (never so from Arrow's writer). A gather holds at most GATHER
+            # plus one message's MAX_METADATA bytes (and 4 bytes of index a byte).
             cut = [] if int(meta_len.sum()) <= GATHER else (np.flatnonzero(np.diff(
                 (np.cumsum(meta_len) - meta_len) // GATHER)) + 1).tolist()
             for a, b in zip([0, *cut], [*cut, hi - lo], strict=True):
