@@ -57,9 +57,11 @@ def test_bottom_k_keeps_small_chunks_in_key_order_and_ranks_large_ones() -> None
     chunks = np.repeat(np.array([0, 1, 2], np.int64), [5, 3, 7])
     hashes = np.arange(15, 0, -1).astype(np.uint64)
     ks = pa.array([f"{i:02}".encode() for i in range(15)], pa.binary())
-    small = slabs.bottom_k(chunks, hashes, ks, k=7)
+    small = slabs.bottom_k(chunks, hashes, ks, k=7, in_key_order=True)
     assert small.in_key_order and small.keys.to_pylist() == ks.to_pylist()
-    ranked = slabs.bottom_k(chunks, hashes, ks, k=4)
+    # Not said to be in key order, the rows are ranked (the plan sorts them by key).
+    assert not slabs.bottom_k(chunks, hashes, ks, k=7).in_key_order
+    ranked = slabs.bottom_k(chunks, hashes, ks, k=4, in_key_order=True)
     assert not ranked.in_key_order
     per_chunk = {c: sorted(h for cc, h in zip(ranked.chunks, ranked.hashes) if cc == c)
                  for c in (0, 1, 2)}

@@ -82,14 +82,14 @@ class KeySample:
     in_key_order: bool = False  # rows sorted by (chunk, key) already, as the slab's are
 
 
-def bottom_k(chunks: np.ndarray, hashes: np.ndarray, keys: pa.Array, k: int = SAMPLE,
-             ) -> KeySample:
-    """The rows of the ``k`` smallest ``hashes`` in each chunk (vectorised). When no chunk
-    has more than ``k`` rows, all are kept as they are, in the slab's (chunk, key) order,
-    and said so: on the Druid shape a slab's day holds ~100 rows, and ranking them by hash
-    here, then by key again for the plan (:func:`..phase2.shardplan.from_stats`), was all
-    waste."""
-    if len(chunks) and (np.diff(chunks) >= 0).all():  # in chunk order, as a slab is
+def bottom_k(chunks: np.ndarray, hashes: np.ndarray, keys: pa.Array, k: int = SAMPLE, *,
+             in_key_order: bool = False) -> KeySample:
+    """The rows of the ``k`` smallest ``hashes`` in each chunk (vectorised). Given rows in
+    (chunk, key) order (``in_key_order``, as a slab's are) and no chunk over ``k`` rows,
+    all are kept as they are, and the sample says it is in that order: on the Druid shape
+    a slab's day holds ~100 rows, and ranking them by hash here, then by key again for the
+    plan (:func:`..phase2.shardplan.from_stats`), was all waste."""
+    if in_key_order and len(chunks):
         starts = np.flatnonzero(np.concatenate([[True], chunks[1:] != chunks[:-1]]))
         sizes = np.diff(np.append(starts, len(chunks)))
         if int(sizes.max()) <= k:
@@ -123,7 +123,8 @@ def cut_slab(table: pa.Table, layout: Layout, keying: Keying, granularity: str, 
     options = (pa.ipc.IpcWriteOptions(compression=compression)
                if compression != "none" and data.nbytes >= COMPRESS_MIN_BYTES * batches
                else None)
-    sample = (bottom_k(chunk_start, hashes, data.column(KEY_COLUMN).combine_chunks())
+    sample = (bottom_k(chunk_start, hashes, data.column(KEY_COLUMN).combine_chunks(),
+                       in_key_order=True)  # the slab's own order
               if keying.kind != "hashed" else None)
     # The sample's draw is seeded by the slab's identity: an attempt run again samples alike.
     return build(data, chunk_start, chunk_ends(chunk_start, granularity),
