@@ -96,6 +96,9 @@ def _clear(path: Path) -> Callable[[], None]:
     return clear
 
 
+SLAB_UPLOADS = 4  # slab uploads per sample of comparison 3's slab row
+
+
 class _Shuffled:
     """Uploads to a daemon under a fresh supervisor task per sample, deleted afterwards."""
 
@@ -132,6 +135,22 @@ class _Shuffled:
 
     def slab(self) -> None:
         """The same rows as ONE slab (docs/slab.md): one batch per partial, one request."""
+        pyclient.put_slab(self.daemon.url, self._sup(), self.prepare_slab())
+
+    def slabs(self) -> None:
+        """:meth:`slab`, :data:`SLAB_UPLOADS` times (each under a task of its own): one
+        64 MiB upload is ~6 clock ticks of daemon CPU, too few to measure CPU per GB by."""
+        for _ in range(SLAB_UPLOADS):
+            self.slab()
+
+    def after_slabs(self) -> None:
+        """Delete the last :meth:`slabs` sample's tasks (untimed)."""
+        for i in range(self.n - SLAB_UPLOADS + 1, self.n + 1):
+            pyclient.delete(self.daemon.url, f"bench-ingest-{i}")
+
+    def prepare_slab(self) -> build.Slab:
+        """The slab, built once (before the timed samples: the client's work, not the
+        daemon's)."""
         if self.slab_bytes is None:
             tables = [pa.ipc.open_stream(b).read_all() for b in self.bodies]
             rows = [t.num_rows for t in tables]
@@ -142,7 +161,7 @@ class _Shuffled:
             self.slab_bytes = build.build(
                 table, chunk, chunk + 1, kind=KeyKind.NONE, sub_task_id="s", slab_id=0,
                 attempt=0, batch_rows=max(rows), partition=partition)
-        pyclient.put_slab(self.daemon.url, self._sup(), self.slab_bytes)
+        return self.slab_bytes
 
     def after(self) -> None:
         """Delete the last sample's task (untimed)."""
@@ -189,12 +208,14 @@ def _small(ctx: Ctx, files: list[PartialFile], durable: Daemon, fast: Daemon, n:
     ours_d, ours_f = _Shuffled(durable, files, par), _Shuffled(fast, files, par)
     joined = base / "joined.bin"
     joined.write_bytes(b"".join(ours_d.bodies))
+    ours_d.prepare_slab()
     _clear(dd_dir)()
     got = alternate({
         "durable": _timed(ours_d.threads, nbytes, ours_d.after, lambda: durable.tree),
         "loop": _timed(lambda: _fdatasync_loop(ours_d.bodies, dd_dir), nbytes, _clear(dd_dir)),
         "bulk": _timed(ours_d.bulk, nbytes, ours_d.after, lambda: durable.tree),
-        "slab": _timed(ours_d.slab, nbytes, ours_d.after, lambda: durable.tree),
+        "slab": _timed(ours_d.slabs, SLAB_UPLOADS * nbytes, ours_d.after_slabs,
+                       lambda: durable.tree),
         "dd_one": _timed(lambda: _dd_one(joined, dd_dir), nbytes, _clear(dd_dir)),
         "nofsync": _timed(ours_f.curl, nbytes, ours_f.after, lambda: fast.tree),
         "webdav": _timed(_nginx_put(n.url, files, par), nbytes, _clear(n.root / "put"),
