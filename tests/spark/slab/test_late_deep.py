@@ -153,3 +153,58 @@ def test_a_tier_copy_missing_its_slabs_is_given_up_and_re_run(
     assert rec["readFromTier"] == []  # tried, given up: not read from the tier
     assert 1 <= rec["subtasksRecomputed"] <= len(report["subtasks"])
     assert any(r.get("readFromTier") == [victim.url] for r in rec["rounds"])  # tried first
+
+
+@dataclass
+class LoseThePacks(StopDaemons):
+    """The partials path's :class:`LoseTheCopy`: after the seal, remove the victim's pack
+    objects from the tier, then SIGKILL it. Its manifest still names them."""
+
+    base: str = ""
+    instance: str = ""
+
+    def after_seal(self) -> None:
+        fs = pafs.S3FileSystem(access_key=os.environ["AWS_ACCESS_KEY_ID"],
+                               secret_key=os.environ["AWS_SECRET_ACCESS_KEY"],
+                               region="us-east-1", scheme="http",
+                               endpoint_override=os.environ["AWS_ENDPOINT_URL_S3"]
+                               .split("://", 1)[1])
+        gone = [i.path for i in fs.get_file_info(pafs.FileSelector(self.base, recursive=True))
+                if i.type == pafs.FileType.File and f"/{self.instance}/" in i.path
+                and i.path.endswith(".pack")]
+        assert gone, "the victim copied no pack"
+        for path in gone:
+            fs.delete_file(path)
+        super().after_seal()
+
+
+def test_a_tier_copy_missing_its_packs_is_given_up_and_re_run(
+        spark: Any, dataset: Any, deep: dict[str, Any], tmp_path: Path) -> None:
+    """numShards (the partials path): the victim's manifest names packs the tier lacks;
+    the survivor's peer route answers 502 bad_tier_copy, the driver gives that copy up and
+    re-runs what the victim held, and every row is published once."""
+    base, good = dataset
+    three = deep["daemons"]
+    victim = three[0]
+    instance = (victim.locations[0] / ".shuffled" / "instance-id").read_text().strip()
+    hooks = LoseThePacks(sealed=[victim.pid], sig=int(signal.SIGKILL), base=deep["base"],
+                         instance=instance)
+    spec = base_spec(base, {"type": "hashed", "numShards": 2}, maxNumConcurrentSubTasks=4,
+                     shuffleRetrySeconds=2, maxRowsInMemory=1000, maxBytesInMemory=1 << 16,
+                     shuffleDurability="deep")
+    out = tmp_path / "out"
+    result = run_ingestion(spec, shuffle_servers=[d.url for d in three], output_dir=str(out),
+                           hooks=hooks, keepalive_seconds=0.5)
+    assert victim.proc.wait(timeout=30) == -signal.SIGKILL
+    report = result.report
+    assert report["status"] == "SUCCESS"
+    _, table = read_output(out)
+    assert_matches(table, expected_rollup(good))  # every row once: none lost, none twice
+    rec = report["recovery"]
+    assert list(rec["lostDaemons"]) == [victim.url]
+    assert rec["readFromTier"] == []  # tried, given up: not read from the tier
+    assert 1 <= rec["subtasksRecomputed"] <= len(report["subtasks"])
+    assert any(r.get("readFromTier") == [victim.url] for r in rec["rounds"])  # tried first
+    for d in three[1:]:
+        assert held_tasks(d.url) == []
+    assert _objects(deep["fs"], deep["base"]) == []
