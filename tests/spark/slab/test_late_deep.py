@@ -124,6 +124,10 @@ class LoseTheCopy(StopDaemons):
     base: str = ""
     instance: str = ""
 
+    def lost(self, path: str) -> bool:
+        """Whether the tier object at ``path`` is one this scenario removes."""
+        return f"/{self.instance}/slabs/" in path
+
     def after_seal(self) -> None:
         fs = pafs.S3FileSystem(access_key=os.environ["AWS_ACCESS_KEY_ID"],
                                secret_key=os.environ["AWS_SECRET_ACCESS_KEY"],
@@ -131,8 +135,8 @@ class LoseTheCopy(StopDaemons):
                                endpoint_override=os.environ["AWS_ENDPOINT_URL_S3"]
                                .split("://", 1)[1])
         gone = [i.path for i in fs.get_file_info(pafs.FileSelector(self.base, recursive=True))
-                if i.type == pafs.FileType.File and f"/{self.instance}/slabs/" in i.path]
-        assert gone, "the victim copied no slab"
+                if i.type == pafs.FileType.File and self.lost(i.path)]
+        assert gone, "the victim copied none of what this scenario removes"
         for path in gone:
             fs.delete_file(path)
         super().after_seal()
@@ -156,26 +160,11 @@ def test_a_tier_copy_missing_its_slabs_is_given_up_and_re_run(
 
 
 @dataclass
-class LoseThePacks(StopDaemons):
-    """The partials path's :class:`LoseTheCopy`: after the seal, remove the victim's pack
-    objects from the tier, then SIGKILL it. Its manifest still names them."""
+class LoseThePacks(LoseTheCopy):
+    """The partials path's :class:`LoseTheCopy`: the victim's pack objects go."""
 
-    base: str = ""
-    instance: str = ""
-
-    def after_seal(self) -> None:
-        fs = pafs.S3FileSystem(access_key=os.environ["AWS_ACCESS_KEY_ID"],
-                               secret_key=os.environ["AWS_SECRET_ACCESS_KEY"],
-                               region="us-east-1", scheme="http",
-                               endpoint_override=os.environ["AWS_ENDPOINT_URL_S3"]
-                               .split("://", 1)[1])
-        gone = [i.path for i in fs.get_file_info(pafs.FileSelector(self.base, recursive=True))
-                if i.type == pafs.FileType.File and f"/{self.instance}/" in i.path
-                and i.path.endswith(".pack")]
-        assert gone, "the victim copied no pack"
-        for path in gone:
-            fs.delete_file(path)
-        super().after_seal()
+    def lost(self, path: str) -> bool:
+        return f"/{self.instance}/" in path and path.endswith(".pack")
 
 
 def test_a_tier_copy_missing_its_packs_is_given_up_and_re_run(
