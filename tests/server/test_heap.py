@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -43,7 +44,8 @@ def test_trim_returns_freed_heap_pages() -> None:
     assert int(out.stdout) > 16 << 10, out.stdout  # KiB given back: over 16 MiB of the 32
 
 
-async def test_a_large_upload_trims_the_heap_once_taken(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+async def test_a_large_upload_trims_the_heap_once_taken(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
     monkeypatch.setattr(heap, "trim", lambda: calls.append(1))
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import random
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -85,7 +85,8 @@ def _windowed(data: bytes, kind: KeyKind, index: pa.Table) -> None:
     _bulk(data, kind, index, 2048)
 
 
-def _verdict(fn, data: bytes, kind: KeyKind, index: pa.Table) -> str:  # type: ignore[no-untyped-def]
+def _verdict(fn: Callable[[bytes, KeyKind, pa.Table], None], data: bytes, kind: KeyKind,
+             index: pa.Table) -> str:
     try:
         fn(data, kind, index)
     except InvalidBody:
@@ -110,10 +111,11 @@ def test_a_slab_as_written_passes(kind: KeyKind) -> None:
 
 
 def test_fuzzed_metadata_gets_the_references_verdict() -> None:
-    """600 mutants: bytes flipped in the batches' continuation markers, lengths and flatbuffers (never in
-    bodies: those are the CRC's business): both walks refuse the same mutants, and the
-    mutants both accept flipped padding or a field neither reads (a buffer's offset, a
-    node's null count: pyarrow's own reader checks those against the body)."""
+    """600 mutants: bytes flipped in the batches' continuation markers, lengths and
+    flatbuffers (never in bodies: those are the CRC's business): both walks refuse the
+    same mutants, and the mutants both accept flipped padding or a field neither reads (a
+    buffer's offset, a node's null count: pyarrow's own reader checks those against the
+    body)."""
     data, index = _slab()
     offsets = index.column("offset").to_pylist()
     rng = random.Random(20261127)

@@ -3,7 +3,8 @@ writes off the event loop (the next chunk arrives while the last is written), th
 checked and made durable off the event loop, then committed by rename and one catalog row.
 
 Nothing per batch happens on the event loop: the loop moves chunks; the writer thread
-writes and checksums them; the check reads the batches' metadata together, in numpy, on an I/O thread.
+writes and checksums them; the check reads the batches' metadata together, in numpy, on an
+I/O thread.
 """
 
 from __future__ import annotations
