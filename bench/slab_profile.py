@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--py-spy", type=Path, default=None)
-    ap.add_argument("--frames", default="data_section,record_batches,stream_data,"
+    ap.add_argument("--frames", default="data_section,declarations,stream_data,"
                     "write_chunks,feed_data,check_sections,insert")
     args = ap.parse_args(argv)
     seconds = min(max(args.seconds, 1.0), 120.0)

@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-from shuffled.errors import BadRequest, BadTierCopy, CorruptData
+from shuffled.errors import BadRequest
 from shuffled.metrics import Served
 from shuffled.protocol import ARROW_STREAM, ROWS_HEADER, Interval, validate_id
 from shuffled.server.middleware import SENT_BYTES
@@ -166,11 +166,8 @@ async def post_shards(request: web.Request) -> web.StreamResponse:
     with state.downloads.slot(), reading:
         if instance is None:
             ti = await state.store.slabs.task_index(sup, without)
-        else:
-            try:
-                ti = await state.store.peer_shard_index(sup, instance, without)
-            except CorruptData as exc:  # the copy is unusable, not this daemon's bytes
-                raise BadTierCopy(exc.message, **exc.details) from exc
+        else:  # a CorruptData of the copy answers 502 bad_tier_copy (routes.peers)
+            ti = await state.store.peer_shard_index(sup, instance, without)
         state.store.touch(sup)
         response = web.StreamResponse(status=200, headers={
             "Content-Type": frames.MEDIA_TYPE, SLABS_HEADER: str(ti.slabs)})

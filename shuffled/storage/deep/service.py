@@ -264,23 +264,20 @@ class DeepStorage:
         # object: missing now, it is lost (CorruptData), not a tier that is slow to answer.
         await self._fetch_back(sup, copied, readback.fetch, dest, metas,
                                what=f"the deep-storage copy {copied.object}",
-                               details={"key": str(metas[0].key)}, missing=True)
+                               details={"key": str(metas[0].key)})
 
     async def _fetch_back(self, sup: str, copied: Copied,
                           fetch: Callable[..., int], dest: Path, checked: Any, *,
-                          what: str, details: dict[str, Any], missing: bool = False) -> None:
+                          what: str, details: dict[str, Any]) -> None:
         """``fetch`` (a :mod:`.readback` function) of ``copied`` into ``dest``, checked
         against ``checked``, on the tier's threads. A copy that does not check is
-        CorruptData naming ``what``; so is a missing object when ``missing`` (a complete
-        copy names it); anything else is Overloaded (the tier cannot be read now)."""
+        CorruptData naming ``what``; so is a missing object (a complete copy names it);
+        anything else is Overloaded (the tier cannot be read now)."""
         secret = crypt.task_key(self.secret, sup)
         try:
             got = await self._tier(fetch, self.tier, secret, sup, copied, dest, checked)
         except FileNotFoundError as exc:
             self.stats.errors += 1
-            if not missing:
-                raise Overloaded(f"deep storage {self.tier.uri} could not be read: {exc}",
-                                 retry_after=5, tier=self.tier.uri) from exc
             raise CorruptData(f"{what} is missing from {self.tier.uri}, although its "
                               "offload recorded it", **details) from exc
         except (readback.Mismatch, crypt.Undecryptable) as exc:
@@ -344,7 +341,7 @@ class DeepStorage:
         :mod:`.readback`): CorruptData if it does not check or its object is missing (a
         complete copy names it), Overloaded if the tier cannot be read."""
         await self._fetch_back(
-            sup, copied, readback.fetch_slab, dest, row, missing=True,
+            sup, copied, readback.fetch_slab, dest, row,
             what=(f"the deep-storage copy {copied.object} of slab {row.sub}.{row.slab}."
                   f"{row.attempt} of {sup}"),
             details={"supervisorTaskId": sup, "subTaskId": row.sub})

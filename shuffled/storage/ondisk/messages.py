@@ -184,15 +184,6 @@ def declarations(meta: npt.NDArray[np.uint8], meta_len: Positions, batch: ipcsha
     return Declared(meta_len, body_len, rows)
 
 
-def record_batches(data: npt.NDArray[np.uint8], offsets: Positions, lengths: Positions,
-                   batch: ipcshape.Layout, first: int = 0) -> Declared:
-    """:func:`heads`, :func:`metadata` and :func:`declarations` of the messages at
-    ``offsets`` of ``data`` in one go, naming them as batches ``first``, ``first + 1``..."""
-    ids = np.arange(first, first + len(offsets), dtype=np.int64)
-    meta_len = heads(data, offsets, lengths, ids)
-    return declarations(metadata(data, offsets + 8, meta_len), meta_len, batch, ids)
-
-
 def _refuse(bad: npt.NDArray[np.bool_], why: str, ids: Positions) -> None:
     if bad.any():
         raise InvalidBody(f"a slab's batch {int(ids[np.argmax(bad)])} {why}")

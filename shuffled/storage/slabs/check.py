@@ -89,7 +89,7 @@ def data_section(section: Section, kind: KeyKind, index: pa.Table,
                  window: int = WINDOW) -> pa.Schema:
     """Check the data section against ``index``: a schema message, then exactly the batches
     the index names, end to end, then the end-of-stream marker. Every batch's declarations
-    are read and checked together (:func:`..messages.record_batches`), a ``window`` of
+    are read and checked together (:mod:`..messages`: heads, metadata, declarations), a ``window`` of
     batches at a time: each window is mapped, its messages' metadata read, and unmapped, so
     that the metadata pages touched across a large slab (the kernel maps 64 KiB around each)
     never sit in the daemon's resident set at once. No body is read. The section's bytes as
