@@ -19,7 +19,8 @@ EXIT_OK = 0
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the daemon until SIGTERM/SIGINT; a bad setting raises ConfigError (exit 2)."""
-    from shuffled.server.runner import serve, tune_malloc
+    from shuffled.server.heap import tune_malloc
+    from shuffled.server.runner import serve
 
     tune_malloc()
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import errno
 import logging
 import resource
@@ -38,35 +37,6 @@ def raise_open_file_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
         except (ValueError, OSError):
             pass
-
-
-# glibc mallopt parameters (malloc.h) and the values shuffled serve sets.
-M_TRIM_THRESHOLD = -1
-M_MMAP_THRESHOLD = -3
-M_ARENA_MAX = -8
-MALLOPTS = ((M_ARENA_MAX, 2), (M_MMAP_THRESHOLD, 4 << 20), (M_TRIM_THRESHOLD, 16 << 20))
-
-
-def tune_malloc() -> bool:
-    """Fix glibc's heap behaviour for a daemon that moves bodies (glibc only; best effort).
-
-    By default glibc gives each I/O thread an arena of its own and raises its mmap
-    threshold to the largest block freed (up to 32 MiB), so what the daemon kept grew with
-    the load it had seen; two arenas and a fixed threshold keep it flat. The threshold is
-    4 MiB, not glibc's initial 128 KiB, at which every 256 KiB socket read would be a fresh
-    mapping (page faults, and daemon CPU per partial received, several times higher); up to
-    16 MiB free at the heap's top is kept rather than trimmed and faulted in again. The
-    figures are in docs/benchmarks.md ("Second session", the allocator).
-    Called by ``shuffled serve`` before any thread starts, never by an embedded daemon
-    (the process is its host's). Returns whether every setting was taken.
-    """
-    try:
-        # The process's own symbols, libc's among them: find_library("c") would run
-        # ldconfig in a subprocess (~3% of the daemon's start).
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # not glibc
-        return False
-    return all([bool(mallopt(param, value)) for param, value in MALLOPTS])
 
 
 def ssl_context(settings: Settings) -> ssl.SSLContext | None:

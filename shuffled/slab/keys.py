@@ -82,9 +82,14 @@ def distinct_tuple_keys(columns: Sequence[pa.Array | pa.ChunkedArray],
     _, first, row = np.unique(codes, return_index=True, return_inverse=True)
     pick = pa.array(first)
     keys = tuple_keys([arr.take(pick) for arr in arrays])
-    rank = np.empty(len(keys), dtype=np.int64)
-    rank[np.asarray(pc.sort_indices(keys))] = np.arange(len(keys))
-    return keys, row.astype(np.int64).ravel(), rank
+    return keys, row.astype(np.int64).ravel(), _ranks(keys)
+
+
+def _ranks(values: pa.Array) -> np.ndarray:
+    """Each value's rank in byte order (``sort_indices``'s, nulls last)."""
+    ranks = np.empty(len(values), dtype=np.int64)
+    ranks[np.asarray(pc.sort_indices(values))] = np.arange(len(values))
+    return ranks
 
 
 def chunk_key_order(chunks: np.ndarray, keys: pa.Array) -> np.ndarray:
@@ -96,8 +101,7 @@ def chunk_key_order(chunks: np.ndarray, keys: pa.Array) -> np.ndarray:
     if len(keys) < 2:
         return np.arange(len(keys), dtype=np.int64)
     enc = pc.dictionary_encode(keys)
-    ranks = np.empty(len(enc.dictionary), dtype=np.int64)
-    ranks[np.asarray(pc.sort_indices(enc.dictionary))] = np.arange(len(enc.dictionary))
+    ranks = _ranks(enc.dictionary)
     indices = enc.indices
     if indices.null_count:  # nulls last, as sort_indices puts them
         row = np.where(np.asarray(indices.is_null(), dtype=bool), len(ranks),

@@ -1,4 +1,4 @@
-"""``shuffled serve`` sets glibc's allocator (server.runner.tune_malloc): observed, not assumed.
+"""``shuffled serve`` sets glibc's allocator (server.heap.tune_malloc): observed, not assumed.
 
 With the mmap threshold fixed at 4 MiB, every 8 MiB buffer is a fresh mapping (its pages
 fault in each time); glibc's default raises the threshold after the first such buffer is
@@ -14,11 +14,11 @@ import sys
 
 import pytest
 
-from shuffled.server.runner import MALLOPTS
+from shuffled.server.heap import MALLOPTS
 
 PROBE = """
 import resource, sys
-from shuffled.server.runner import tune_malloc
+from shuffled.server.heap import tune_malloc
 took = tune_malloc() if sys.argv[1] == "tuned" else None
 bytearray(8 << 20)  # the first one: glibc's default raises its threshold after it
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
