@@ -72,7 +72,9 @@ def _distinct_hash(column: pa.Array) -> np.ndarray:
     values = _bytes_hash(enc.dictionary)
     indices = enc.indices
     if indices.null_count:
-        out = values[np.asarray(indices.fill_null(0)).astype(np.int64)]
+        # An all-null column (a file without the dimension) has an empty dictionary.
+        out = (values[np.asarray(indices.fill_null(0)).astype(np.int64)] if len(values)
+               else np.empty(len(indices), _U64))
         out[np.asarray(indices.is_null(), dtype=bool)] = _mix(np.array([_NULL_HASH]))[0]
         return out
     return values[np.asarray(indices).astype(np.int64, copy=False)]

@@ -31,3 +31,16 @@ def test_bytes_no_writer_makes_are_refused() -> None:
         sketch.decode_registers(b"\x00" * 4)  # not a multiple of 3
     with pytest.raises(ValueError):
         sketch.decode_registers(b"\xff\xff\x01")  # register 65535
+
+
+@pytest.mark.parametrize("column", [
+    pa.array([None] * 100, pa.string()),  # a file without the dimension: read as nulls
+    pa.array([None] * 100, pa.string()).dictionary_encode(),
+    pa.array([None] * 3, pa.string()),
+], ids=["plain", "dictionary", "short"])
+def test_an_all_null_column_hashes_as_nulls_do(column: pa.Array) -> None:
+    """A dimension missing from a file is all null in its rows: its dictionary is empty.
+    Every row hashes as a null does in a column that has values too."""
+    mixed = pa.array(["x"] + [None] * 99, pa.string())
+    null_hash = sketch.row_hashes([mixed])[1]
+    assert (sketch.row_hashes([column]) == null_hash).all()
