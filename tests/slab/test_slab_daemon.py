@@ -159,6 +159,23 @@ def test_a_batched_read_answers_as_the_single_reads_do(daemon_url: str) -> None:
         assert total == sum(p.num_rows for p in parts)  # chunk 5 is empty: every row once
 
 
+def test_a_batched_read_of_a_large_shard_is_whole(daemon_url: str) -> None:
+    """A shard whose run of whole batches is more than the daemon gathers into a buffer
+    (256 KiB) comes back whole from the batched read too. Its answer is chunked (the
+    length is not known up front), so the run must not go out by sendfile past the chunk
+    framing: it did, and the client read a garbled stream (IncompleteRead)."""
+    part = rows_table(200_000, seed=3, chunks=1)
+    with ShuffleClient(daemon_url) as client:
+        client.put_slab("large", make_slab(part, sub="s0"))
+        client.seal("large", ["s0"])
+        whole = Interval(0, HOUR)
+        [got] = client.read_shards("large", [(whole, None, None)])
+        one = client.read_shard("large", whole, None, None)
+    assert got.rows == one.rows == part.num_rows
+    assert got.table is not None and one.table is not None and got.table.equals(one.table)
+    assert got.table.nbytes > 4 * (256 << 10)
+
+
 def test_a_read_leaves_out_the_subtasks_it_names(daemon_url: str) -> None:
     """A supervisor that re-ran a subtask after losing a daemon names the superseded one
     in ``without`` (seals only grow: it stays sealed): its slabs are neither read nor

@@ -74,9 +74,12 @@ class Sender:
             raise ConnectionResetError("client went away")
         loop = asyncio.get_running_loop()
         # sendfile writes to the socket past aiohttp's encoders: only for a plain-TCP
-        # response with Content-Length (chunked coding, RFC 9112 section 7.1, would be
-        # left out).
-        if transport.get_extra_info("sslcontext") is None and not self.response.chunked:
+        # response with Content-Length. Without one, aiohttp chunks the body (RFC 9112
+        # section 7.1) while ``response.chunked`` stays False (it is set only by
+        # enable_chunked_encoding), so the length is what tells: a batched shard read's
+        # large run went out raw inside the chunk framing, and the client read garbage.
+        if (transport.get_extra_info("sslcontext") is None and not self.response.chunked
+                and self.response.content_length is not None):
             try:
                 while count > 0:
                     step = min(count, SENDFILE_STEP)
