@@ -11,7 +11,7 @@ day (Spark ``partitionBy``, DuckDB ``PARTITION_BY``; shuffled one segment per da
 shard, as Druid does), and the table says how many files each wrote. Every side's output
 is checked to hold the same rows (count, metric totals, MD5 of the sorted rows). Phase 1's
 input rows per second come from the task report (``phases.partialSegmentGeneration``), as
-does the number of partials.
+does the number of flushes shuffled (slabs, or partials from the JVM reader).
 """
 
 from __future__ import annotations
@@ -43,15 +43,15 @@ def _shape(ctx: Ctx, number: int, shape: str, module: Any, source: str,
     r = run_shape(ctx, shape, data, s.druid_rows, s.e2e_repeats)
     t, phases, rows = r["seconds"], r["phases"], s.druid_rows
     phase1 = phases.get("partialSegmentGeneration", 0.0) or 1e-9
-    partials = int(r["partials"])
+    partials, slabs = int(r["partials"]), int(r.get("slabs") or 0)
     files = r["files"]
     common = {"rows_in": rows, "rows_out": r["rows_out"], "rows_md5": r["rows_md5"],
-              "days": days, "partials": partials, "input_bytes": input_bytes,
+              "days": days, "partials": partials, "slabs": slabs, "input_bytes": input_bytes,
               "files": files, "phases_median_s": phases, "seconds_median": t,
               "seconds": {k: [x["seconds"] for x in v] for k, v in r["runs"].items()}}
     ctx.notes.append(
         f"{number}. Druid shape from {source}, {rows:,} rows over {days:,} days ({partials:,} "
-        f"partials): shuffled {t['shuffled']:.1f} s = "
+        f"partials, {slabs:,} slabs): shuffled {t['shuffled']:.1f} s = "
         + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items())
         + f"; Spark {t['spark']:.1f} s; DuckDB {t['duckdb']:.1f} s; {r['rows_out']:,} rows "
         f"out, the same on every side (count, totals, MD5 of the sorted rows); files written: "
@@ -65,8 +65,10 @@ def _shape(ctx: Ctx, number: int, shape: str, module: Any, source: str,
                 f"groupBy + partitionBy", t["shuffled"], t["spark"], "s", "<=", targets["spark"]),
         absolute(f"{shape}_phase1", f"{number}. Druid shape ({label}): phase 1 input rows/s",
                  rows / phase1, "rows/s", ">=", targets["phase1"], phase1_s=phase1),
-        info(f"{shape}_partials", f"{number}. Druid shape ({label}): partial segments shuffled",
-             partials, "partials", bytes_shuffled=r["bytes_shuffled"]),
+        # numShards read natively goes as slabs (one per flush), the JVM reader's as partials
+        info(f"{shape}_partials", f"{number}. Druid shape ({label}): flushes shuffled "
+             f"({'slabs' if slabs else 'partial segments'})", slabs or partials,
+             "slabs" if slabs else "partials", bytes_shuffled=r["bytes_shuffled"]),
         info(f"{shape}_files", f"{number}. Druid shape ({label}): files written "
              f"(shuffled / Spark / DuckDB)", files.get("shuffled", 0), "files",
              spark=files.get("spark"), duckdb=files.get("duckdb")),

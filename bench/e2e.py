@@ -85,7 +85,8 @@ def run_shape(ctx: Ctx, shape: str, data: Path, rows: int, repeats: int,
             "rows_md5": totals[sides[-1]][-1],
             "bytes_shuffled": median([r["bytesShuffled"] for r in ours]),
             "spark_bytes": median([r["sparkShuffleWriteBytes"] for r in peer]),
-            "partials": median([r.get("partials") or 0 for r in ours]), "rows_in": rows,
+            "partials": median([r.get("partials") or 0 for r in ours]),
+            "slabs": median([r.get("slabs") or 0 for r in ours]), "rows_in": rows,
             "files": {k: int(median([r.get("files", 0) for r in v])) for k, v in runs.items()}}
 
 

@@ -35,6 +35,29 @@ def hash_keys(hashes: pa.Array | np.ndarray) -> pa.BinaryArray:
     return pa.Array.from_buffers(pa.binary(), len(values), [None, offsets, data])
 
 
+def partition_hash_keys(partitions: np.ndarray, hashes: np.ndarray) -> pa.BinaryArray:
+    """(partition, uint32 hash) pairs as 8-byte big-endian keys: a partition known up
+    front is a key range, and a range of its hashes a narrower one."""
+    values = ((np.asarray(partitions).astype(np.uint64) << np.uint64(32))
+              | np.asarray(hashes, dtype=np.uint32).astype(np.uint64)).astype(">u8")
+    data = pa.py_buffer(values.tobytes())
+    offsets = pa.py_buffer(np.arange(0, 8 * len(values) + 1, 8, dtype=np.int32).tobytes())
+    return pa.Array.from_buffers(pa.binary(), len(values), [None, offsets, data])
+
+
+def split_range(lo: bytes | None, hi: bytes | None, pieces: int, width: int,
+                ) -> list[tuple[bytes | None, bytes | None]]:
+    """``[lo, hi)`` of fixed-width big-endian keys (``width`` bytes; None: unbounded) cut
+    in ``pieces`` consecutive ranges of equal width, the outer bounds kept as given."""
+    a = 0 if lo is None else int.from_bytes(lo, "big")
+    b = (1 << (8 * width)) if hi is None else int.from_bytes(hi, "big")
+    if pieces <= 1 or b - a < pieces:
+        return [(lo, hi)]
+    inner = [(a + (b - a) * k // pieces).to_bytes(width, "big") for k in range(1, pieces)]
+    edges: list[bytes | None] = [lo, *inner, hi]
+    return list(zip(edges[:-1], edges[1:], strict=True))
+
+
 def hash_of(key: bytes) -> int:
     """The uint32 a hashed key stands for."""
     return int.from_bytes(key, "big")

@@ -120,6 +120,7 @@ class Segment:
     spill_files: int | None = None
     spill_bytes: int | None = None
     bucket: int | None = None  # dynamic partitioning: the partition before renumbering
+    pages: int = 0  # slabs: key ranges a shard too big for the budget was read in (0: one)
     # the routes to lost daemons' shares in deep storage this attempt had read through
     from_tier: tuple[str, ...] = ()
 

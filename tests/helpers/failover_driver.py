@@ -4,7 +4,9 @@ takes to run).
 
 Usage: ``python tests/helpers/failover_driver.py ARGS.json RESULTS.json``. ARGS has ``master``,
 ``input`` (the JSON input directory), ``root`` (a scratch directory) and ``scenarios``:
-each with a ``name`` and optional ``tuning`` (tuningConfig additions), ``kill_in_phase1``
+each with a ``name`` and optional ``tuning`` (tuningConfig additions), ``partitions``
+(the partitionsSpec; hashed numShards 2), ``reader`` (``auto``; ``jvm`` for partials),
+``kill_in_phase1``
 (daemon indexes an executor SIGKILLs after partition 0's second upload),
 ``kill_between`` (indexes SIGKILLed after phase 1 commits, before phase 2),
 ``kill_after_seal`` (indexes SIGKILLed once the daemons are sealed), ``deep`` (the
@@ -145,7 +147,8 @@ def run_daemons(args: dict[str, Any], sc: dict[str, Any], root: Path,
             try:
                 result = pipeline.run_ingestion(spec, shuffle_servers=urls,
                                                 master=args["master"],
-                                                output_dir=str(output), hooks=fault)
+                                                output_dir=str(output), hooks=fault,
+                                                reader=sc.get("reader", "auto"))
                 out["report"] = result.report
             except Exception as exc:
                 out["error"] = f"{type(exc).__name__}: {exc}"

@@ -66,3 +66,41 @@ def test_bottom_k_keeps_small_chunks_in_key_order_and_ranks_large_ones() -> None
     per_chunk = {c: sorted(h for cc, h in zip(ranked.chunks, ranked.hashes) if cc == c)
                  for c in (0, 1, 2)}
     assert per_chunk == {0: [11, 12, 13, 14], 1: [8, 9, 10], 2: [1, 2, 3, 4]}
+
+
+@pytest.mark.parametrize(("lo", "hi", "width", "pieces"), [
+    (None, None, 4, 7),
+    ((3 << 32).to_bytes(8, "big"), (4 << 32).to_bytes(8, "big"), 8, 50),
+    ((1 << 30).to_bytes(4, "big"), None, 4, 3),
+    ((5).to_bytes(4, "big"), (7).to_bytes(4, "big"), 4, 10),  # narrower than the pieces
+])
+def test_a_key_range_cut_in_pages_holds_each_key_once(lo: bytes | None, hi: bytes | None,
+                                                       width: int, pieces: int) -> None:
+    """slab.keys.split_range (phase 2's pages of a large hashed shard): consecutive
+    ranges, the outer bounds as given, every key of [lo, hi) in exactly one."""
+    ranges = keys.split_range(lo, hi, pieces, width)
+    assert ranges[0][0] == lo and ranges[-1][1] == hi
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    assert len(ranges) in (1, pieces)
+    rng = np.random.default_rng(1)
+    a = 0 if lo is None else int.from_bytes(lo, "big")
+    b = (1 << (8 * width)) if hi is None else int.from_bytes(hi, "big")
+    for v in [a, b - 1, *rng.integers(a, b, 200, dtype=np.uint64).tolist()]:
+        k = int(v).to_bytes(width, "big")
+        assert sum((x is None or k >= x) and (y is None or k < y) for x, y in ranges) == 1
+
+
+def test_partition_keys_fall_in_their_partitions_range() -> None:
+    """numShards' slab keys, (partition, hash) as 8 bytes: partition i is the key range
+    shardplan.partition_bounds gives it, whatever the hash."""
+    from shuffled.spark.phase2.shardplan import partition_bounds
+
+    rng = np.random.default_rng(2)
+    part = rng.integers(0, 5, 1000)
+    h = rng.integers(0, 1 << 32, 1000, dtype=np.uint64).astype(np.uint32)
+    h[:2] = [0, (1 << 32) - 1]
+    got = keys.partition_hash_keys(part, h).to_pylist()
+    bounds = partition_bounds(5)
+    for p, k in zip(part.tolist(), got):
+        lo, hi = bounds[p]
+        assert lo is not None and hi is not None and lo <= k < hi

@@ -120,7 +120,9 @@ class Job:
             return None
         if self.ctx.rows is not None:
             self.ctx.rows.start()
-        self.say("phase 1: rolling up and shuffling slabs (shards chosen after phase 1); "
+        when = (f"numShards {keyed.num_shards}, known up front" if keyed.num_shards
+                else "shards chosen after phase 1")
+        self.say(f"phase 1: rolling up and shuffling slabs ({when}); "
                  f"reading {counted(len(self.ctx.files), s.input_format.type + ' file')} "
                  f"natively in {counted(len(planned[1]), 'task')}")
         self._native_input = planned
@@ -134,7 +136,11 @@ class Job:
             return None
         self._collect(lines, started, "native", planned[0].reason)
         plan = late.partition_plan(s, keyed, plans)
-        self.report.phase("determinePartitions", time.monotonic(), method="latePlan",
+        # "numShards": the plan was given, nothing read (as without slabs)
+        how = ({"method": "numShards",
+                "methodReason": "numShards is given (the plan is known up front)"}
+               if keyed.num_shards else {"method": "latePlan"})
+        self.report.phase("determinePartitions", time.monotonic(), **how,
                           timeChunks=len(plans),
                           estimatedRows=sum(p.estimate for p in plans),
                           # what reached the driver: the shards' bounds, per chunk

@@ -57,12 +57,13 @@ def keying(spec: IngestSpec, reader: str) -> Keying | str:
     ps = spec.partitions
     if ps.type not in ("hashed", "range", "single_dim"):
         return f"{ps.type} partitioning"
-    if ps.num_shards:
-        return "numShards is given (the plan is known up front)"
     if reader == "jvm":
         return "the JVM reader was asked for (it keeps the determine pass)"
     if ps.type == "hashed":
-        return Keying("hashed", tuple(ps.dimensions or (TIME, *spec.dimension_names)))
+        # numShards: the plan is known up front, and slabs keyed by partition carry it
+        # (docs/slab.md, "The plan"): one format for the data plane whatever the spec.
+        return Keying("hashed", tuple(ps.dimensions or (TIME, *spec.dimension_names)),
+                      ps.num_shards or None)
     return Keying("range", tuple(ps.dimensions))
 
 
@@ -74,6 +75,8 @@ def placeholder(spec: IngestSpec, keyed: Keying) -> PartitionPlan:
 
 def _goal(spec: IngestSpec) -> dict[str, int]:
     ps = spec.partitions
+    if ps.num_shards:
+        return {"shards": ps.num_shards}
     return {"cap": ps.max_rows} if ps.max_rows else {"target": ps.target_rows}
 
 
@@ -149,6 +152,8 @@ def partition_plan(spec: IngestSpec, keyed: Keying,
                    plans: list[shardplan.ChunkPlan]) -> PartitionPlan:
     """The late plan as the manifest's shardSpecs read it."""
     dims = spec.partitions.dimensions
+    if keyed.num_shards:  # today's shardSpec: pmod of the hash
+        return PartitionPlan("hashed", dims, num_shards=keyed.num_shards)
     if keyed.kind == "hashed":
         ranges = {p.start: [(shardplan.hash_of_bound(lo), shardplan.hash_of_bound(hi))
                             for lo, hi in p.bounds] for p in plans}
@@ -171,7 +176,7 @@ def phase2(job: Job, keyed: Keying, slabs: CommittedSlabs,
     if ctx.rows is not None:
         ctx.rows.start()
     started = time.monotonic()
-    shards = _shards(plans, slabs)
+    shards = _shards(job, keyed, plans, slabs)
     if not shards:
         job.report.phase("partialSegmentMerge", started, tasks=0, partitions=0)
         job.say("phase 2: no rows to merge")
@@ -206,7 +211,8 @@ def phase2(job: Job, keyed: Keying, slabs: CommittedSlabs,
         plans = late_recompute.sealed(job, keyed, slabs, plans, "during phase 2")
         ctx.enter("phase 2 (merge)")
         again_keys = {(r.start, r.partition) for r in lost}
-        todo = [s for s in _shards(plans, slabs) if (s.start, s.partition) in again_keys]
+        todo = [s for s in _shards(job, keyed, plans, slabs)
+                if (s.start, s.partition) in again_keys]
         job.recovery.round("phase 2 re-merge", again, partitionsRemerged=len(todo),
                            round=round_ + 1)
     else:
@@ -226,6 +232,7 @@ def phase2(job: Job, keyed: Keying, slabs: CommittedSlabs,
             short = sorted(c for c in expected if read.get(c) != expected[c])[:3]
             raise IngestionFailed("phase 2 read other rows than phase 1 stored (chunks "
                                   f"{short}): a daemon lost slabs")
+    results = [r for r in results if r.path]  # numShards: an empty partition, no segment
     report = job.report
     report.rows_out = sum(r.rows for r in results)
     report.bytes_fetched = sum(r.bytes_fetched for r in results)
@@ -239,6 +246,7 @@ def phase2(job: Job, keyed: Keying, slabs: CommittedSlabs,
                  peakTaskRssGrowthBytes=max((r.peak_rss - r.rss_at_start for r in results),
                                             default=0),
                  partitionsSpilled=len(spilled),
+                 shardsReadInPages=sum(1 for r in results if r.pages > 1),
                  spillBytes=sum(r.spill_bytes or 0 for r in spilled))
     ctx.settle()
     job.say(f"phase 2 done: {counted(len(results), 'segment')}, "
@@ -246,21 +254,38 @@ def phase2(job: Job, keyed: Keying, slabs: CommittedSlabs,
     return results
 
 
-def _shards(plans: list[shardplan.ChunkPlan], slabs: CommittedSlabs) -> list[Shard]:
+def _shards(job: Job, keyed: Keying, plans: list[shardplan.ChunkPlan],
+            slabs: CommittedSlabs) -> list[Shard]:
     """Every shard of the plan, read from the daemons its chunk's slabs are read from
     (with replicas every reading daemon: a chunk's statistics name only first copies; a
-    lost daemon read from deep storage, through its route)."""
+    lost daemon read from deep storage, through its route). With numShards an empty
+    partition is no segment."""
     readers = set(slabs.readers)
     replicated = any(sl.replicas for sl in slabs.kept)
+    per_row = row_bytes(job, slabs)
+    # numShards keys are (partition, hash), the late hashed plan's the hash: both cut into
+    # narrower ranges where a shard outgrows a merge task's memory budget.
+    width = 8 if keyed.num_shards else 4 if keyed.kind == "hashed" else 0
     out = []
     for p in plans:
         if not p.rows:
             continue
         held = {slabs.via.get(server, server) for server in p.servers}  # a lost one's route
         servers = tuple(sorted(readers if replicated else held & readers))
-        out += [Shard(p.start, p.end, i, lo, hi, servers, p.estimate // max(p.shards, 1))
+        nbytes = int(per_row * p.rows / max(p.shards, 1))
+        out += [Shard(p.start, p.end, i, lo, hi, servers, p.estimate // max(p.shards, 1),
+                      written_empty=not keyed.num_shards, nbytes=nbytes, key_width=width)
                 for i, (lo, hi) in enumerate(p.bounds)]
     return out
+
+
+def row_bytes(job: Job, slabs: CommittedSlabs) -> float:
+    """Bytes a shipped row takes as Arrow holds it, on average (phase 1's figures: its
+    bytes before compression, or the slabs' bytes, over the rows it shipped)."""
+    phase1 = job.report.phases.get("partialSegmentGeneration", {})
+    rows = phase1.get("rowsShipped") or sum(s.rows for s in slabs.kept)
+    size = phase1.get("bytesBeforeCompression") or sum(s.bytes for s in slabs.kept)
+    return size / rows if rows else 0.0
 
 
 def _merge(job: Job, slabs: CommittedSlabs, shards: list[Shard], tasks: int,

@@ -12,10 +12,13 @@ from shuffled.spark.rows.rollup import Layout
 @dataclass(frozen=True)
 class Keying:
     """How a slab's rows are keyed (:mod:`.slabs`): ``kind`` ``hashed`` (Spark's hash of
-    ``columns``) or ``range`` (the tuple of ``columns``)."""
+    ``columns``) or ``range`` (the tuple of ``columns``). ``hashed`` with ``num_shards``
+    (the plan known up front): the key is the row's partition, ``pmod(hash, num_shards)``,
+    today's hashed shardSpec's function, so that each partition is one key range."""
 
     kind: str
     columns: tuple[str, ...]
+    num_shards: int | None = None
 
 
 @dataclass(frozen=True)

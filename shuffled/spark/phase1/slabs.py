@@ -7,6 +7,12 @@ The key of a row:
 - hashed: Spark's ``hash()`` of the partition columns (the partition dimensions, or
   ``__time`` and every dimension), as a uint32: the hash today's hashed shardSpec takes
   ``pmod`` of (:mod:`.spark_compat.murmur3`), stored as 4 big-endian bytes;
+- hashed with ``numShards`` (the plan known up front): that ``pmod``, the row's partition
+  (as :class:`.native.reader.Bucketer` computes it), then the hash, as 8 big-endian bytes:
+  partition ``i`` is the key range ``[i << 32, (i + 1) << 32)``, and a partition too big
+  for phase 2's memory budget is read in narrower ranges of its hash (pages). Batches are
+  cut as for the other keys (a chunk's partitions share batches: a merge task reads a
+  chunk's shards as one range and cuts it, :mod:`..phase2.slabmerge`);
 - range / single_dim: the partition dimensions' tuple, order-preserving bytes
   (:func:`shuffled.slab.keys.tuple_keys`), nulls first as in today's range partitioning.
 
@@ -46,6 +52,11 @@ def hash_values(table: pa.Table, columns: tuple[str, ...]) -> np.ndarray:
 def row_keys(table: pa.Table, keying: Keying) -> tuple[pa.Array, np.ndarray]:
     """Each row's key bytes and the order grouping rows by (chunk, key)."""
     chunks = table.column(CHUNK).to_numpy()
+    if keying.num_shards:
+        h32 = spark_hash([table.column(c) for c in keying.columns])
+        part = np.mod(h32.astype(np.int64), keying.num_shards)  # pmod_hash's partition
+        h = h32.astype(np.int32).view(np.uint32)
+        return slab_keys.partition_hash_keys(part, h), np.lexsort((h, part, chunks))
     if keying.kind == "hashed":
         h = hash_values(table, keying.columns)
         return slab_keys.hash_keys(h), np.lexsort((h, chunks))
@@ -128,6 +139,7 @@ def cut_slab(table: pa.Table, layout: Layout, keying: Keying, granularity: str, 
               if keying.kind != "hashed" else None)
     # The sample's draw is seeded by the slab's identity: an attempt run again samples alike.
     return build(data, chunk_start, chunk_ends(chunk_start, granularity),
-                 kind=KeyKind.HASH if keying.kind == "hashed" else KeyKind.TUPLE, sub_task_id=sub_task_id, slab_id=slab_id,
-                 attempt=attempt, rollup_hashes=hashes, batch_rows=batch_rows,
+                 kind=KeyKind.HASH if keying.kind == "hashed" else KeyKind.TUPLE,
+                 sub_task_id=sub_task_id, slab_id=slab_id, attempt=attempt,
+                 rollup_hashes=hashes, batch_rows=batch_rows,
                  seed=slab_id, options=options), sample

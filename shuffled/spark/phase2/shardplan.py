@@ -261,11 +261,23 @@ class ChunkPlan:
         return len(self.bounds)
 
 
+def partition_bounds(shards: int) -> list[Bound]:
+    """Partitions ``0 .. shards - 1`` as ranges of 8-byte (partition, hash) keys
+    (``numShards`` given, :mod:`..phase1.slabs`), every bound given (no key falls outside
+    them): a range cut into pages (:func:`..slab.keys.split_range`) then stays in its
+    partition."""
+    edges: list[bytes | None] = [(i << 32).to_bytes(8, "big") for i in range(shards + 1)]
+    return list(zip(edges[:-1], edges[1:], strict=True))
+
+
 def plan_chunk(st: ChunkStats, kind: str, *, target: int | None = None,
-               cap: int | None = None) -> ChunkPlan:
-    """The shards of one chunk: ``kind`` ``hashed`` or ``range`` (``single_dim`` too)."""
+               cap: int | None = None, shards: int | None = None) -> ChunkPlan:
+    """The shards of one chunk: ``kind`` ``hashed`` or ``range`` (``single_dim`` too);
+    ``shards``: hashed with ``numShards``, the partitions as they are."""
     est = st.estimate
-    if kind == "hashed":
+    if shards:
+        bounds = partition_bounds(shards)
+    elif kind == "hashed":
         bounds = hash_bounds(shard_count(est, target=target, cap=cap))
     elif st.exact_sample:  # every distinct row is in the sample: no estimate's error
         bounds = (packed_bounds(st.keys, cap) if cap is not None

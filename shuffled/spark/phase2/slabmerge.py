@@ -19,7 +19,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 from shuffled.client import ShuffleClient, daemon_failed
 from shuffled.protocol import Interval
-from shuffled.slab.keys import KEY_COLUMN
+from shuffled.slab.keys import KEY_COLUMN, split_range
 from shuffled.spark.phase2.durable import sync_files
 from shuffled.spark.phase2.merge import (
     SegmentSink, _segment_table, _write, merge_partitions, read_ahead,
@@ -54,6 +54,14 @@ class Shard:
     key_to: bytes | None
     servers: tuple[str, ...]
     estimate: int = 0  # rolled-up rows the plan expects (for balancing the tasks)
+    # False with numShards: an empty partition is no segment, as with partials (a chunk's
+    # partitions are the ones its rows fell in); the late plan's shards are each one.
+    written_empty: bool = True
+    # Bytes of its shipped rows as Arrow holds them, estimated (0: unknown), and the width
+    # of its fixed-width keys (0: not fixed, range keys): a hashed shard past the memory
+    # budget's share is read in pages, narrower ranges of its keys (:func:`_paged`).
+    nbytes: int = 0
+    key_width: int = 0
 
 
 def balance(shards: list[Shard], tasks: int) -> list[list[Shard]]:
@@ -260,6 +268,11 @@ def make_phase2_slabs(cfg: Phase2Config, slabs_on: dict[str, int],
             merge_s = (time.monotonic() - started) / len(batch)
             peak = peak_rss()  # once a batch, as the partials' phase 2 (/proc reads)
             for (s, _, rows_in, fetched, fetch_s), out in zip(batch, merged, strict=True):
+                if not out.num_rows and not s.written_empty:  # no file: "" (late.phase2)
+                    yield dump(Segment(start=s.start, end=s.end, partition=s.partition,
+                                       rows=0, rows_in=rows_in, bytes=0, path="",
+                                       attempt=attempt, bytes_fetched=fetched))
+                    continue
                 w = time.monotonic()
                 path = path_of(s)
                 size = _write(out, path, cfg)
@@ -273,7 +286,10 @@ def make_phase2_slabs(cfg: Phase2Config, slabs_on: dict[str, int],
                 got = fetch_shards(client, cfg.supervisor_task_id, b, slabs_on, without)
                 return b, got, time.monotonic() - started
 
-            return read_ahead(pool, fetch, shard_batches(shards))
+            return read_ahead(pool, fetch, shard_batches(small))
+
+        todo = list(shards)
+        small = [s for s in todo if pages(cfg, s) <= 1]
 
         # One thread reads (it alone uses the clients), so that reading overlaps merging
         # and writing (HTTP, IPC reading, Acero and Parquet release the GIL).
@@ -296,6 +312,10 @@ def make_phase2_slabs(cfg: Phase2Config, slabs_on: dict[str, int],
                         continue
                     batch.append((s, tables, rows_in, size, fetch_s))
                 yield from merge_batch()
+            for s in todo:  # read in pages, each within the budget, merged as they come
+                if pages(cfg, s) > 1:
+                    yield from _paged(cfg, s, pages(cfg, s), client, slabs_on, without,
+                                      path_of(s), segment, attempt)
             if written:
                 sync_files(written, [cfg.segment_dir])
         finally:
@@ -304,6 +324,66 @@ def make_phase2_slabs(cfg: Phase2Config, slabs_on: dict[str, int],
                 c.close()
 
     return run
+
+
+def pages(cfg: Phase2Config, s: Shard) -> int:
+    """In how many key ranges ``s`` is read: 1 unless its rows, estimated, pass the
+    budget's share for one piece and its keys are fixed-width (hashed); then enough that
+    each range is about :attr:`Phase2Config.page_bytes`."""
+    if not (cfg.memory_budget and s.key_width and s.nbytes > cfg.memory_budget // WORK_FACTOR):
+        return 1
+    return -(-s.nbytes // cfg.page_bytes)
+
+
+def _paged(cfg: Phase2Config, s: Shard, count: int, client: Callable[[str], ShuffleClient],
+           slabs_on: dict[str, int], without: Mapping[str, frozenset[str]] | None,
+           path: str, segment: Callable[..., str], attempt: int) -> Iterator[str]:
+    """A shard too big to hold within the budget (numShards 1 on a large chunk, say): read
+    as ``count`` narrower key ranges of it one after another, each from every daemon
+    holding the chunk, their rows merged within the budget as they come (a range holds
+    whole rolled-up keys: a key's hash decides its range) and written as the sorted rows
+    come; the partials' paged reads' counterpart. A daemon that cannot serve a range makes
+    the shard :class:`Lost`, and what was written of it is removed."""
+    started = time.monotonic()
+    rows_in, fetched, fetch_s = 0, 0, 0.0
+    short: list[ShortRead] = []
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        nonlocal rows_in, fetched, fetch_s
+        for lo, hi in split_range(s.key_from, s.key_to, count, s.key_width):
+            began = time.monotonic()
+            got = fetch_shards(client, cfg.supervisor_task_id, [replace(s, key_from=lo,
+                                                                         key_to=hi)],
+                               slabs_on, without)[0]
+            fetch_s += time.monotonic() - began
+            if isinstance(got, ShortRead):
+                short.append(got)
+                return
+            tables, rows, size = got
+            rows_in += rows
+            fetched += size
+            while tables:
+                yield from tables.pop().to_batches()
+
+    with SegmentSink(cfg, path) as sink:
+        stats = merge_bounded(batches(), cfg.layout, cfg.memory_budget, sink, cfg.spill_dir)
+    if short or (not sink.rows and not s.written_empty):
+        os.unlink(path)
+    if short:
+        got = short[0]
+        yield dump(Lost(start=s.start, end=s.end, partition=s.partition, attempt=attempt,
+                        lost=(got.server,), missing=(got.server,) if got.missing else (),
+                        why=f"{got.server}: {got.why}"))
+        return
+    if not sink.rows and not s.written_empty:
+        yield dump(Segment(start=s.start, end=s.end, partition=s.partition, rows=0,
+                           rows_in=rows_in, bytes=0, path="", attempt=attempt,
+                           bytes_fetched=fetched))
+        return
+    merge_s = time.monotonic() - started - fetch_s
+    yield segment(s, path, rows_in, sink.rows, os.path.getsize(path), fetched, fetch_s,
+                  merge_s, 0.0, pages=count, spill_files=stats.files,
+                  spill_bytes=stats.bytes)
 
 
 def _streamed(cfg: Phase2Config, s: Shard, tables: list[pa.Table], rows_in: int, size: int,

@@ -83,9 +83,12 @@ def _segments(out: Path) -> dict[tuple[str, int], tuple[dict[str, Any], list[dic
 @pytest.mark.parametrize("partitions", [
     {"type": "hashed", "numShards": 3},
     {"type": "hashed", "numShards": 2, "partitionDimensions": ["device"]},
+    # More partitions than devices: most are empty in every chunk. The native reader's
+    # slabs (keyed by partition) publish no segment for them, as the JVM's partials do.
+    {"type": "hashed", "numShards": 16, "partitionDimensions": ["device"]},
     {"type": "hashed", "targetRowsPerSegment": 150},
     {"type": "range", "partitionDimensions": ["country", "device"], "targetRowsPerSegment": 300},
-], ids=["numShards", "partitionDimensions", "determined", "range"])
+], ids=["numShards", "partitionDimensions", "empty-partitions", "determined", "range"])
 def test_native_and_jvm_readers_publish_identical_segments(
         spark: Any, daemons: list[Any], parquet_input: Any, tmp_path: Path,
         partitions: dict[str, Any]) -> None:
@@ -106,7 +109,11 @@ def test_native_and_jvm_readers_publish_identical_segments(
         assert jvm.report["phases"]["determinePartitions"]["method"] == "scan"
         assert by_interval(got) == by_interval(want)
         return
+    assert native.report["phases"]["determinePartitions"]["method"] == "numShards"
+    assert native.report["phases"]["partialSegmentGeneration"]["slabs"]  # one data plane
     assert got.keys() == want.keys()
+    if partitions["numShards"] > 8:
+        assert len({p for _, p in got}) < partitions["numShards"]  # some are empty
     for key in got:  # same rows, same partitions, same shardSpecs
         assert got[key][0] == want[key][0], key
         assert got[key][1] == want[key][1], key
@@ -125,9 +132,10 @@ def test_native_and_jvm_readers_publish_identical_segments(
 
 
 @pytest.mark.parametrize("partitions,method", [
+    # Slabs whatever the spec (numShards keys them by partition, the late plan by hash or
+    # range): a failed attempt's slabs and statistics count for nothing. (A slab is a
+    # flush of every partition: an attempt fails after its first.)
     ({"type": "hashed", "numShards": 2}, "numShards"),
-    # The late plan (issue 36): a failed attempt's slabs and statistics count for nothing.
-    # (A slab is a flush of every partition: an attempt fails after its first.)
     ({"type": "hashed", "targetRowsPerSegment": 300}, "latePlan"),
     ({"type": "range", "partitionDimensions": ["country"], "targetRowsPerSegment": 300},
      "latePlan"),
@@ -137,8 +145,7 @@ def test_native_reader_is_exactly_once_under_failed_attempts(
         partitions: dict[str, Any], method: str) -> None:
     base, good, _ = parquet_input
     spec = _spec(base, partitions, maxRowsInMemory=500, maxBytesInMemory=1 << 16)
-    fault = FailAttempts(partitions=[0, 1], attempts=[0],
-                         after_uploads=2 if method == "numShards" else 1)
+    fault = FailAttempts(partitions=[0, 1], attempts=[0], after_uploads=1)
     result = run_ingestion(spec, shuffle_servers=[d.url for d in daemons],
                            output_dir=str(tmp_path / "o"), reader="native", hooks=fault)
     assert result.report["phases"]["determinePartitions"]["method"] == method

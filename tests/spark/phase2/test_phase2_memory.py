@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import pytest
 
 from shuffled.spark import run_ingestion
 from tests.helpers.ingestion import read_output, spark, start_daemon  # noqa: F401
@@ -42,7 +43,12 @@ def _input(base: Path, rows: int) -> pa.Table:
     return table
 
 
-def test_partition_three_times_the_budget(spark: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("partitions", [
+    {"type": "hashed", "numShards": 1},
+    {"type": "hashed", "targetRowsPerSegment": 5_000_000},  # the late plan: one shard too
+], ids=["numShards", "late-hashed"])
+def test_partition_three_times_the_budget(spark: Any, tmp_path: Path,
+                                          partitions: dict[str, Any]) -> None:
     rows = 1_200_000
     source = _input(tmp_path / "in", rows)
     spec = {"type": "index_parallel", "spec": {
@@ -58,7 +64,7 @@ def test_partition_three_times_the_budget(spark: Any, tmp_path: Path) -> None:
                                      "filter": "*.parquet"},
                      "inputFormat": {"type": "parquet"}},
         "tuningConfig": {"type": "index_parallel", "forceGuaranteedRollup": True,
-                         "partitionsSpec": {"type": "hashed", "numShards": 1},
+                         "partitionsSpec": partitions,
                          "maxRowsInMemory": 100_000, "maxBytesInMemory": BUDGET,
                          "totalNumMergeTasks": 1}}}
     daemon = start_daemon(tmp_path / "loc")
@@ -70,6 +76,9 @@ def test_partition_three_times_the_budget(spark: Any, tmp_path: Path) -> None:
     report = json.loads(Path(result.report_path).read_text())
     merge = _find(report, "partialSegmentMerge")
     assert merge["partitionsSpilled"] == 1 and merge["spillBytes"] > 3 * BUDGET
+    # numShards goes as slabs: the one shard is read in narrower ranges of its hash, each
+    # within the budget (slabmerge._paged), not fetched whole before its bounded merge.
+    assert merge["shardsReadInPages"] == 1
     # the partition really is three times the budget (uncompressed: as it is merged)
     shipped = _find(report, "partialSegmentGeneration")["bytesBeforeCompression"]
     assert shipped > 3 * BUDGET

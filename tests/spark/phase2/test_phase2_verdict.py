@@ -221,8 +221,10 @@ def test_merge_tasks_move_on_within_seconds_of_a_sigkill(
     log = str(tmp_path / "events.jsonl")
     hooks = KillInPhase2((victim.pid,), log)
     started = time.monotonic()
+    # The JVM reader: partials (numShards read natively goes as slabs, whose merge tasks
+    # are tested in tests/spark/slab/test_late_recovery.py).
     result = run_ingestion(spec, shuffle_servers=[d.url for d in three_daemons],
-                           output_dir=str(tmp_path / "out"), hooks=hooks)
+                           output_dir=str(tmp_path / "out"), hooks=hooks, reader="jvm")
     took = time.monotonic() - started
     assert victim.proc is not None and victim.proc.wait(timeout=30) == -signal.SIGKILL
 

@@ -169,7 +169,8 @@ class LoseThePacks(LoseTheCopy):
 
 def test_a_tier_copy_missing_its_packs_is_given_up_and_re_run(
         spark: Any, dataset: Any, deep: dict[str, Any], tmp_path: Path) -> None:
-    """numShards (the partials path): the victim's manifest names packs the tier lacks;
+    """The JVM reader (the partials path: numShards read natively goes as slabs): the
+    victim's manifest names packs the tier lacks;
     the survivor's peer route answers 502 bad_tier_copy, the driver gives that copy up and
     re-runs what the victim held, and every row is published once."""
     base, good = dataset
@@ -183,10 +184,11 @@ def test_a_tier_copy_missing_its_packs_is_given_up_and_re_run(
                      shuffleDurability="deep")
     out = tmp_path / "out"
     result = run_ingestion(spec, shuffle_servers=[d.url for d in three], output_dir=str(out),
-                           hooks=hooks, keepalive_seconds=0.5)
+                           hooks=hooks, keepalive_seconds=0.5, reader="jvm")
     assert victim.proc.wait(timeout=30) == -signal.SIGKILL
     report = result.report
     assert report["status"] == "SUCCESS"
+    assert report["phases"]["partialSegmentGeneration"]["partials"]
     _, table = read_output(out)
     assert_matches(table, expected_rollup(good))  # every row once: none lost, none twice
     rec = report["recovery"]
