@@ -151,3 +151,40 @@ def test_a_gone_daemon_makes_its_shards_short_within_the_retry_budget(two: Any) 
     finally:
         client.close()
     assert all(isinstance(f, ShortRead) and f.server == b for f in got)
+
+
+@pytest.mark.parametrize("width", [4, 8, 0], ids=["hash", "partition-hash", "tuple"])
+def test_cut_puts_each_row_in_the_range_of_its_key(width: int) -> None:
+    """slabmerge.cut (a run of a chunk's shards read as one range, cut here): every row in
+    exactly the piece whose [edge, next edge) holds its key, batches sorted by key each,
+    for fixed-width keys (counted as integers) and range tuples (compared as bytes)."""
+    import numpy as np
+
+    from shuffled.slab.keys import KEY_COLUMN
+    from shuffled.spark.phase2.slabmerge import cut
+
+    rng = np.random.default_rng(width)
+    batches = []
+    for n in [0, 5, 300, 1, 77]:
+        ints = np.sort(rng.integers(0, 1 << 16, n)).astype(np.uint64) << np.uint64(
+            8 * max(width, 4) - 16)
+        keys = ([int(v).to_bytes(width, "big") for v in ints] if width
+                else [b"\x01" + bytes(str(int(v)).zfill(12), "ascii") for v in ints])
+        batches.append(pa.record_batch({"v": pa.array(rng.integers(0, 9, n)),
+                                        KEY_COLUMN: pa.array(keys, pa.binary())}))
+    table = pa.Table.from_batches(batches)
+    every = sorted(table.column(KEY_COLUMN).to_pylist())
+    edges = sorted({every[i] for i in (10, 100, 200)})
+    pieces = cut(table, edges)
+    bounds = [None, *edges, None]
+    assert sum(p.num_rows for p in pieces if p is not None) == table.num_rows
+    for piece, lo, hi in zip(pieces, bounds[:-1], bounds[1:]):
+        if piece is None:
+            continue
+        assert KEY_COLUMN not in piece.column_names
+    # the same rows as filtering by key, piece by piece
+    for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+        want = [r["v"] for b in batches for r in b.to_pylist()
+                if (lo is None or r[KEY_COLUMN] >= lo) and (hi is None or r[KEY_COLUMN] < hi)]
+        got = pieces[i].column("v").to_pylist() if pieces[i] is not None else []
+        assert got == want
