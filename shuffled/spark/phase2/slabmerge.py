@@ -36,6 +36,7 @@ from shuffled.spark.phase2.merge import (
 from shuffled.spark.phase2.plan import Phase2Config
 from shuffled.spark.phase2.publish import segment_name
 from shuffled.spark.phase2.spill import WORK_FACTOR, merge_bounded
+from shuffled.spark.phase2.verdict import Verdict
 from shuffled.spark.records import Lost, Segment, dump
 from shuffled.spark.rows.memory import peak_rss, release_free_memory, reset_peak_rss, rss
 
@@ -260,12 +261,18 @@ def make_phase2_slabs(cfg: Phase2Config, slabs_on: dict[str, int],
         baseline = rss()
         clients: dict[str, ShuffleClient] = {}
         written: list[str] = []
+        # A read that fails asks a survivor whether the driver declared that daemon lost,
+        # and gives up at once if so (as the partials' merge tasks do, :mod:`.verdict`):
+        # the shard is reported Lost in seconds, not after shuffleRetrySeconds.
+        verdict = Verdict(cfg.supervisor_task_id, cfg.servers, set(cfg.lost),
+                          token=cfg.token, ca_file=cfg.ca_file)
 
         def client(server: str) -> ShuffleClient:
             c = clients.get(server)
             if c is None:
-                c = clients[server] = ShuffleClient(server, token=cfg.token,
-                                                    ca_file=cfg.ca_file, retry=cfg.retry)
+                c = clients[server] = ShuffleClient(
+                    server, token=cfg.token, ca_file=cfg.ca_file,
+                    retry=verdict.policy(cfg.retry_of(server), server))
             return c
 
         def finish(t: pa.Table) -> pa.Table:
@@ -330,10 +337,7 @@ def make_phase2_slabs(cfg: Phase2Config, slabs_on: dict[str, int],
                 fetch_s = fetch_all / len(fetched_batch)
                 for s, got in zip(fetched_batch, fetched, strict=True):
                     if isinstance(got, ShortRead):
-                        yield dump(Lost(start=s.start, end=s.end, partition=s.partition,
-                                        attempt=attempt, lost=(got.server,),
-                                        missing=(got.server,) if got.missing else (),
-                                        why=f"{got.server}: {got.why}"))
+                        yield _lost(cfg, s, got, attempt)
                         continue
                     tables, rows_in, size = got
                     if cfg.memory_budget and size > cfg.memory_budget // WORK_FACTOR:
@@ -352,8 +356,19 @@ def make_phase2_slabs(cfg: Phase2Config, slabs_on: dict[str, int],
             pool.shutdown(wait=True, cancel_futures=True)
             for c in clients.values():
                 c.close()
+            verdict.close()
 
     return run
+
+
+def _lost(cfg: Phase2Config, s: Shard, got: ShortRead, attempt: int) -> str:
+    """The Lost record of a shard a daemon could not serve whole: not a failure of the
+    task, the driver makes what was lost again and merges the shard once more."""
+    why = f"{got.server}: {got.why}"
+    cfg.hooks.phase2_lost(s.partition, (got.server,), why)
+    return dump(Lost(start=s.start, end=s.end, partition=s.partition, attempt=attempt,
+                     lost=(got.server,), missing=(got.server,) if got.missing else (),
+                     why=why))
 
 
 def pages(cfg: Phase2Config, s: Shard) -> int:
@@ -400,10 +415,7 @@ def _paged(cfg: Phase2Config, s: Shard, count: int, client: Callable[[str], Shuf
     if short or (not sink.rows and not s.written_empty):
         os.unlink(path)
     if short:
-        got = short[0]
-        yield dump(Lost(start=s.start, end=s.end, partition=s.partition, attempt=attempt,
-                        lost=(got.server,), missing=(got.server,) if got.missing else (),
-                        why=f"{got.server}: {got.why}"))
+        yield _lost(cfg, s, short[0], attempt)
         return
     if not sink.rows and not s.written_empty:
         yield dump(Segment(start=s.start, end=s.end, partition=s.partition, rows=0,

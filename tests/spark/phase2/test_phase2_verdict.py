@@ -203,9 +203,13 @@ def three_daemons(tmp_path: Path) -> Iterator[list[DaemonProcess]]:
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("budget", [1 << 16, 1 << 19], ids=["paged", "bulk"])
+@pytest.mark.parametrize(("budget", "reader"), [
+    (1 << 16, "jvm"), (1 << 19, "jvm"),  # partials
+    (1 << 19, "native"),  # numShards read natively: slabs (docs/slab.md)
+], ids=["paged", "bulk", "slabs"])
 def test_merge_tasks_move_on_within_seconds_of_a_sigkill(
-        spark: Any, tmp_path: Path, three_daemons: list[DaemonProcess], budget: int) -> None:
+        spark: Any, tmp_path: Path, three_daemons: list[DaemonProcess], budget: int,
+        reader: str) -> None:
     from shuffled.spark import run_ingestion
 
     lines, good, _ = generate(12_000, seed=7)
@@ -213,7 +217,9 @@ def test_merge_tasks_move_on_within_seconds_of_a_sigkill(
     # Small in-memory bounds: each merge task reads its partitions in several batches, so
     # it reads from the victim after the kill: streamed in pages one partition at a time
     # (64 KiB), or a few partitions a bulk read (512 KiB).
-    spec = base_spec(tmp_path / "input", {"type": "hashed", "numShards": 4},
+    # Slabs are read 128 shards a batch: enough of them that a task reads in several.
+    shards = 4 if reader == "jvm" else 400
+    spec = base_spec(tmp_path / "input", {"type": "hashed", "numShards": shards},
                      maxRowsInMemory=1000, maxBytesInMemory=budget,
                      maxNumConcurrentSubTasks=4, totalNumMergeTasks=2,
                      shuffleRetrySeconds=RETRY_SECONDS)
@@ -221,10 +227,10 @@ def test_merge_tasks_move_on_within_seconds_of_a_sigkill(
     log = str(tmp_path / "events.jsonl")
     hooks = KillInPhase2((victim.pid,), log)
     started = time.monotonic()
-    # The JVM reader: partials (numShards read natively goes as slabs, whose merge tasks
-    # are tested in tests/spark/slab/test_late_recovery.py).
     result = run_ingestion(spec, shuffle_servers=[d.url for d in three_daemons],
-                           output_dir=str(tmp_path / "out"), hooks=hooks, reader="jvm")
+                           output_dir=str(tmp_path / "out"), hooks=hooks, reader=reader)
+    generation = result.report["phases"]["partialSegmentGeneration"]
+    assert bool(generation["slabs"]) == (reader == "native")
     took = time.monotonic() - started
     assert victim.proc is not None and victim.proc.wait(timeout=30) == -signal.SIGKILL
 
