@@ -1,5 +1,5 @@
-"""Comparisons 7 and 9: the Druid shape, ten years of ``day`` segments (thousands of small
-partials), from Parquet (7) and from newline-delimited JSON (9).
+"""Comparisons 7 and 9: the Druid shape, ten years of ``day`` segments (thousands of time
+chunks, two shards each), from Parquet (7) and from newline-delimited JSON (9).
 
 The same three sides as comparison 5 on :mod:`bench.druid_data` (a few million rows over
 3,652 day time chunks, hour query granularity, four string dimensions of which a user id
