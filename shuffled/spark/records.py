@@ -55,6 +55,10 @@ class SlabSent:
     bytes: int
     chunks: int
     replicas: tuple[str, ...] = ()  # every daemon holding it (shuffleReplicas > 1)
+    # The start of its first and last time chunk (ms): what a re-run of its subtask can
+    # change (None: unknown, every chunk)
+    first_chunk: int | None = None
+    last_chunk: int | None = None
 
     @property
     def holders(self) -> tuple[str, ...]:

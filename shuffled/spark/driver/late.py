@@ -208,19 +208,20 @@ def phase2(job: Job, keyed: Keying, slabs: CommittedSlabs,
             for server in (x for x in r.missing if x in daemons):
                 ctx.lost.setdefault(server, f"lacks committed slabs: {r.why}")
                 job.recovery.lost.setdefault(server, ctx.lost[server])
-        superseded = len(slabs.superseded)
+        superseded, kept = len(slabs.superseded), {id(sl) for sl in slabs.kept}
         plans = late_recompute.sealed(job, keyed, slabs, plans, "during phase 2")
         ctx.enter("phase 2 (merge)")
         again_keys = {(r.start, r.partition) for r in lost}
-        # Subtasks run again: every shard is merged again from the slabs now kept. A shard
-        # merged before read the superseded slabs, and a re-run flushes where its memory
-        # says (other rows shipped, folded alike), so results from both sets are each
-        # exact but add up to neither set's rows: the check below could not tell a lost
-        # slab from that (it failed a good ingestion, tests/spark/phase2/
-        # test_phase2_verdict.py's slabs case).
-        reran = len(slabs.superseded) > superseded
+        # Subtasks run again: every shard of a chunk their slabs (old or new) hold is
+        # merged again from the slabs now kept. A shard merged before read the superseded
+        # slabs, and a re-run flushes where its memory says (other rows shipped, folded
+        # alike), so results from both sets are each exact but add up to neither set's
+        # rows: the check below could not tell a lost slab from that (it failed a good
+        # ingestion, tests/spark/phase2/test_phase2_verdict.py's slabs case).
+        touched = _spans([*slabs.superseded[superseded:],
+                          *(sl for sl in slabs.kept if id(sl) not in kept)])
         todo = [s for s in _shards(job, keyed, plans, slabs)
-                if reran or (s.start, s.partition) in again_keys]
+                if (s.start, s.partition) in again_keys or _within(s.start, touched)]
         job.recovery.round("phase 2 re-merge", again, partitionsRemerged=len(todo),
                            round=round_ + 1)
     else:
@@ -260,6 +261,25 @@ def phase2(job: Job, keyed: Keying, slabs: CommittedSlabs,
     job.say(f"phase 2 done: {counted(len(results), 'segment')}, "
             f"{counted(report.rows_out, 'row')}")
     return results
+
+
+Span = tuple[int, int]  # the starts of a slab's first and last time chunk
+
+
+def _spans(slabs: list[records.SlabSent]) -> list[Span] | None:
+    """The chunk spans ``slabs`` hold; None (every chunk) if one of them does not say."""
+    spans = []
+    for sl in slabs:
+        if sl.first_chunk is None or sl.last_chunk is None:
+            if sl.rows:
+                return None
+            continue
+        spans.append((sl.first_chunk, sl.last_chunk))
+    return spans
+
+
+def _within(chunk: int, spans: list[Span] | None) -> bool:
+    return spans is None or any(lo <= chunk <= hi for lo, hi in spans)
 
 
 def _shards(job: Job, keyed: Keying, plans: list[shardplan.ChunkPlan],

@@ -343,6 +343,7 @@ class _Task:
                                 self.cfg.segment_granularity, sub_task_id=sub, slab_id=slab_id,
                                 attempt=self.attempt_number, compression=self.cfg.compression)
         rows = table.num_rows
+        span = pc.min_max(table.column(CHUNK)).as_py() if rows else {"min": None, "max": None}
         self.stats["bytes_before_compression"] += table.nbytes
         del table
         placed = self.placer.put_slab(self.cfg.supervisor_task_id, slab)
@@ -355,7 +356,8 @@ class _Task:
         self.slabs.append(SlabSent(task=self.partition, server=server, sub=sub, slab=slab_id,
                                    attempt=self.attempt_number, rows=rows, bytes=slab.size,
                                    chunks=slab.chunks,
-                                   replicas=placed.servers if len(placed.servers) > 1 else ()))
+                                   replicas=placed.servers if len(placed.servers) > 1 else (),
+                                   first_chunk=span["min"], last_chunk=span["max"]))
         if self.on_slab is not None:
             self.on_slab(slab.stats, server, sample)
         self.cfg.hooks.phase1_uploaded(self.partition, self.attempt_number, len(self.slabs))
