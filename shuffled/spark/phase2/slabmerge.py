@@ -305,10 +305,8 @@ def make_phase2_slabs(cfg: Phase2Config, slabs_on: dict[str, int],
             merge_s = (time.monotonic() - started) / len(batch)
             peak = peak_rss()  # once a batch, as the partials' phase 2 (/proc reads)
             for (s, _, rows_in, fetched, fetch_s), out in zip(batch, merged, strict=True):
-                if not out.num_rows and not s.written_empty:  # no file: "" (late.phase2)
-                    yield dump(Segment(start=s.start, end=s.end, partition=s.partition,
-                                       rows=0, rows_in=rows_in, bytes=0, path="",
-                                       attempt=attempt, bytes_fetched=fetched))
+                if not out.num_rows and not s.written_empty:
+                    yield _no_segment(s, rows_in, fetched, attempt)
                     continue
                 w = time.monotonic()
                 path = path_of(s)
@@ -359,6 +357,14 @@ def make_phase2_slabs(cfg: Phase2Config, slabs_on: dict[str, int],
             verdict.close()
 
     return run
+
+
+def _no_segment(s: Shard, rows_in: int, fetched: int, attempt: int) -> str:
+    """An empty numShards partition's record: no file (path ""), read for the rows check
+    and dropped before the publish (:func:`shuffled.spark.driver.late.phase2`)."""
+    return dump(Segment(start=s.start, end=s.end, partition=s.partition, rows=0,
+                        rows_in=rows_in, bytes=0, path="", attempt=attempt,
+                        bytes_fetched=fetched))
 
 
 def _lost(cfg: Phase2Config, s: Shard, got: ShortRead, attempt: int) -> str:
@@ -418,9 +424,7 @@ def _paged(cfg: Phase2Config, s: Shard, count: int, client: Callable[[str], Shuf
         yield _lost(cfg, s, short[0], attempt)
         return
     if not sink.rows and not s.written_empty:
-        yield dump(Segment(start=s.start, end=s.end, partition=s.partition, rows=0,
-                           rows_in=rows_in, bytes=0, path="", attempt=attempt,
-                           bytes_fetched=fetched))
+        yield _no_segment(s, rows_in, fetched, attempt)
         return
     merge_s = time.monotonic() - started - fetch_s
     yield segment(s, path, rows_in, sink.rows, os.path.getsize(path), fetched, fetch_s,
