@@ -52,13 +52,11 @@ def hash_values(table: pa.Table, columns: tuple[str, ...]) -> np.ndarray:
 def row_keys(table: pa.Table, keying: Keying) -> tuple[pa.Array, np.ndarray]:
     """Each row's key bytes and the order grouping rows by (chunk, key)."""
     chunks = table.column(CHUNK).to_numpy()
-    if keying.num_shards:
-        h32 = spark_hash([table.column(c) for c in keying.columns])
-        part = np.mod(h32.astype(np.int64), keying.num_shards)  # pmod_hash's partition
-        h = h32.astype(np.int32).view(np.uint32)
-        return slab_keys.partition_hash_keys(part, h), np.lexsort((h, part, chunks))
     if keying.kind == "hashed":
         h = hash_values(table, keying.columns)
+        if keying.num_shards:  # pmod of the signed hash, as pmod_hash computes it
+            part = np.mod(h.view(np.int32).astype(np.int64), keying.num_shards)
+            return slab_keys.partition_hash_keys(part, h), np.lexsort((h, part, chunks))
         return slab_keys.hash_keys(h), np.lexsort((h, chunks))
     distinct, row, rank = slab_keys.distinct_tuple_keys(
         [table.column(c) for c in keying.columns])
