@@ -4,7 +4,9 @@ processes. Daemons are SIGKILLed during phase 1 and between the phases, SIGTERMe
 restarted during phase 2, with and without replicas; every run's segments equal DuckDB's
 rollup of the input and the task report says what was recomputed. A run that loses every
 daemon ends with one paragraph and exit code 1. All scenarios run in one Spark application
-(tests/helpers/failover_driver.py): executors start once."""
+(tests/helpers/failover_driver.py): executors start once, for the scenarios of the tests
+selected. ``make test`` runs the two on the late plan's slabs (what a native-reader spec
+takes); the others are ``slow`` (``make soak``): 88 s of the suite's 15 minutes."""
 
 from __future__ import annotations
 
@@ -42,16 +44,33 @@ SCENARIOS = [
 ]
 
 
+SCENARIO_OF = {  # test -> the scenario it reads
+    "test_sigkill_during_phase1_recomputes_only_the_lost_subtasks": "phase1_kill",
+    "test_sigkill_between_the_phases_recomputes_before_phase2": "between_kill",
+    "test_sigterm_and_restart_during_phase2_rides_through": "phase2_restart",
+    "test_the_late_plan_rides_through_a_daemon_restart_in_phase2": "late_phase2_restart",
+    "test_the_late_plan_rides_through_a_sigkill_in_phase1": "late_phase1_kill",
+    "test_two_replicas_survive_a_sigkill_without_recompute": "replicas",
+    "test_a_daemon_lost_after_a_deep_seal_costs_no_recompute": "deep_kill",
+    "test_losing_every_daemon_ends_in_one_paragraph": "all_gone",
+}
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory,
+def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
          cluster: str) -> Iterator[tuple[dict[str, Any], Any]]:
-    """Every scenario's results (one driver process on one cluster) and DuckDB's rollup."""
+    """The selected tests' scenarios' results (one driver process on one cluster) and
+    DuckDB's rollup."""
+    wanted = {SCENARIO_OF[item.name] for item in request.session.items
+              if item.module is request.module}
+    assert wanted, "no scenario selected"
     root = tmp_path_factory.mktemp("failover")
     lines, good, _ = generate(12_000, seed=7)
     write_parts(lines, root / "input", parts=4)
     args = root / "args.json"
     args.write_text(json.dumps({"input": str(root / "input"), "root": str(root / "runs"),
-                                "scenarios": SCENARIOS, "master": cluster}))
+                                "scenarios": [sc for sc in SCENARIOS if sc["name"] in wanted],
+                                "master": cluster}))
     results = root / "results.json"
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
            "PYTHONPATH": str(ROOT)}
@@ -72,6 +91,7 @@ def _succeeded(run: dict[str, Any], expected: Any) -> dict[str, Any]:
     return report
 
 
+@pytest.mark.slow
 def test_sigkill_during_phase1_recomputes_only_the_lost_subtasks(runs: Any) -> None:
     results, expected = runs
     run = results["phase1_kill"]
@@ -84,6 +104,7 @@ def test_sigkill_during_phase1_recomputes_only_the_lost_subtasks(runs: Any) -> N
     assert report["phases"]["partialSegmentGeneration"]["failovers"] >= 1
 
 
+@pytest.mark.slow
 def test_sigkill_between_the_phases_recomputes_before_phase2(runs: Any) -> None:
     results, expected = runs
     run = results["between_kill"]
@@ -94,6 +115,7 @@ def test_sigkill_between_the_phases_recomputes_before_phase2(runs: Any) -> None:
     assert rec["partitionsRemerged"] == 0  # found before phase 2 read anything
 
 
+@pytest.mark.slow
 def test_sigterm_and_restart_during_phase2_rides_through(runs: Any) -> None:
     results, expected = runs
     run = results["phase2_restart"]
@@ -130,6 +152,7 @@ def test_the_late_plan_rides_through_a_sigkill_in_phase1(runs: Any) -> None:
     assert 1 <= rec["subtasksRecomputed"] <= len(report["subtasks"])
 
 
+@pytest.mark.slow
 def test_two_replicas_survive_a_sigkill_without_recompute(runs: Any) -> None:
     results, expected = runs
     run = results["replicas"]
@@ -141,6 +164,7 @@ def test_two_replicas_survive_a_sigkill_without_recompute(runs: Any) -> None:
     assert phase1["bytesReplicated"] == phase1["bytesShuffled"] > 0  # each partial twice
 
 
+@pytest.mark.slow
 def test_a_daemon_lost_after_a_deep_seal_costs_no_recompute(runs: Any) -> None:
     """shuffleDurability deep: the seal counted once every daemon's copy was in deep
     storage; the daemon SIGKILLed then is read from the tier through the survivors."""
@@ -159,6 +183,7 @@ def test_a_daemon_lost_after_a_deep_seal_costs_no_recompute(runs: Any) -> None:
     assert run["tierLeft"] == [], run["tierLeft"][:5]
 
 
+@pytest.mark.slow
 def test_losing_every_daemon_ends_in_one_paragraph(runs: Any) -> None:
     results, _ = runs
     run = results["all_gone"]
