@@ -78,6 +78,28 @@ def test_json_native_and_jvm_publish_identical_segments(
                for s in read_output(tmp_path / "n")[0]["segments"])
 
 
+def test_a_double_dimension_hashes_as_the_jvm_reader_hashes_it(
+        spark: Any, daemons: list[Any], json_input: Any, tmp_path: Path) -> None:
+    """Druid's dimensions may be doubles and hashed partitioning may name them
+    (https://druid.apache.org/docs/latest/ingestion/partitioning): the native JSON
+    reader's slab keys failed on a double column ("no Spark-compatible hash for Arrow
+    type double"), and so did the whole ingestion. Each row now lands in the partition the
+    JVM reader's ``pmod(hash(..), numShards)`` gives it."""
+    base, _, _ = json_input
+    spec = base_spec(base, {"type": "hashed", "numShards": 3,
+                            "partitionDimensions": ["device", "revenue"]},
+                     maxSavedParseExceptions=1000)
+    schema = spec["spec"]["dataSchema"]
+    schema["dimensionsSpec"]["dimensions"] = ["country", "device",
+                                              {"type": "double", "name": "revenue"}]
+    schema["metricsSpec"] = [{"type": "count", "name": "count"},
+                             {"type": "longSum", "name": "clicks", "fieldName": "clicks"}]
+    native, _ = _both(spec, [d.url for d in daemons], tmp_path)
+    assert native.report["phases"]["partialSegmentGeneration"]["slabs"]
+    assert len({s["shardSpec"]["partitionNum"]
+                for s in read_output(tmp_path / "n")[0]["segments"]}) == 3
+
+
 def test_csv_with_transforms_and_range_partitions(spark: Any, daemons: list[Any], json_input: Any,
                                                   tmp_path: Path) -> None:
     base, good, _ = json_input

@@ -198,6 +198,27 @@ def test_spark_hash_is_sparks_hash(spark: Any) -> None:
     assert spark_hash([t, a.dictionary_encode()]).tolist() == want_t
 
 
+def test_spark_hash_of_floating_columns_is_sparks_hash(spark: Any) -> None:
+    """A double or float dimension under hashed partitioning (Druid's dimension types
+    include both, https://druid.apache.org/docs/latest/ingestion/ingestion-spec#dimension-objects):
+    the native reader's hash failed with "no Spark-compatible hash for Arrow type double",
+    and every such ingestion with it."""
+    from pyspark.sql import functions as F
+
+    rnd = random.Random(4)
+    special = [0.0, -0.0, float("nan"), float("inf"), float("-inf"), 1.0, -1.5, 1e-310,
+               3.4e38, None]
+    values = special + [None if rnd.random() < 0.1 else rnd.uniform(-1e6, 1e6)
+                        for _ in range(500)]
+    rows = [(v, v, str(i)) for i, v in enumerate(values)]
+    df = spark.createDataFrame(rows, "d double, f float, s string")
+    want = [r[0] for r in df.select(F.hash("d", "s")).collect()]
+    want_f = [r[0] for r in df.select(F.hash("f", "s")).collect()]
+    s = pa.array([r[2] for r in rows], pa.string())
+    assert spark_hash([pa.array(values, pa.float64()), s]).tolist() == want
+    assert spark_hash([pa.array(values, pa.float32()), s]).tolist() == want_f
+
+
 def test_truncate_array_matches_truncate() -> None:
     rnd = np.random.default_rng(9)
     ms = np.concatenate([rnd.integers(-(2 ** 41), 2 ** 42, 3000), [0, -1, BASE, BASE - 1]]).astype(np.int64)

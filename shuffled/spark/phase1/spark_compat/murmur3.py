@@ -6,6 +6,8 @@ every row in the partition the JVM path (``pmod(hash(cols), shards)``, see
 (``spark_murmur3_32``) holds whichever path ran. This is Spark's ``Murmur3_x86_32``:
 
 - ``hashLong``: the low then the high 32-bit word mixed in, finalised with length 8;
+  ``hashInt`` the one word, length 4; a double is hashed as ``hashLong`` of its bits, a
+  float as ``hashInt`` of its bits (one NaN, -0.0 as 0.0);
 - ``hashUnsafeBytes`` (strings, UTF-8): 4-byte little-endian blocks, then each remaining
   byte mixed in on its own as a *signed* int (Spark's legacy tail, not the reference one),
   finalised with the byte length;
@@ -55,6 +57,23 @@ def _hash_long(values: np.ndarray, seed: np.ndarray) -> np.ndarray:
     h = _mix_h1(seed, _mix_k1(low))
     h = _mix_h1(h, _mix_k1(high))
     return _fmix(h, 8)
+
+
+def _hash_int(values: np.ndarray, seed: np.ndarray) -> np.ndarray:
+    return _fmix(_mix_h1(seed, _mix_k1(values.astype(np.uint32, copy=False))), 4)
+
+
+def _float_bits(arr: pa.Array) -> tuple[np.ndarray, bool]:
+    """The bits Spark hashes of a float or double column (Java's ``floatToIntBits`` /
+    ``doubleToLongBits``: every NaN one NaN; -0.0 as 0.0, which Spark's hash
+    normalises), nulls as 0; and whether they are 64-bit."""
+    wide = pa.types.is_float64(arr.type)
+    values = arr.fill_null(0).to_numpy(zero_copy_only=False).astype(
+        np.float64 if wide else np.float32)
+    values = np.where(values == 0, values.dtype.type(0), values)  # -0.0 -> 0.0
+    bits = values.view(np.int64 if wide else np.int32).copy()
+    bits[np.isnan(values)] = 0x7FF8000000000000 if wide else 0x7FC00000
+    return bits, wide
 
 
 @dataclass(frozen=True)
@@ -186,6 +205,10 @@ def spark_hash(columns: list[pa.Array | pa.ChunkedArray]) -> np.ndarray:
         if pa.types.is_int64(arr.type):
             values = arr.fill_null(0).to_numpy(zero_copy_only=False)
             h = np.where(_valid(arr), _hash_long(values, h), h)
+        elif pa.types.is_floating(arr.type) and not pa.types.is_float16(arr.type):
+            bits, wide = _float_bits(arr)
+            hashed = _hash_long(bits, h) if wide else _hash_int(bits.view(np.uint32), h)
+            h = np.where(_valid(arr), hashed, h)
         elif (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)
               or pa.types.is_dictionary(arr.type)):
             h = _hash_strings(arr, h)
