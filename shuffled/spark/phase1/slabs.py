@@ -56,11 +56,37 @@ def row_keys(table: pa.Table, keying: Keying) -> tuple[pa.Array, np.ndarray]:
         h = hash_values(table, keying.columns)
         if keying.num_shards:  # pmod of the signed hash, as pmod_hash computes it
             part = np.mod(h.view(np.int32).astype(np.int64), keying.num_shards)
-            return slab_keys.partition_hash_keys(part, h), np.lexsort((h, part, chunks))
-        return slab_keys.hash_keys(h), np.lexsort((h, chunks))
+            return (slab_keys.partition_hash_keys(part, h),
+                    chunk_order(chunks, part, keying.num_shards, h))
+        return slab_keys.hash_keys(h), chunk_order(chunks, np.zeros(len(h), np.int64), 1, h)
     distinct, row, rank = slab_keys.distinct_tuple_keys(
         [table.column(c) for c in keying.columns])
-    return distinct.take(pa.array(row)), np.lexsort((rank[row], chunks))
+    return distinct.take(pa.array(row)), chunk_order(chunks, rank[row], max(len(rank), 1))
+
+
+def chunk_order(chunks: np.ndarray, major: np.ndarray, count: int,
+                minor: np.ndarray | None = None) -> np.ndarray:
+    """The order of rows by (chunk, ``major`` (ints below ``count``), ``minor`` (uint32)),
+    as ``np.lexsort((minor, major, chunks))`` gives it, sorting one uint64 per row where
+    the three fit in one: the chunks numbered in order, ``major`` and ``minor`` beside.
+    Three lexsort passes were a fifth of a phase-1 task's slab upload (82 ms a slab of
+    375,000 rows); the rolled-up rows come chunk by chunk, a run a stable sort takes as it
+    is (9 ms)."""
+    if not len(chunks):
+        return np.zeros(0, np.int64)
+    if bool((chunks[1:] >= chunks[:-1]).all()):
+        number = np.concatenate([[0], np.cumsum(chunks[1:] != chunks[:-1])])
+    else:
+        number = np.unique(chunks, return_inverse=True)[1].ravel()
+    low = 32 if minor is not None else 0
+    width = max(int(count) - 1, 0).bit_length()
+    if int(number.max()).bit_length() + width + low > 64:
+        return np.lexsort((minor, major, chunks)) if minor is not None else \
+            np.lexsort((major, chunks))
+    key = ((number.astype(np.uint64) << np.uint64(width)) | major.astype(np.uint64))
+    if minor is not None:
+        key = (key << np.uint64(low)) | minor.astype(np.uint64)
+    return np.argsort(key, kind="stable")
 
 
 def chunk_ends(chunk_start: np.ndarray, granularity: str) -> np.ndarray:

@@ -200,3 +200,24 @@ def test_a_chunk_s_statistics_stay_bounded_however_many_slabs() -> None:
     assert merged.servers == {"http://d0", "http://d1", "http://d2"}
     plan = shardplan.plan_chunk(merged, "range", target=5_000)
     assert plan.shards == len(plan.bounds) == math.ceil(plan.estimate / 5_000)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_chunk_order_is_the_lexsort_it_replaces(seed: int) -> None:
+    """A slab's rows in (chunk, key) order: one uint64 per row sorted where the chunk's
+    number and the key fit in it, else numpy's lexsort; the same permutation either way
+    (both stable), chunks in order or not, keys of every width."""
+    from shuffled.spark.phase1.slabs import chunk_order
+
+    rng = np.random.default_rng(seed)
+    for trial in range(50):
+        n = int(rng.integers(0, 3000))
+        chunks = rng.integers(0, int(rng.integers(1, 60)), n) * 3_600_000
+        if trial % 2:
+            chunks = np.sort(chunks)
+        count = int(rng.choice([1, 2, 7, 1000, 2 ** 31, 2 ** 40]))
+        major = rng.integers(0, count, n)
+        minor = rng.integers(0, 4 if trial % 3 else 2 ** 32, n, dtype=np.uint64).astype(np.uint32)
+        assert chunk_order(chunks, major, count, minor).tolist() == \
+            np.lexsort((minor, major, chunks)).tolist()
+        assert chunk_order(chunks, major, count).tolist() == np.lexsort((major, chunks)).tolist()
