@@ -121,6 +121,10 @@ def shuffled_rollup(spark: SparkSession, shape: Any, data: Path, out: Path,
             "rowsOut": report.get("rowsOut"),
             "phases": {k: v.get("ingest/task/time", 0) / 1000 for k, v in report["phases"].items()},
             "partials": report["phases"].get("partialSegmentGeneration", {}).get("partials"),
+            # Phase 2's task seconds, summed over its segments: less noisy than its wall
+            # time, which carries this VM's file-creation waits (docs/benchmarks.md).
+            "phase2TaskSeconds": {k: report["phases"].get("partialSegmentMerge", {}).get(
+                f"{k}Seconds") for k in ("fetch", "merge", "write")},
             "rowsIn": report["ingestionStatsAndErrors"]["rowStats"]["buildSegments"]["processed"]}
 
 
