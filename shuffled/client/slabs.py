@@ -53,7 +53,7 @@ def _decoded(data: bytes, rows: int, slabs: int,
              keys: bool = False) -> SlabRead:
     """The shard's rows; with ``trim`` (its key range) the rows of the edge batches the
     daemon sent whole that fall outside it are dropped here. ``keys``: ``__key`` is kept
-    (each record batch a run of one slab, sorted by it)."""
+    (each record batch a run of one slab, sorted by it) and nothing trimmed."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -71,7 +71,8 @@ def _decoded(data: bytes, rows: int, slabs: int,
     if table.num_rows != rows:
         raise CorruptData(f"a shard's answer holds {table.num_rows} rows; the daemon said "
                           f"{rows}")
-    if trim is not None and KEY_COLUMN in table.column_names and trim != (None, None):
+    if not keys and trim is not None and KEY_COLUMN in table.column_names and \
+            trim != (None, None):
         key = table.column(KEY_COLUMN)
         lo, hi = trim
         keep = None
@@ -127,8 +128,10 @@ def read_shards(http_: Transport, supervisor_task_id: str,
     """``POST /tasks/{id}/shards``: :func:`read_shard` of each shard, in order, up to
     :data:`~shuffled.slab.frames.MAX_SHARDS` per request (more are sent in several).
     ``without``: sealed subtasks left out (a supervisor recomputed them elsewhere, or
-    they are read from another copy); ``keys``: each table keeps its ``__key`` column (to
-    cut it into narrower ranges)."""
+    they are read from another copy); ``keys``: each table keeps its ``__key`` column and
+    the rows outside its range that the daemon sent whole with the edge batches, for the
+    caller to cut it (:func:`shuffled.spark.phase2.slabmerge.cut`, slices; trimming here
+    filtered every row, a copy of the whole read, for nothing when no row is outside)."""
     sup = validate_id(supervisor_task_id, "supervisorTaskId")
     out: list[SlabRead] = []
     left_out = sorted(without)

@@ -66,12 +66,15 @@ merge_partition = merge_in_memory  # all partials of one partition -> its segmen
 
 
 def merge_partitions(parts: Sequence[list[pa.Table]], layout: Layout,
-                     finish: Callable[[pa.Table], pa.Table] | None = None) -> list[pa.Table]:
+                     finish: Callable[[pa.Table], pa.Table] | None = None,
+                     distinct: bool = False) -> list[pa.Table]:
     """:func:`merge_partition` of each of ``parts``, with one group-by and one sort for
     them all: Acero's per-call cost (~0.3 ms) was most of merging a small partition.
     ``finish`` (e.g. :func:`_segment_table`) is applied to the merged rows of them all
-    before they are cut, once per batch instead of once per segment."""
-    if len(parts) == 1:
+    before they are cut, once per batch instead of once per segment. ``distinct``: no two
+    rows of a part share a key (rolled-up rows whose keys' hashes differ, :mod:`.slabmerge`),
+    so they are only sorted: the group-by was 60% of merging such rows."""
+    if len(parts) == 1 and not distinct:
         merged = merge_partition(parts[0], layout)
         return [finish(merged) if finish else merged]
     schema = layout.schema()
@@ -82,7 +85,9 @@ def merge_partitions(parts: Sequence[list[pa.Table]], layout: Layout,
         table = pa.concat_tables([t.select(schema.names).cast(schema) for t in flat])
     rows = [sum(t.num_rows for t in tables) for tables in parts]
     seg = np.repeat(np.arange(len(parts), dtype=np.int32), rows)
-    table = combine(table.add_column(0, _SEGMENT, pa.array(seg)), layout, [_SEGMENT])
+    table = table.add_column(0, _SEGMENT, pa.array(seg))
+    if not distinct:
+        table = combine(table, layout, [_SEGMENT])
     table = table.sort_by([(k, "ascending", "at_start") for k in [_SEGMENT, *layout.keys]])
     counts = np.bincount(table.column(_SEGMENT).to_numpy(), minlength=len(parts))
     table = table.drop_columns([_SEGMENT])

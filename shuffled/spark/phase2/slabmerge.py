@@ -39,6 +39,7 @@ from shuffled.spark.phase2.spill import WORK_FACTOR, merge_bounded
 from shuffled.spark.phase2.verdict import Verdict
 from shuffled.spark.records import Lost, Segment, dump
 from shuffled.spark.rows.memory import peak_rss, release_free_memory, reset_peak_rss, rss
+from shuffled.spark.rows.rollup import Layout
 
 BATCH_SHARDS = 128  # shards read (one request per daemon) and merged together
 BATCH_ROWS = 500_000  # about this many rows a batch, by the plan's estimates
@@ -141,15 +142,16 @@ def runs(batch: Sequence[Shard]) -> list[list[int]]:
 
 def cut(table: pa.Table, edges: Sequence[bytes]) -> list[pa.Table | None]:
     """``table``'s rows (a range read with ``__key``, each record batch sorted by it: a run
-    of one slab) in the ``len(edges) + 1`` key ranges ``edges`` cut, without ``__key``
-    (None: no rows): one comparison a batch and edge, the pieces zero-copy slices."""
+    of one slab) in the ``len(edges) + 1`` key ranges ``edges`` cut, ``__key`` kept (the
+    merge reads the hashes in it, :func:`_distinct`; None: no rows): one comparison a
+    batch and edge, the pieces zero-copy slices."""
     pieces: list[list[pa.RecordBatch]] = [[] for _ in range(len(edges) + 1)]
     counts = _below(table, edges)
     if counts is None:  # keys of varying width (range): one comparison a batch and edge
         scalars = [pa.scalar(e, pa.binary()) for e in edges]
         counts = [[int(pc.sum(pc.less(rb.column(KEY_COLUMN), e)).as_py() or 0)
                    for e in scalars] for rb in table.to_batches()]
-    for rb, below in zip(table.drop_columns([KEY_COLUMN]).to_batches(), counts, strict=True):
+    for rb, below in zip(table.to_batches(), counts, strict=True):
         at = [0, *below, rb.num_rows]
         for i in range(len(edges) + 1):
             if at[i + 1] > at[i]:
@@ -182,6 +184,17 @@ def _below(table: pa.Table, edges: Sequence[bytes]) -> list[list[int]] | None:
     nonempty = np.asarray(sizes) > 0
     out[nonempty] = np.add.reduceat(below, starts[nonempty], axis=0)
     return out.tolist()
+
+
+def _pieces(table: pa.Table, run: Sequence[Shard]) -> list[pa.Table | None]:
+    """``table`` (a run's rows as read, with ``__key``: the edge batches whole) in the
+    run's shards, the rows outside the run's range dropped: all slices (:func:`cut`)."""
+    lo, hi = run[0].key_from, run[-1].key_to
+    edges = [e for e in (lo, *(s.key_from for s in run[1:]), hi) if e is not None]
+    if KEY_COLUMN not in table.column_names or not edges:
+        return [table]
+    parts = cut(table, edges)
+    return parts[(lo is not None):len(parts) - (hi is not None)]
 
 
 def fetch_shards(client: Callable[[str], ShuffleClient], supervisor_task_id: str,
@@ -227,12 +240,7 @@ def fetch_shards(client: Callable[[str], ShuffleClient], supervisor_task_id: str
             if read.table is None or not read.rows:
                 continue
             table = read.table
-            parts: list[pa.Table | None] = [table]
-            if len(r) > 1:
-                parts = cut(table, [e for e in (batch[n].key_from for n in r[1:])
-                                    if e is not None])
-            elif KEY_COLUMN in table.column_names:
-                parts = [table.drop_columns([KEY_COLUMN])]
+            parts = _pieces(table, [batch[n] for n in r])
             per_row = table.nbytes / max(table.num_rows, 1)  # once a read: nbytes is not free
             for n, t in zip(r, parts, strict=True):
                 slot = out[n]
@@ -301,7 +309,7 @@ def make_phase2_slabs(cfg: Phase2Config, slabs_on: dict[str, int],
                 return
             started = time.monotonic()
             parts = [t if t else [cfg.layout.schema().empty_table()] for _, t, _, _, _ in batch]
-            merged = merge_partitions(parts, cfg.layout, finish)
+            merged = _merged(parts, cfg.layout, finish)
             merge_s = (time.monotonic() - started) / len(batch)
             peak = peak_rss()  # once a batch, as the partials' phase 2 (/proc reads)
             for (s, _, rows_in, fetched, fetch_s), out in zip(batch, merged, strict=True):
@@ -359,6 +367,64 @@ def make_phase2_slabs(cfg: Phase2Config, slabs_on: dict[str, int],
     return run
 
 
+def _merged(parts: list[list[pa.Table]], layout: Layout,
+            finish: Callable[[pa.Table], pa.Table]) -> list[pa.Table]:
+    """:func:`.merge.merge_partitions` of a batch's shards (their tables as read, with
+    ``__key``), those whose rows' key hashes all differ only sorted (``distinct``): a
+    group key's rows share its hash, so no two of their rows can roll up together."""
+    plain = [[_keyless(t) for t in tables] for tables in parts]
+    alone = _distinct(parts)
+    if not any(alone):
+        return merge_partitions(plain, layout, finish)
+    out: list[pa.Table | None] = [None] * len(parts)
+    for flag in (True, False):
+        at = [n for n, a in enumerate(alone) if a is flag]
+        if at:
+            for n, t in zip(at, merge_partitions([plain[n] for n in at], layout, finish,
+                                                 distinct=flag), strict=True):
+                out[n] = t
+    return [t for t in out if t is not None]
+
+
+def _keyless(table: pa.Table) -> pa.Table:
+    return table.drop_columns([KEY_COLUMN]) if KEY_COLUMN in table.column_names else table
+
+
+def _distinct(parts: Sequence[Sequence[pa.Table]]) -> list[bool]:
+    """Per part (a shard's tables, each with its fixed-width ``__key``: 4-byte hash or
+    8-byte partition and hash), whether no two of its rows share a hash; False for a part
+    without such keys (range keys, or none)."""
+    ids: list[np.ndarray] = []
+    keyed = np.zeros(len(parts), bool)
+    for n, tables in enumerate(parts):
+        hashes = [_hashes(t) for t in tables]
+        if tables and all(h is not None for h in hashes):
+            keyed[n] = True
+            ids.extend((np.uint64(n) << np.uint64(32)) | h.astype(np.uint64)
+                       for h in hashes if h is not None)
+    if not ids:
+        return keyed.tolist()
+    every = np.sort(np.concatenate(ids))
+    twice = every[1:][every[1:] == every[:-1]] >> np.uint64(32)
+    keyed[np.unique(twice).astype(np.int64)] = False
+    return keyed.tolist()
+
+
+def _hashes(table: pa.Table) -> np.ndarray | None:
+    """The uint32 hash in each row's fixed-width ``__key`` (its last 4 bytes), or None."""
+    if KEY_COLUMN not in table.column_names:
+        return None
+    keys = table.column(KEY_COLUMN).combine_chunks()
+    if not len(keys):
+        return np.zeros(0, np.uint32)
+    offsets = np.frombuffer(keys.buffers()[1], np.int32, len(keys) + 1, 4 * keys.offset)
+    width = int(offsets[1] - offsets[0])
+    if width not in (4, 8) or int(offsets[-1] - offsets[0]) != width * len(keys):
+        return None
+    raw = np.frombuffer(keys.buffers()[2], np.uint8, width * len(keys), int(offsets[0]))
+    return raw.reshape(-1, width)[:, width - 4:].copy().view(">u4").ravel().astype(np.uint32)
+
+
 def _no_segment(s: Shard, rows_in: int, fetched: int, attempt: int) -> str:
     """An empty numShards partition's record: no file (path ""), read for the rows check
     and dropped before the publish (:func:`shuffled.spark.driver.late.phase2`)."""
@@ -414,7 +480,7 @@ def _paged(cfg: Phase2Config, s: Shard, count: int, client: Callable[[str], Shuf
             rows_in += rows
             fetched += size
             while tables:
-                yield from tables.pop().to_batches()
+                yield from _keyless(tables.pop()).to_batches()
 
     with SegmentSink(cfg, path) as sink:
         stats = merge_bounded(batches(), cfg.layout, cfg.memory_budget, sink, cfg.spill_dir)
@@ -440,7 +506,7 @@ def _streamed(cfg: Phase2Config, s: Shard, tables: list[pa.Table], rows_in: int,
 
     def batches() -> Iterator[pa.RecordBatch]:
         while tables:
-            yield from tables.pop().to_batches()
+            yield from _keyless(tables.pop()).to_batches()
 
     with SegmentSink(cfg, path) as sink:
         stats = merge_bounded(batches(), cfg.layout, cfg.memory_budget, sink, cfg.spill_dir)

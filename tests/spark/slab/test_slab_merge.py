@@ -1,0 +1,114 @@
+"""Phase 2's merge of a batch of slab shards (docs/slab.md): a shard's rows come from several
+slabs, each rolled up on its own, so a group key can arrive once per slab and must come out
+once, its metrics combined (Druid's perfect rollup: one row per time and dimension values,
+https://druid.apache.org/docs/latest/ingestion/rollup). Rows whose key hashes all differ
+cannot share a key and are only sorted; the others are grouped. Either way each shard's
+rows must equal a plain dictionary rollup of its input, sorted by time then dimensions with
+nulls first (as Druid sorts a segment)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from shuffled.slab.keys import KEY_COLUMN, partition_hash_keys
+from shuffled.spark.phase1.slabs import hash_values
+from shuffled.spark.phase2.merge import merge_partitions
+from shuffled.spark.phase2.slabmerge import _distinct, _merged
+from shuffled.spark.rows.rollup import TIME, Layout
+
+LAYOUT = Layout((("country", "string"), ("city", "string")),
+                (("count", "count", "sum", "long", None), ("clicks", "sum", "sum", "long", "c"),
+                 ("top", "max", "max", "long", "t")))
+COLUMNS = [TIME, "country", "city", "count", "clicks", "top"]
+
+
+def _slab(rows: list[tuple[Any, ...]], hashes: np.ndarray | None = None) -> pa.Table:
+    """One slab's rows of a shard (each key once: a slab is rolled up), with ``__key``
+    as phase 1 makes it for numShards (partition 0, Spark's hash of time and dimensions)."""
+    t = pa.Table.from_pylist([dict(zip(COLUMNS, r, strict=True)) for r in rows],
+                             LAYOUT.schema())
+    h = hash_values(t, (TIME, "country", "city")) if hashes is None else hashes
+    order = np.argsort(h, kind="stable")
+    t = t.take(pa.array(order))
+    return t.append_column(KEY_COLUMN, partition_hash_keys(np.zeros(len(h), np.int64),
+                                                           np.asarray(h)[order]))
+
+
+def _rollup(slabs: list[pa.Table]) -> list[tuple[Any, ...]]:
+    """The reference: a dictionary keyed by (time, dimensions), metrics combined."""
+    out: dict[tuple[Any, ...], list[int]] = {}
+    for t in slabs:
+        for r in t.select(COLUMNS).to_pylist():
+            key = (r[TIME], r["country"], r["city"])
+            if key in out:
+                acc = out[key]
+                out[key] = [acc[0] + r["count"], acc[1] + r["clicks"], max(acc[2], r["top"])]
+            else:
+                out[key] = [r["count"], r["clicks"], r["top"]]
+    return sorted(((*k, *v) for k, v in out.items()),
+                  key=lambda r: tuple((x is not None, x) for x in r[:3]))
+
+
+def _rows(n: int, seed: int, start: int = 0) -> list[tuple[Any, ...]]:
+    rng = np.random.default_rng(seed)
+    return [(3600_000 * int(rng.integers(0, 3)), f"c{start + i}",
+             None if i % 7 == 0 else f"city{i % 5}", int(rng.integers(1, 4)),
+             int(rng.integers(0, 100)), int(rng.integers(0, 1000))) for i in range(n)]
+
+
+def test_a_batch_merges_each_shard_to_its_rollup_by_either_path() -> None:
+    disjoint = [_slab(_rows(40, 1, 0)), _slab(_rows(30, 2, 1000)), _slab(_rows(25, 3, 2000))]
+    same = _rows(40, 4)  # the same keys in two slabs, metrics differing
+    overlapping = [_slab(same), _slab([(*r[:3], 1, 5, 7) for r in same]),
+                   _slab(_rows(10, 5, 5000))]
+    # Two different keys given one hash (a collision): not the same key, both rows kept.
+    a, b = _rows(2, 6, 9000)
+    collided = [_slab([a], np.array([42], np.uint32)), _slab([b], np.array([42], np.uint32))]
+    parts = [disjoint, overlapping, collided, [_slab(_rows(5, 7, 7000))]]
+    assert _distinct(parts) == [True, False, False, True]
+    merged = _merged(parts, LAYOUT, lambda t: t)
+    assert len(merged) == len(parts)
+    for tables, out in zip(parts, merged, strict=True):
+        assert KEY_COLUMN not in out.column_names
+        assert [tuple(r.values()) for r in out.select(COLUMNS).to_pylist()] == _rollup(tables)
+    assert merged[1].num_rows == 50  # 40 keys twice, rolled up once each, and 10 more
+
+
+def test_range_keys_always_group() -> None:
+    """A range slab's ``__key`` is its partition dimensions' tuple, not a hash of the whole
+    key: no shard of such rows is taken as distinct."""
+    t = _slab(_rows(20, 8)).drop_columns([KEY_COLUMN])
+    ranged = t.append_column(KEY_COLUMN, pa.array([b"\x01" + bytes(str(i), "ascii") * (i % 3 + 1)
+                                                   for i in range(t.num_rows)], pa.binary()))
+    assert _distinct([[ranged, ranged]]) == [False]
+    [out] = _merged([[ranged, ranged]], LAYOUT, lambda x: x)
+    want = _rollup([t, t])
+    assert [tuple(r.values()) for r in out.select(COLUMNS).to_pylist()] == want
+
+
+def test_floating_dimensions_merge_as_the_group_by_does() -> None:
+    """The group-by keeps -0.0 and 0.0 (and NaNs of other bits) apart, as their hashes
+    do: the sorted-only path gives what grouping gives."""
+    layout = Layout((("x", "double"),), (("count", "count", "sum", "long", None),))
+    bits = np.array([np.nan, np.nan, -0.0, 0.0, 1.5]).view(np.uint64).copy()
+    bits[1] |= np.uint64(1)
+    x = pa.array(bits.view(np.float64))
+    t = pa.table({TIME: pa.array([0] * 5, pa.int64()), "x": x,
+                  "count": pa.array([1] * 5, pa.int64())})
+    h = hash_values(t, (TIME, "x"))
+
+    def keyed(rows: pa.Table, hashes: np.ndarray) -> pa.Table:
+        return rows.append_column(KEY_COLUMN, partition_hash_keys(
+            np.zeros(len(hashes), np.int64), hashes))
+
+    parts = [[keyed(t, h), keyed(t.slice(4, 1), h[4:])]]  # 1.5 twice: grouped
+    alone = [[keyed(t, h)]]  # each value once
+    assert _distinct(alone) == [len(set(h.tolist())) == 5]
+    for p in (parts, alone):
+        [got] = _merged(p, layout, lambda x: x)
+        [want] = merge_partitions([[x.drop_columns([KEY_COLUMN]) for x in p[0]]], layout)
+        assert got.num_rows == want.num_rows
+        assert sorted(map(str, got.to_pylist())) == sorted(map(str, want.to_pylist()))
