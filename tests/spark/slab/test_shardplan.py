@@ -221,3 +221,22 @@ def test_chunk_order_is_the_lexsort_it_replaces(seed: int) -> None:
         assert chunk_order(chunks, major, count, minor).tolist() == \
             np.lexsort((minor, major, chunks)).tolist()
         assert chunk_order(chunks, major, count).tolist() == np.lexsort((major, chunks)).tolist()
+
+
+def test_small_batches_go_uncompressed_whatever_the_setting() -> None:
+    """partialCompression's rule (docs/ingestion.md): batches averaging under 64 KiB are not
+    compressed, LZ4 costing ten times their encoding. A slab's batches are a chunk's rows
+    at most: 60,000 rows over 400 days are batches of ~150 rows, sent as they are; the
+    same rows in one day (4,096-row batches, ~100 KiB) are compressed."""
+    rng = np.random.default_rng(5)
+    keying = Keying("hashed", (TIME, "country", "device", "user"))
+
+    def data_bytes(table: pa.Table, compression: str) -> bytes:
+        slab, _ = cut_slab(rolled(table), LAYOUT, keying, "day", sub_task_id="p0", slab_id=0,
+                           attempt=0, compression=compression)
+        return slab.data
+
+    days = skewed_rows(rng, 60_000, 400)
+    assert data_bytes(days, "lz4") == data_bytes(days, "none")
+    one_day = skewed_rows(rng, 60_000, 1)
+    assert len(data_bytes(one_day, "lz4")) < len(data_bytes(one_day, "none"))
