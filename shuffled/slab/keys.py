@@ -29,20 +29,37 @@ _CLOSE = pa.scalar(b"\x00\x00", pa.binary())
 
 def hash_keys(hashes: pa.Array | np.ndarray) -> pa.BinaryArray:
     """uint32 hashes as 4-byte big-endian keys."""
-    values = np.asarray(hashes, dtype=np.uint32).astype(">u4")
-    data = pa.py_buffer(values.tobytes())
-    offsets = pa.py_buffer(np.arange(0, 4 * len(values) + 1, 4, dtype=np.int32).tobytes())
-    return pa.Array.from_buffers(pa.binary(), len(values), [None, offsets, data])
+    return _fixed(np.asarray(hashes, dtype=np.uint32).astype(">u4"))
 
 
 def partition_hash_keys(partitions: np.ndarray, hashes: np.ndarray) -> pa.BinaryArray:
     """(partition, uint32 hash) pairs as 8-byte big-endian keys: a partition known up
     front is a key range, and a range of its hashes a narrower one."""
-    values = ((np.asarray(partitions).astype(np.uint64) << np.uint64(32))
-              | np.asarray(hashes, dtype=np.uint32).astype(np.uint64)).astype(">u8")
-    data = pa.py_buffer(values.tobytes())
-    offsets = pa.py_buffer(np.arange(0, 8 * len(values) + 1, 8, dtype=np.int32).tobytes())
-    return pa.Array.from_buffers(pa.binary(), len(values), [None, offsets, data])
+    return _fixed(((np.asarray(partitions).astype(np.uint64) << np.uint64(32))
+                   | np.asarray(hashes, dtype=np.uint32).astype(np.uint64)).astype(">u8"))
+
+
+def _fixed(values: np.ndarray) -> pa.BinaryArray:
+    """Big-endian integers as binary keys of their width, without a Python bytes each."""
+    width = values.dtype.itemsize
+    offsets = np.arange(0, width * len(values) + 1, width, dtype=np.int32)
+    return pa.Array.from_buffers(pa.binary(), len(values), [
+        None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(values.tobytes())])
+
+
+def key_ints(keys: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, int] | None:
+    """Fixed-width keys (hashed: 4 bytes, numShards: 8) back as uint64 integers, with
+    their width; None unless every key is 4 bytes, or every key 8 (range tuples)."""
+    arr = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
+    if not len(arr):
+        return np.zeros(0, np.uint64), 0
+    offsets = np.frombuffer(arr.buffers()[1], np.int32, len(arr) + 1, 4 * arr.offset)
+    width = int(offsets[1] - offsets[0])
+    if width not in (4, 8) or int(offsets[-1] - offsets[0]) != width * len(arr):
+        return None
+    ints = np.frombuffer(arr.buffers()[2], ">u4" if width == 4 else ">u8", len(arr),
+                         int(offsets[0]))
+    return ints.astype(np.uint64), width
 
 
 def split_range(lo: bytes | None, hi: bytes | None, pieces: int, width: int,

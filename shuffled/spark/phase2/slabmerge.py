@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 
 from shuffled.client import ShuffleClient, daemon_failed
 from shuffled.protocol import Interval
-from shuffled.slab.keys import KEY_COLUMN, split_range
+from shuffled.slab.keys import KEY_COLUMN, key_ints, split_range
 from shuffled.spark.phase2.durable import sync_files
 from shuffled.spark.phase2.merge import (
     SegmentSink, _segment_table, _write, merge_partitions, read_ahead,
@@ -171,14 +171,11 @@ def _below(table: pa.Table, edges: Sequence[bytes]) -> list[list[int]] | None:
     sizes = [len(b) for b in batches]
     if not sum(sizes):
         return [[0] * len(edges) for _ in sizes]
-    keys = pa.chunked_array(batches, pa.binary()).combine_chunks()
-    offsets = np.frombuffer(keys.buffers()[1], np.int32, len(keys) + 1, 4 * keys.offset)
-    if int(offsets[-1] - offsets[0]) != width * len(keys):
+    got = key_ints(pa.chunked_array(batches, pa.binary()))
+    if got is None or got[1] != width:
         return None
-    fmt = ">u4" if width == 4 else ">u8"
-    ints = np.frombuffer(keys.buffers()[2], fmt, len(keys), int(offsets[0]))
     limits = np.array([int.from_bytes(e, "big") for e in edges], np.uint64)
-    below = ints.astype(np.uint64)[:, None] < limits[None, :]
+    below = got[0][:, None] < limits[None, :]
     starts = np.cumsum([0, *sizes[:-1]])
     out = np.zeros((len(sizes), len(edges)), np.int64)
     nonempty = np.asarray(sizes) > 0
@@ -411,18 +408,11 @@ def _distinct(parts: Sequence[Sequence[pa.Table]]) -> list[bool]:
 
 
 def _hashes(table: pa.Table) -> np.ndarray | None:
-    """The uint32 hash in each row's fixed-width ``__key`` (its last 4 bytes), or None."""
+    """The uint32 hash in each row's fixed-width ``__key`` (its low 4 bytes), or None."""
     if KEY_COLUMN not in table.column_names:
         return None
-    keys = table.column(KEY_COLUMN).combine_chunks()
-    if not len(keys):
-        return np.zeros(0, np.uint32)
-    offsets = np.frombuffer(keys.buffers()[1], np.int32, len(keys) + 1, 4 * keys.offset)
-    width = int(offsets[1] - offsets[0])
-    if width not in (4, 8) or int(offsets[-1] - offsets[0]) != width * len(keys):
-        return None
-    raw = np.frombuffer(keys.buffers()[2], np.uint8, width * len(keys), int(offsets[0]))
-    return raw.reshape(-1, width)[:, width - 4:].copy().view(">u4").ravel().astype(np.uint32)
+    got = key_ints(table.column(KEY_COLUMN))
+    return None if got is None else (got[0] & np.uint64(0xFFFFFFFF)).astype(np.uint32)
 
 
 def _no_segment(s: Shard, rows_in: int, fetched: int, attempt: int) -> str:
