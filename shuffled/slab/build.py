@@ -87,6 +87,20 @@ def chunk_bounds(chunk_start: np.ndarray) -> np.ndarray:
     return np.concatenate([[0], change, [len(chunk_start)]]).astype(np.int64)
 
 
+def batch_starts(bounds: np.ndarray, batch_rows: int = BATCH_ROWS,
+                 partition: np.ndarray | None = None) -> np.ndarray:
+    """Where each record batch of a slab begins, its chunks at ``bounds``
+    (:func:`chunk_bounds`): every chunk boundary, every ``batch_rows`` inside a chunk,
+    every change of ``partition``."""
+    cuts = [np.arange(lo, hi, batch_rows) for lo, hi in zip(bounds[:-1], bounds[1:],
+                                                            strict=True)]
+    starts = np.concatenate(cuts) if cuts else np.zeros(0, np.int64)
+    if partition is not None and len(partition):
+        change = np.flatnonzero(partition[1:] != partition[:-1]) + 1
+        starts = np.union1d(starts, change)
+    return starts
+
+
 def build(table: pa.Table, chunk_start: np.ndarray, chunk_end: np.ndarray, *,
           kind: KeyKind, sub_task_id: str, slab_id: int, attempt: int,
           rollup_hashes: np.ndarray | None = None, batch_rows: int = BATCH_ROWS,
@@ -103,13 +117,7 @@ def build(table: pa.Table, chunk_start: np.ndarray, chunk_end: np.ndarray, *,
     chunk_start = np.asarray(chunk_start, dtype=np.int64)
     chunk_end = np.asarray(chunk_end, dtype=np.int64)
     bounds = chunk_bounds(chunk_start)
-    # Cuts: every chunk boundary, every batch_rows inside a chunk, every partition change.
-    cuts = [np.arange(lo, hi, batch_rows) for lo, hi in zip(bounds[:-1], bounds[1:],
-                                                            strict=True)]
-    starts = np.concatenate(cuts) if cuts else np.zeros(0, np.int64)
-    if partition is not None and len(partition):
-        change = np.flatnonzero(partition[1:] != partition[:-1]) + 1
-        starts = np.union1d(starts, change)
+    starts = batch_starts(bounds, batch_rows, partition)
     ends = np.append(starts[1:], table.num_rows).astype(np.int64)
     keys = table.column(KEY_COLUMN).combine_chunks() if kind != KeyKind.NONE else None
     data = pa.BufferOutputStream()

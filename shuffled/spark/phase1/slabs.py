@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from shuffled.slab import keys as slab_keys
 from shuffled.slab import sketch
-from shuffled.slab.build import BATCH_ROWS, Slab, build, chunk_bounds
+from shuffled.slab.build import BATCH_ROWS, Slab, batch_starts, build, chunk_bounds
 from shuffled.slab.keys import KEY_COLUMN
 from shuffled.slab.wire import KeyKind
 from shuffled.spark.phase1.config import Keying
@@ -158,8 +158,7 @@ def cut_slab(table: pa.Table, layout: Layout, keying: Keying, granularity: str, 
     # LZ4 costing ten times their encoding for a few hundred bytes each. A slab has a batch
     # per chunk at least: counted by rows alone, comparison 7's 100-row day batches were
     # compressed (a third of a slab's upload CPU, and phase 2 decompressed them again).
-    sizes = np.diff(chunk_bounds(chunk_start))
-    batches = max(1, int((-(-sizes // batch_rows)).sum()))
+    batches = max(1, len(batch_starts(chunk_bounds(chunk_start), batch_rows)))
     options = (pa.ipc.IpcWriteOptions(compression=compression)
                if compression != "none" and data.nbytes >= COMPRESS_MIN_BYTES * batches
                else None)
