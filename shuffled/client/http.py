@@ -16,7 +16,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from shuffled import __version__
 from shuffled.client.answers import BadResponse, domain_error, read_error, read_json
@@ -42,6 +42,8 @@ Headers = Mapping[str, str] | Callable[[], Mapping[str, str]] | None
 #: A streamed body: called once per try, it yields the body's pieces (sent chunked; a
 #: :data:`~.chunked.FLUSH` piece sends what is gathered at once).
 Stream = Callable[[], Iterator[bytes | memoryview]]
+#: A body sent with Content-Length: one buffer, or several sent one after the other.
+Body = bytes | bytearray | memoryview | list[Any] | tuple[Any, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +53,9 @@ class Request(Generic[T]):
     ``handle`` reads every 2xx answer and any status in ``accept`` into the call's result;
     other statuses become the domain error rebuilt from the JSON body (retried first if
     retryable). ``what`` names the call in logs and errors (a key, a task id). The body is
-    ``body`` (sent with Content-Length) or ``stream`` (sent chunked; called once per try).
+    ``body`` (sent with Content-Length; a list or tuple of buffers is sent piece by piece,
+    never joined: a slab is its sections side by side, tens of MB) or ``stream`` (sent
+    chunked; called once per try).
     ``headers`` may be a callable so each try can set its own (``Range`` when resuming);
     ``progress`` (bytes received so far) lets a try that made progress reset the count of
     failures; ``policy`` overrides the transport's retry policy.
@@ -64,11 +68,19 @@ class Request(Generic[T]):
     what: str
     query: Query = None
     headers: Headers = None
-    body: bytes | bytearray | memoryview | None = None
+    body: Body | None = None
     stream: Stream | None = None
     accept: Collection[int] = ()
     progress: Callable[[], int] | None = None
     policy: RetryPolicy | None = None
+
+
+def _views(body: Body | None) -> list[memoryview] | None:
+    """The body's bytes as byte views, each piece as it is (no copy)."""
+    if body is None:
+        return None
+    pieces = body if isinstance(body, (list, tuple)) else [body]
+    return [memoryview(p).cast("B") for p in pieces]
 
 
 class _RetryableStatus(Exception):
@@ -158,8 +170,8 @@ class Transport:
     # -- one exchange -------------------------------------------------------------------
 
     def _send(
-        self, method: str, target: str, headers: Mapping[str, str], body: memoryview | None,
-        stream: Stream | None = None,
+        self, method: str, target: str, headers: Mapping[str, str],
+        body: list[memoryview] | None, stream: Stream | None = None,
     ) -> http.client.HTTPResponse:
         conn = self._connection()
         reused = self._reused
@@ -173,7 +185,7 @@ class Transport:
             if stream is not None:
                 conn.putheader("Transfer-Encoding", "chunked")
             elif body is not None:
-                conn.putheader("Content-Length", str(body.nbytes))
+                conn.putheader("Content-Length", str(sum(v.nbytes for v in body)))
             elif method in ("PUT", "POST"):
                 conn.putheader("Content-Length", "0")
             send_error: OSError | None = None
@@ -183,15 +195,17 @@ class Transport:
                     send_chunked(conn, stream())
                 except OSError as exc:
                     send_error = exc  # the server may have answered early: read that
-            elif body is not None and 0 < body.nbytes <= _SMALL_BODY:
+            elif body is not None and 0 < sum(v.nbytes for v in body) <= _SMALL_BODY:
                 # One send() for headers + a small body: no Nagle/delayed-ACK stall.
-                conn.endheaders(body.tobytes())
+                conn.endheaders(b"".join(body))
                 body = None
             else:
                 conn.endheaders()
-            if body is not None and body.nbytes:
+            if body is not None:
                 try:
-                    conn.send(body)
+                    for view in body:
+                        if view.nbytes:
+                            conn.send(view)
                 except OSError as exc:
                     # The server may have answered early (401/413/507) and closed: read that.
                     send_error = exc
@@ -216,7 +230,7 @@ class Transport:
         return resp
 
     def _exchange(self, req: Request[T], target: str, headers: Mapping[str, str],
-                  body: memoryview | None, what: str) -> T:
+                  body: list[memoryview] | None, what: str) -> T:
         resp = self._send(req.method, target, headers, body, req.stream)
         try:
             status = resp.status
@@ -256,7 +270,7 @@ class Transport:
         policy = req.policy or self.retry
         progress, headers, what = req.progress, req.headers, req.what
         target = self.target(req.path, req.query)
-        view = memoryview(req.body).cast("B") if req.body is not None else None
+        view = _views(req.body)
         label = f"{req.method} {target}"
         started = self._clock()
         failures = 0

@@ -28,16 +28,16 @@ class Slab:
     head: bytes  # prefix and header
     index: bytes
     stats: bytes
-    data: bytes
+    data: pa.Buffer  # as the IPC writer left it: a copy to bytes cost a memcpy of the flush
     rows: int
     chunks: int
 
-    def parts(self) -> list[bytes]:
+    def parts(self) -> list[bytes | pa.Buffer]:
         return [self.head, self.index, self.stats, self.data]
 
     @property
     def size(self) -> int:
-        return len(self.head) + len(self.index) + len(self.stats) + len(self.data)
+        return len(self.head) + len(self.index) + len(self.stats) + self.data.size
 
 
 def _key_bounds(keys: pa.Array | None, starts: np.ndarray, ends: np.ndarray,
@@ -162,8 +162,8 @@ def build(table: pa.Table, chunk_start: np.ndarray, chunk_end: np.ndarray, *,
         pa.array([sketch.encode_registers(r) for r in regs], pa.binary()),
         picks,
     ], schema=sketch.STATS_SCHEMA)
-    index_bytes, stats_bytes, data_bytes = _ipc(index), _ipc(stats), body.to_pybytes()
+    index_bytes, stats_bytes = _ipc(index), _ipc(stats)
     header = SlabHeader(sub_task_id, slab_id, attempt, table.num_rows, crc32c(index_bytes),
-                        crc32c(stats_bytes), crc32c(data_bytes))
-    head = encode_prefix(kind, header, len(index_bytes), len(stats_bytes), len(data_bytes))
-    return Slab(head, index_bytes, stats_bytes, data_bytes, table.num_rows, len(firsts))
+                        crc32c(stats_bytes), crc32c(view))
+    head = encode_prefix(kind, header, len(index_bytes), len(stats_bytes), body.size)
+    return Slab(head, index_bytes, stats_bytes, body, table.num_rows, len(firsts))

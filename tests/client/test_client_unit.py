@@ -423,6 +423,31 @@ def test_put_retries_503_resending_the_whole_body(server: FakeServer, client: Sh
     assert sleeps.calls == [FAST.max_backoff * 4]  # Retry-After 1s capped by 4 * max_backoff
 
 
+@pytest.mark.parametrize("sizes", [(10, 0, 30), (40_000, 1, 300_000, 0, 7)])
+def test_a_body_in_pieces_goes_out_whole_on_every_try(server: FakeServer, client: ShuffleClient,
+                                                     sleeps: Sleeps, sizes: tuple[int, ...]) -> None:
+    """A body given as pieces (a slab's sections, never joined by the client) is sent
+    with their total Content-Length, in order, and whole again on a retry; a small one
+    (one send with the headers) and a large one alike."""
+    import pyarrow as pa
+
+    from shuffled.client.answers import json_dict
+    from shuffled.client.http import Request
+
+    pieces = [payload(n, seed=i + 1) for i, n in enumerate(sizes)]
+    body = [pieces[0], memoryview(pieces[1]), pa.py_buffer(pieces[2]), *pieces[3:]]
+    server.fake.actions += [status(503, {"error": "busy", "code": "overloaded"},
+                                   {"Retry-After": "1"}), status(201, {"stored": True})]
+    got = client._http.request(Request("PUT", "/pieces", body=body, handle=json_dict,
+                                       what="pieces"))
+    assert got == {"stored": True}
+    sent = server.fake.of("PUT")
+    assert len(sent) == 2
+    for req in sent:
+        assert req.body == b"".join(pieces)
+        assert req.headers["Content-Length"] == str(sum(sizes))
+
+
 def test_put_server_reporting_another_crc_is_a_digest_mismatch(server: FakeServer,
                                                                 client: ShuffleClient) -> None:
     server.fake.actions += [status(201, {"bytes": 3, "crc32c": "00000000"})]

@@ -96,7 +96,7 @@ def _verdict(fn: Callable[[bytes, KeyKind, pa.Table], None], data: bytes, kind: 
 
 def _slab(kind: KeyKind = KeyKind.HASH) -> tuple[bytes, pa.Table]:
     slab = make_slab(rows_table(600, seed=3), kind=kind, batch_rows=64)
-    return slab.data, pa.ipc.open_stream(slab.index).read_all()
+    return slab.data.to_pybytes(), pa.ipc.open_stream(slab.index).read_all()
 
 
 @pytest.mark.parametrize("kind", [KeyKind.HASH, KeyKind.TUPLE])

@@ -234,9 +234,10 @@ def test_small_batches_go_uncompressed_whatever_the_setting() -> None:
     def data_bytes(table: pa.Table, compression: str) -> bytes:
         slab, _ = cut_slab(rolled(table), LAYOUT, keying, "day", sub_task_id="p0", slab_id=0,
                            attempt=0, compression=compression)
-        return slab.data
+        return slab.data.to_pybytes()
 
     days = skewed_rows(rng, 60_000, 400)
     assert data_bytes(days, "lz4") == data_bytes(days, "none")
     one_day = skewed_rows(rng, 60_000, 1)
     assert len(data_bytes(one_day, "lz4")) < len(data_bytes(one_day, "none"))
+
