@@ -30,6 +30,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from bench import druid_data, druid_json_data, e2e_data
+from shuffled.spark.driver.sparksession import worker_conf
 
 SHAPES = {"e2e": e2e_data, "druid": druid_data, "druid_json": druid_json_data}
 DAY = "__day"  # the baselines' partition column: one output directory per day
@@ -41,7 +42,7 @@ def session(extra: dict[str, str] | None = None) -> SparkSession:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder
-    for key, value in (extra or {}).items():
+    for key, value in {**worker_conf(), **(extra or {})}.items():
         builder = builder.config(key, value)
     return (builder.appName("shuffled-bench-e2e").master("local[2]")
             .config("spark.ui.showConsoleProgress", "false")

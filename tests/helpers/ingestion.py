@@ -34,8 +34,13 @@ def spark_session() -> Any:
     if _SESSION is None:
         from pyspark.sql import SparkSession
 
+        from shuffled.spark.driver.sparksession import worker_conf
+
+        builder = SparkSession.builder
+        for key, value in worker_conf().items():  # the workers as shuffled's session has them
+            builder = builder.config(key, value)
         _SESSION = (
-            SparkSession.builder.master("local[2,4]").appName("shuffled-tests")
+            builder.master("local[2,4]").appName("shuffled-tests")
             .config("spark.driver.host", "127.0.0.1")
             .config("spark.driver.bindAddress", "127.0.0.1")
             .config("spark.ui.enabled", "false")

@@ -25,12 +25,29 @@ log = logging.getLogger("shuffled.spark")
 #: The driver JVM's options when this module starts it (see the module docstring).
 DRIVER_JAVA_OPTIONS = "-XX:+ExitOnOutOfMemoryError"
 
+#: The environment of the Python workers of a session started here (Spark's
+#: ``spark.executorEnv.*``, which local mode's workers get too), each unless this process's
+#: environment sets it. Arrow's allocator (mimalloc) gives freed pages back to the system
+#: 10 ms after a free by default; a phase-1 or phase-2 task frees and allocates the same
+#: buffers over and over, so the kernel faulted them in and zeroed them again (17.6% of
+#: phase-2 workers' CPU in ``clear_page_erms``, docs/benchmarks.md). Ten seconds keeps
+#: them for a task's run; a task still starts by handing back what earlier ones freed
+#: (:func:`shuffled.spark.rows.memory.release_free_memory`: a forced collect ignores the
+#: delay), so its peak memory measures its own use.
+WORKER_ENV: dict[str, str] = {"MIMALLOC_PURGE_DELAY": "10000"}
+
 #: SQL settings a job needs; set for the job's duration, then restored.
 JOB_CONF: dict[str, str] = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.execution.arrow.maxRecordsPerBatch": "65536",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
 }
+
+
+def worker_conf() -> dict[str, str]:
+    """The Spark settings giving the Python workers :data:`WORKER_ENV`."""
+    return {f"spark.executorEnv.{name}": os.environ.get(name, value)
+            for name, value in WORKER_ENV.items()}
 
 
 def get_session(master: str | None) -> tuple[SparkSession, bool]:
@@ -50,6 +67,8 @@ def get_session(master: str | None) -> tuple[SparkSession, bool]:
     # Python workers run the interpreter running the driver (the one with pyarrow).
     builder = builder.config("spark.pyspark.python", sys.executable)
     builder = builder.config("spark.pyspark.driver.python", sys.executable)
+    for key, value in worker_conf().items():
+        builder = builder.config(key, value)
     if (master or "local").startswith("local"):
         # Local mode needs no reachable driver: keep the driver and its UI on loopback
         # instead of Spark's default of the external interface.
