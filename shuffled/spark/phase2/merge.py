@@ -112,6 +112,12 @@ def _segment_table(table: pa.Table, multi_value: Sequence[str] = (),
     return table
 
 
+#: A segment of at most this many rows is written without dictionary pages: a dictionary
+#: per column is a fixed cost that saves no bytes on so few values (410 rows of the Druid
+#: shape: 10.7 against 10.5 KB, 25% less encoding time; at 1,000 rows 12% more bytes).
+PLAIN_ROWS = 512
+
+
 def _write(out: pa.Table, path: str, cfg: Phase2Config) -> int:
     """Write one segment (rows as :func:`_segment_table` makes them), not synced (the task
     syncs its files together at its end; the per-attempt name means a torn file of a
@@ -119,7 +125,8 @@ def _write(out: pa.Table, path: str, cfg: Phase2Config) -> int:
     # Encoded in memory, then one write: Arrow's file output stream costs ~0.3 ms more per
     # file, which is most of a small segment's write.
     sink = pa.BufferOutputStream()
-    pq.write_table(out, sink, compression=cfg.codecs(out.schema.names), row_group_size=1 << 20)
+    pq.write_table(out, sink, compression=cfg.codecs(out.schema.names), row_group_size=1 << 20,
+                   use_dictionary=out.num_rows > PLAIN_ROWS)
     data = sink.getvalue()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
