@@ -17,7 +17,7 @@ from shuffled.client.answers import json_dict
 from shuffled.client.http import Request
 from shuffled.errors import Conflict, InvalidBody
 from shuffled.protocol import Interval
-from shuffled.slab import build, keys
+from shuffled.slab import build, frames, keys
 from shuffled.slab.wire import CONTENT_TYPE, KeyKind
 from tests.helpers.slabs import HOUR, make_slab, rows_table
 
@@ -159,21 +159,47 @@ def test_a_batched_read_answers_as_the_single_reads_do(daemon_url: str) -> None:
         assert total == sum(p.num_rows for p in parts)  # chunk 5 is empty: every row once
 
 
-def test_a_batched_read_of_a_large_shard_is_whole(daemon_url: str) -> None:
+@pytest.mark.parametrize("trim", [False, True])
+def test_a_batched_read_of_a_large_shard_is_whole(daemon_url: str, trim: bool) -> None:
     """A shard whose run of whole batches is more than the daemon gathers into a buffer
-    (256 KiB) comes back whole from the batched read too. Its answer is chunked (the
-    length is not known up front), so the run must not go out by sendfile past the chunk
-    framing: it did, and the client read a garbled stream (IncompleteRead)."""
+    (256 KiB) comes back whole from the batched read, either way it is framed. Untrimmed
+    (Spark's reader), the answer's length is known before it starts: it has a
+    Content-Length and the run goes by sendfile. Trimmed, the edge batches are decoded a
+    group at a time, so the answer is chunked, and the run must not go out by sendfile
+    past the chunk framing: it did, and the client read a garbled stream."""
+    import http.client
+    import json
+    import urllib.parse
+
     part = rows_table(200_000, seed=3, chunks=1)
     with ShuffleClient(daemon_url) as client:
         client.put_slab("large", make_slab(part, sub="s0"))
-        client.seal("large", ["s0"])
+        client.put_slab("large", make_slab(rows_table(300, seed=4, chunks=1), sub="s1"))
+        client.seal("large", ["s0", "s1"])
         whole = Interval(0, HOUR)
         [got] = client.read_shards("large", [(whole, None, None)])
         one = client.read_shard("large", whole, None, None)
-    assert got.rows == one.rows == part.num_rows
+    assert got.rows == one.rows == part.num_rows + 300
     assert got.table is not None and one.table is not None and got.table.equals(one.table)
     assert got.table.nbytes > 4 * (256 << 10)
+    url = urllib.parse.urlsplit(daemon_url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    try:
+        body = json.dumps({"trim": trim, "shards": [
+            {"start": "1970-01-01T00:00:00.000Z", "end": "1970-01-01T01:00:00.000Z"}] * 3})
+        conn.request("POST", "/druid/worker/v1/shuffle/tasks/large/shards", body=body,
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        raw = resp.read()
+    finally:
+        conn.close()
+    assert resp.status == 200
+    length = resp.getheader("Content-Length")
+    if trim:
+        assert length is None and resp.getheader("Transfer-Encoding") == "chunked"
+    else:
+        assert length == str(len(raw)) and resp.getheader("Transfer-Encoding") is None
+    assert raw.endswith(frames.end(3))
 
 
 def test_a_read_leaves_out_the_subtasks_it_names(daemon_url: str) -> None:

@@ -174,10 +174,22 @@ async def post_shards(request: web.Request) -> web.StreamResponse:
         opened: dict[int, Any] = {}
         sent = 0
         try:
+            # Untrimmed (what Spark's reader asks), every shard is file ranges and frame
+            # heads: planned at once, the answer has a Content-Length, so the client
+            # reads it without chunk framing, long runs go by sendfile, and a slab that
+            # cannot be read answers an error instead of a cut. Trimmed, the edge batches
+            # are decoded and held a group at a time, so the answer is chunked.
+            planned: list[shard_reads.ShardRead] | None = None
+            if not trim:
+                planned = await state.store.run(shard_reads.read_many, ti, wanted, opened,
+                                                False)
+                response.content_length = sum(
+                    frames.SHARD.size + r.length for r in planned) + frames.END.size
             out = await state.answer(request, response)
             for at in range(0, len(wanted), GROUP):
-                reads = await state.store.run(shard_reads.read_many, ti,
-                                              wanted[at: at + GROUP], opened, trim)
+                reads = (planned[at: at + GROUP] if planned is not None else
+                         await state.store.run(shard_reads.read_many, ti,
+                                               wanted[at: at + GROUP], opened, trim))
                 parts: list[Any] = []
                 for read in reads:
                     parts.append(frames.shard_head(read.length, read.rows))
