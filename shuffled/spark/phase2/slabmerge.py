@@ -397,9 +397,10 @@ def _distinct(parts: Sequence[Sequence[pa.Table]]) -> list[bool]:
                       for tables in parts], bool)
     numbers = np.flatnonzero(keyed)
     chunks = [c for n in numbers.tolist() for t in parts[n] for c in t.column(KEY_COLUMN).chunks]
-    if not chunks or any(c.type != pa.binary() for c in chunks):
-        return [False] * len(parts) if chunks else keyed.tolist()
-    got = key_ints(pa.chunked_array(chunks, pa.binary()))
+    if not chunks:  # no rows to share a hash
+        return keyed.tolist()
+    got = (key_ints(pa.chunked_array(chunks, pa.binary()))
+           if all(c.type == pa.binary() for c in chunks) else None)
     if got is None:  # range keys
         return [False] * len(parts)
     part = np.repeat(numbers.astype(np.uint64),
