@@ -35,7 +35,7 @@ from shuffled.spark.phase2.merge import (
 )
 from shuffled.spark.phase2.plan import Phase2Config
 from shuffled.spark.phase2.publish import segment_name
-from shuffled.spark.phase2.spill import WORK_FACTOR, merge_bounded
+from shuffled.spark.phase2.spill import WORK_FACTOR, merge_bounded, rolled_up
 from shuffled.spark.phase2.verdict import Verdict
 from shuffled.spark.records import Lost, Segment, dump
 from shuffled.spark.rows.memory import peak_rss, release_free_memory, reset_peak_rss, rss
@@ -445,7 +445,10 @@ def _paged(cfg: Phase2Config, s: Shard, count: int, client: Callable[[str], Shuf
     as ``count`` narrower key ranges of it one after another, each from every daemon
     holding the chunk, their rows merged within the budget as they come (a range holds
     whole rolled-up keys: a key's hash decides its range) and written as the sorted rows
-    come; the partials' paged reads' counterpart. A daemon that cannot serve a range makes
+    come; the partials' paged reads' counterpart. Each range is rolled up as it comes,
+    since no key is in two of them, and the bounded merge only sorts what that leaves:
+    comparison 5's shards (2.1M rows fetched, 590k out) spilled every row fetched,
+    twice, before (docs/benchmarks.md). A daemon that cannot serve a range makes
     the shard :class:`Lost`, and what was written of it is removed."""
     started = time.monotonic()
     rows_in, fetched, fetch_s = 0, 0, 0.0
@@ -465,11 +468,14 @@ def _paged(cfg: Phase2Config, s: Shard, count: int, client: Callable[[str], Shuf
             tables, rows, size = got
             rows_in += rows
             fetched += size
-            while tables:
-                yield from _keyless(tables.pop()).to_batches()
+            if tables:
+                page = rolled_up([_keyless(t) for t in tables], cfg.layout)
+                del tables
+                yield from page.to_batches()
 
     with SegmentSink(cfg, path) as sink:
-        stats = merge_bounded(batches(), cfg.layout, cfg.memory_budget, sink, cfg.spill_dir)
+        stats = merge_bounded(batches(), cfg.layout, cfg.memory_budget, sink, cfg.spill_dir,
+                              distinct=True)
     if short or (not sink.rows and not s.written_empty):
         os.unlink(path)
     if short:

@@ -10,10 +10,16 @@ segment is sorted by those same columns first: the files, taken in range order, 
 segment's sorted runs. (Hash splitting, the usual external aggregation, would need a k-way
 merge of sorted runs afterwards.)
 
+Rows known to hold each key once (``distinct``: a paged shard's pages, each rolled up
+whole, :mod:`.slabmerge`) are only sorted, never combined.
+
 Memory: a merge (combine + sort) of a table peaks at about :data:`WORK_FACTOR` times its
 Arrow size, so files are merged once they are below ``budget / WORK_FACTOR``; splitting
-streams record batches and holds one at a time. Spill files are Arrow IPC, uncompressed
-(they are read once, memory-mapped), in a private directory removed at the end.
+streams record batches and holds one at a time. Spill files are Arrow IPC, uncompressed,
+in a private directory removed at the end. They are written in batches of at least
+:data:`BATCH_BYTES`: a split writes a slice of each batch to each of its files, and the
+slabs' 4,096-row batches made that 16 slices of ~256 rows each, over again at every level
+(a 2.1M-row merge took 1.55 s in 4,096-row batches, 0.95 s in 65,536-row ones).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from shuffled.spark.rows.rollup import Layout, combine, sort_segment
 WORK_FACTOR = 6  # a combine + sort peaks at about this many times its input (measured)
 FAN_OUT = 16  # spill files per split
 _SAMPLE = 4096  # values sampled from a file to place its split points
+BATCH_BYTES = 4 << 20  # spill files' batches are gathered to at least this size
 Sink = Callable[[pa.Table], None]
 
 
@@ -45,17 +52,24 @@ class SpillStats:
     depth: int = 0
 
 
+def rolled_up(tables: list[pa.Table], layout: Layout) -> pa.Table:
+    """All the rows of some keys -> one perfectly rolled-up row per key, in no order."""
+    schema = layout.schema()
+    return combine(pa.concat_tables([t.select(schema.names).cast(schema) for t in tables]),
+                   layout)
+
+
 def merge_in_memory(tables: list[pa.Table], layout: Layout) -> pa.Table:
     """All of a partition's rows -> its final, sorted, perfectly rolled-up rows."""
-    schema = layout.schema()
-    table = pa.concat_tables([t.select(schema.names).cast(schema) for t in tables])
-    return sort_segment(combine(table, layout), layout)
+    return sort_segment(rolled_up(tables, layout), layout)
 
 
 def merge_bounded(batches: Iterable[pa.RecordBatch], layout: Layout, budget: int,
-                  sink: Sink, spill_dir: str | None = None) -> SpillStats:
+                  sink: Sink, spill_dir: str | None = None,
+                  distinct: bool = False) -> SpillStats:
     """Merge one partition's rows (``batches``, in any order) within about ``budget`` bytes,
-    handing the sorted segment's rows to ``sink`` in order, in one or more tables."""
+    handing the sorted segment's rows to ``sink`` in order, in one or more tables.
+    ``distinct``: no two of the rows share a rollup key, so they are only sorted."""
     limit = max(1 << 20, budget // WORK_FACTOR)
     stats = SpillStats()
     it = iter(batches)
@@ -68,24 +82,52 @@ def merge_bounded(batches: Iterable[pa.RecordBatch], layout: Layout, budget: int
             break
     else:
         if held:
-            sink(merge_in_memory([pa.Table.from_batches(held)], layout))
+            table = pa.Table.from_batches(held)
+            schema = layout.schema()
+            sink(sort_segment(table.select(schema.names).cast(schema), layout) if distinct
+                 else merge_in_memory([table], layout))
         return stats
     with tempfile.TemporaryDirectory(prefix="shuffled-spill-", dir=spill_dir) as tmp:
-        _Merger(layout, limit, sink, tmp, stats).run(itertools.chain(held, it))
+        _Merger(layout, limit, sink, tmp, stats, distinct).run(itertools.chain(held, it))
     return stats
+
+
+def gathered(batches: Iterable[pa.RecordBatch],
+             size: int = BATCH_BYTES) -> Iterator[pa.RecordBatch]:
+    """``batches`` (of one schema) gathered into batches of at least ``size`` bytes."""
+    held: list[pa.RecordBatch] = []
+    nbytes = 0
+    for b in batches:
+        if not b.num_rows:
+            continue
+        held.append(b)
+        nbytes += b.nbytes
+        if nbytes >= size:
+            yield _one(held)
+            held, nbytes = [], 0
+    if held:
+        yield _one(held)
+
+
+def _one(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    if len(batches) == 1:
+        return batches[0]
+    return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
 
 
 class _Merger:
     def __init__(self, layout: Layout, limit: int, sink: Sink, tmp: str,
-                 stats: SpillStats) -> None:
+                 stats: SpillStats, distinct: bool = False) -> None:
         self.layout, self.limit, self.sink, self.tmp, self.stats = layout, limit, sink, tmp, stats
+        self.distinct = distinct
         self.schema = layout.schema()
         self.keys = layout.keys  # __time first, then the dimensions: the segment's order
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> None:
         # The first split needs no sample: write everything once, then split by sampled
         # ranges like any other file (the partition's times are rarely uniform).
-        whole = self._write(os.path.join(self.tmp, "all"), (self._conform(b) for b in batches))
+        whole = self._write(os.path.join(self.tmp, "all"),
+                            gathered(self._conform(b) for b in batches))
         self._merge_file(whole, 0, 1)
 
     def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -117,7 +159,8 @@ class _Merger:
             batches = list(self._read(path))
             os.unlink(path)
             if batches:
-                self.sink(sort_segment(combine(pa.Table.from_batches(batches), self.layout),
+                table = pa.Table.from_batches(batches)
+                self.sink(sort_segment(table if self.distinct else combine(table, self.layout),
                                        self.layout))
             return
         column = self.keys[level]
@@ -188,7 +231,7 @@ class _Merger:
         files = [pa.OSFile(n, "wb") for n in names]
         writers = [pa.ipc.new_stream(f, self.schema) for f in files]
         try:
-            for b in self._read(path):
+            for b in gathered(self._read(path)):
                 part = _range_of(b.column(column), points)
                 order = np.argsort(part, kind="stable")
                 counts = np.bincount(part, minlength=len(names))

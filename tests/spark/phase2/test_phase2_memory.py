@@ -1,7 +1,8 @@
 """Phase 2 in bounded memory, end to end: one partition three times the merge task's
 budget (maxBytesInMemory), of rows rollup cannot fold, publishes exactly the input's rows,
 sorted, while the merge task's peak RSS (from /proc, reset when the task starts) grows by
-at most the budget plus a documented constant."""
+at most the budget plus a documented constant. One whose rows fold only in phase 2 spills
+only what they fold to."""
 
 from __future__ import annotations
 
@@ -96,6 +97,65 @@ def test_partition_three_times_the_budget(spark: Any, tmp_path: Path,
     got = sorted(zip(ms.tolist(), seg.column("id").to_pylist(), seg.column("clicks").to_pylist()))
     assert got == want
     assert set(seg.column("count").to_pylist()) == {1}
+
+
+def test_paged_shard_spills_only_its_rolled_up_rows(spark: Any, tmp_path: Path) -> None:
+    """A shard read in pages (hash ranges of it, slabmerge._paged) whose rows fold only
+    across phase 1's flushes: no key is in two pages, so each page is rolled up as it comes
+    and the bounded merge spills the 100,000 rows they fold to, not the ~760,000 fetched
+    (comparison 5 spilled every row fetched, twice: docs/benchmarks.md)."""
+    rows, ids = 1_200_000, 100_000
+    rng = np.random.default_rng(9)
+    base = tmp_path / "in"
+    base.mkdir()
+    source = pa.table({
+        "ts": pa.array(DAY + rng.integers(0, 86_400_000, rows), pa.timestamp("ms", tz="UTC")),
+        "id": pa.array([f"user-{i:09d}" for i in range(ids)]).take(
+            pa.array(rng.integers(0, ids, rows))),
+        "clicks": pa.array(rng.integers(0, 100, rows), pa.int64()),
+    })
+    for i in range(4):
+        pq.write_table(source.slice(i * rows // 4, rows // 4), base / f"part-{i}.parquet")
+    spec = {"type": "index_parallel", "spec": {
+        "dataSchema": {
+            "dataSource": "folds", "timestampSpec": {"column": "ts", "format": "auto"},
+            "dimensionsSpec": {"dimensions": ["id"]},
+            "metricsSpec": [{"type": "count", "name": "count"},
+                            {"type": "longSum", "name": "clicks", "fieldName": "clicks"}],
+            "granularitySpec": {"segmentGranularity": "day", "queryGranularity": "day",
+                                "rollup": True}},
+        "ioConfig": {"type": "index_parallel",
+                     "inputSource": {"type": "local", "baseDir": str(base),
+                                     "filter": "*.parquet"},
+                     "inputFormat": {"type": "parquet"}},
+        "tuningConfig": {"type": "index_parallel", "forceGuaranteedRollup": True,
+                         "partitionsSpec": {"type": "hashed", "numShards": 1},
+                         "maxRowsInMemory": 100_000, "maxBytesInMemory": BUDGET,
+                         "totalNumMergeTasks": 1}}}
+    daemon = start_daemon(tmp_path / "loc")
+    try:
+        result = run_ingestion(spec, shuffle_servers=[daemon.url],
+                               output_dir=str(tmp_path / "out"))
+    finally:
+        daemon.stop()
+    report = json.loads(Path(result.report_path).read_text())
+    merge = _find(report, "partialSegmentMerge")
+    generation = _find(report, "partialSegmentGeneration")
+    assert merge["shardsReadInPages"] == 1
+    assert generation["rowsShipped"] > 5 * ids  # phase 1 folded little: phase 2 must
+    # every row fetched is spilled at least twice by a merge of the rows as fetched
+    assert merge["spillBytes"] < generation["bytesBeforeCompression"] / 2, (merge, generation)
+
+    manifest, _ = read_output(tmp_path / "out", "folds")
+    assert [s["rows"] for s in manifest["segments"]] == [ids]
+    seg = pq.read_table(tmp_path / "out" / "folds" / manifest["segments"][0]["path"])
+    assert seg.column("id").to_pylist() == sorted(seg.column("id").to_pylist())
+    want = source.group_by("id").aggregate([("clicks", "sum"), ("clicks", "count")])
+    assert (dict(zip(seg.column("id").to_pylist(), zip(seg.column("clicks").to_pylist(),
+                                                      seg.column("count").to_pylist())))
+            == dict(zip(want.column("id").to_pylist(),
+                        zip(want.column("clicks_sum").to_pylist(),
+                            want.column("clicks_count").to_pylist()))))
 
 
 def _find(report: dict[str, Any], phase: str) -> dict[str, Any]:
