@@ -31,6 +31,11 @@ def _mix(h: np.ndarray) -> np.ndarray:
         return h ^ (h >> _U64(31))
 
 
+def widened(h32: np.ndarray) -> np.ndarray:
+    """32-bit hashes (uint32) spread over 64 bits for the HLL's registers."""
+    return _mix(h32.astype(_U64) + _GOLDEN)
+
+
 def _bytes_hash(column: pa.Array) -> np.ndarray:
     """A 64-bit hash per value of a string/binary column (nulls hash alike, apart from "")."""
     arr = pc.cast(column, pa.large_binary())
