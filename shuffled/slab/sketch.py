@@ -31,6 +31,11 @@ def _mix(h: np.ndarray) -> np.ndarray:
         return h ^ (h >> _U64(31))
 
 
+def rate_threshold(rate: float) -> np.uint64:
+    """The 64-bit hash below which a row is in a sample at ``rate`` (0 to 1)."""
+    return _U64(min(int(rate * 2.0 ** 64), 2 ** 64 - 1))
+
+
 def widened(h32: np.ndarray) -> np.ndarray:
     """32-bit hashes (uint32) spread over 64 bits for the HLL's registers."""
     return _mix(h32.astype(_U64) + _GOLDEN)

@@ -64,7 +64,11 @@ def keying(spec: IngestSpec, reader: str) -> Keying | str:
         # (docs/slab.md, "The plan"): one format for the data plane whatever the spec.
         return Keying("hashed", tuple(ps.dimensions or (TIME, *spec.dimension_names)),
                       ps.num_shards or None)
-    return Keying("range", tuple(ps.dimensions))
+    # targetRowsPerSegment places bounds from a sample at a rate (a few dozen keys a
+    # shard); maxRowsPerSegment, a hard cap, keeps every key up to the sample's size.
+    rate = (min(1.0, shardplan.KEYS_PER_SHARD / ps.target_rows)
+            if ps.target_rows and not ps.max_rows else 1.0)
+    return Keying("range", tuple(ps.dimensions), sample_rate=rate)
 
 
 def placeholder(spec: IngestSpec, keyed: Keying) -> PartitionPlan:

@@ -19,6 +19,10 @@ class Keying:
     kind: str
     columns: tuple[str, ...]
     num_shards: int | None = None
+    #: range keys: the share of a chunk's distinct rolled-up rows its sample keeps, by
+    #: their hash (1: all, up to the sample's size; below 1 for targetRowsPerSegment,
+    #: :func:`shuffled.spark.driver.late.keying`)
+    sample_rate: float = 1.0
 
 
 @dataclass(frozen=True)

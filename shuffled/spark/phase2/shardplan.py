@@ -42,6 +42,10 @@ HASH_SPACE = 1 << 32
 #: writer's ``slabs.SAMPLE``): a shard's share of its chunk is then known to about
 #: sqrt(shards / PLAN_SAMPLE) of itself.
 PLAN_SAMPLE = 4096
+#: targetRowsPerSegment (range): sampled keys per shard wanted. A shard's share is then
+#: known to about 1/sqrt(KEYS_PER_SHARD) of itself (12.5%: twice the target is 8 sigmas
+#: off), and a chunk's sample is about KEYS_PER_SHARD x its shards, not every key.
+KEYS_PER_SHARD = 64
 #: The HLL's relative standard error (2^11 registers): 1.04 / sqrt(m), about 2.3%.
 HLL_RSE = 1.04 / math.sqrt(sketch.REGISTERS)
 #: Standard errors of margin for maxRowsPerSegment's cap.
@@ -64,6 +68,7 @@ class ChunkStats:
     keys: pa.Array
     hashes: np.ndarray
     servers: frozenset[str]
+    rate: float = 1.0  # the keys are the rows hashed below this share (KeySample.rate)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # Plain bytes through Spark's shuffle: pickling the numpy and pyarrow objects cost
@@ -76,12 +81,13 @@ class ChunkStats:
         return (_unpickle, (self.start, self.end, self.rows, self.regs.tobytes(),
                             (offsets - lo).tobytes(),
                             data[lo:hi].to_pybytes() if data is not None else b"",
-                            self.hashes.tobytes(), tuple(self.servers)))
+                            self.hashes.tobytes(), tuple(self.servers), self.rate))
 
     @property
     def exact_sample(self) -> bool:
-        """The sample holds every distinct rolled-up row (fewer than it may keep)."""
-        return 0 < len(self.keys) < PLAN_SAMPLE
+        """The sample holds every distinct rolled-up row (fewer than it may keep, none
+        left out by its rate)."""
+        return self.rate >= 1.0 and 0 < len(self.keys) < PLAN_SAMPLE
 
     @property
     def estimate(self) -> int:
@@ -95,12 +101,12 @@ class ChunkStats:
 
 
 def _unpickle(start: int, end: int, rows: int, regs: bytes, offsets: bytes, data: bytes,
-              hashes: bytes, servers: tuple[str, ...]) -> ChunkStats:
+              hashes: bytes, servers: tuple[str, ...], rate: float = 1.0) -> ChunkStats:
     n = len(offsets) // 4 - 1
     keys = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
                                                   pa.py_buffer(data)]) if n else _NO_KEYS
     return ChunkStats(start, end, rows, np.frombuffer(regs, np.uint8).copy(), keys,
-                      np.frombuffer(hashes, np.uint64).copy(), frozenset(servers))
+                      np.frombuffer(hashes, np.uint64).copy(), frozenset(servers), rate)
 
 
 _NO_KEYS = pa.array([], pa.binary())
@@ -134,7 +140,7 @@ def from_stats(table: pa.Table, server: str, sample: Any = None) -> Iterator[Chu
             a, b = cuts[int(start)]
             keys, hashes = sample.keys.slice(a, b - a), sample.hashes[a:b]
         yield ChunkStats(int(start), int(end), int(n), regs, keys, hashes,
-                         frozenset([server]))
+                         frozenset([server]), sample.rate if sample is not None else 1.0)
 
 
 def _by_key(st: ChunkStats) -> ChunkStats:
@@ -148,13 +154,18 @@ def merge(a: ChunkStats, b: ChunkStats, size: int = PLAN_SAMPLE) -> ChunkStats:
     """Two statistics of one chunk as one: registers by maximum; of the samples, the rows
     of the ``size`` smallest distinct hashes (a row two slabs hold counts once)."""
     keys, hashes = a.keys, a.hashes
+    rate = min(a.rate, b.rate)
     if len(b.keys):
         keys = pa.concat_arrays([a.keys, b.keys]) if len(a.keys) else b.keys
         hashes = np.concatenate([a.hashes, b.hashes])
         uniq, first = np.unique(hashes, return_index=True)  # sorted by hash
+        if a.rate != b.rate:  # the union is a sample at the lower rate only
+            below = int(np.searchsorted(uniq, sketch.rate_threshold(rate)))
+            uniq, first = uniq[:below], first[:below]
         keys, hashes = keys.take(pa.array(first[:size])), uniq[:size]
     return _by_key(ChunkStats(a.start, max(a.end, b.end), a.rows + b.rows,
-                              np.maximum(a.regs, b.regs), keys, hashes, a.servers | b.servers))
+                              np.maximum(a.regs, b.regs), keys, hashes, a.servers | b.servers,
+                              rate))
 
 
 def shard_count(estimate: int, *, target: int | None = None, cap: int | None = None,

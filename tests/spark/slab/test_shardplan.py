@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from shuffled.slab import sketch
 from shuffled.slab.keys import KEY_COLUMN
 from shuffled.spark.phase1.config import Keying
 from shuffled.spark.phase1.slabs import SAMPLE, cut_slab
@@ -278,3 +279,46 @@ def test_dictionary_strings_cut_the_same_slab(keying: Keying) -> None:
         return slab.data.to_pybytes(), slab.stats
 
     assert cut(encoded) == cut(table)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_range_target_from_a_sample_at_a_rate(seed: int) -> None:
+    """targetRowsPerSegment on range keys samples each chunk's distinct rolled-up rows at
+    KEYS_PER_SHARD / target (the rows whose hash is below that share: every slab draws
+    alike), so a chunk's sample is about KEYS_PER_SHARD keys a shard, not every key, and
+    the shards still keep Druid's promise of about the target (none over twice it)."""
+    raw = skewed_rows(np.random.default_rng(seed), 60_000, 3)
+    target = 2_000
+    rate = shardplan.KEYS_PER_SHARD / target
+    decoded = slabs_of(raw, Keying("range", ("country", "user"), sample_rate=rate), 6, seed)
+    merged = {}
+    for d, sample in decoded:
+        assert sample.rate == rate
+        assert (sample.hashes < sketch.rate_threshold(rate)).all()
+        for st in shardplan.from_stats(d.stats, "http://d", sample):
+            merged[st.start] = st if st.start not in merged else shardplan.merge(
+                merged[st.start], st)
+    plan = plans(decoded, "range", target=target)
+    sizes = shard_sizes(decoded, plan)
+    assert max(sizes.values()) <= 2 * target
+    for chunk, st in merged.items():
+        true = sum(n for (c, _), n in sizes.items() if c == chunk)
+        assert not st.exact_sample  # counted by the HLL, not by the sample
+        assert 0.5 * rate * true <= len(st.keys) <= 1.5 * rate * true
+        assert plan[chunk].shards == math.ceil(plan[chunk].estimate / target)
+
+
+def test_samples_at_two_rates_merge_at_the_lower() -> None:
+    """A slab sampled at another rate (a recompute under another setting, say) merges into
+    a sample at the lower rate only: its extra keys would over-weigh its rows."""
+    raw = rolled(skewed_rows(np.random.default_rng(4), 20_000, 1))
+    stats = []
+    for t, rate in enumerate((1.0, 0.1)):
+        slab, sample = cut_slab(raw, LAYOUT, Keying("range", ("user",), sample_rate=rate),
+                                "day", sub_task_id=f"p{t}", slab_id=0, attempt=0)
+        (st,) = shardplan.from_stats(decode(slab).stats, "http://d", sample)
+        stats.append(st)
+    merged = shardplan.merge(*stats)
+    assert merged.rate == 0.1
+    assert (merged.hashes < sketch.rate_threshold(0.1)).all()
+    assert len(merged.keys) == len(stats[1].keys)
