@@ -52,29 +52,8 @@ def test_partition_three_times_the_budget(spark: Any, tmp_path: Path,
                                           partitions: dict[str, Any]) -> None:
     rows = 1_200_000
     source = _input(tmp_path / "in", rows)
-    spec = {"type": "index_parallel", "spec": {
-        "dataSchema": {
-            "dataSource": "big", "timestampSpec": {"column": "ts", "format": "auto"},
-            "dimensionsSpec": {"dimensions": ["id", "site"]},
-            "metricsSpec": [{"type": "count", "name": "count"},
-                            {"type": "longSum", "name": "clicks", "fieldName": "clicks"}],
-            "granularitySpec": {"segmentGranularity": "day", "queryGranularity": "none",
-                                "rollup": True}},
-        "ioConfig": {"type": "index_parallel",
-                     "inputSource": {"type": "local", "baseDir": str(tmp_path / "in"),
-                                     "filter": "*.parquet"},
-                     "inputFormat": {"type": "parquet"}},
-        "tuningConfig": {"type": "index_parallel", "forceGuaranteedRollup": True,
-                         "partitionsSpec": partitions,
-                         "maxRowsInMemory": 100_000, "maxBytesInMemory": BUDGET,
-                         "totalNumMergeTasks": 1}}}
-    daemon = start_daemon(tmp_path / "loc")
-    try:
-        result = run_ingestion(spec, shuffle_servers=[daemon.url],
-                               output_dir=str(tmp_path / "out"))
-    finally:
-        daemon.stop()
-    report = json.loads(Path(result.report_path).read_text())
+    report = _ingest(tmp_path, _spec("big", tmp_path / "in", ["id", "site"], "none",
+                                     partitions))
     merge = _find(report, "partialSegmentMerge")
     assert merge["partitionsSpilled"] == 1 and merge["spillBytes"] > 3 * BUDGET
     # numShards goes as slabs: the one shard is read in narrower ranges of its hash, each
@@ -116,29 +95,8 @@ def test_paged_shard_spills_only_its_rolled_up_rows(spark: Any, tmp_path: Path) 
     })
     for i in range(4):
         pq.write_table(source.slice(i * rows // 4, rows // 4), base / f"part-{i}.parquet")
-    spec = {"type": "index_parallel", "spec": {
-        "dataSchema": {
-            "dataSource": "folds", "timestampSpec": {"column": "ts", "format": "auto"},
-            "dimensionsSpec": {"dimensions": ["id"]},
-            "metricsSpec": [{"type": "count", "name": "count"},
-                            {"type": "longSum", "name": "clicks", "fieldName": "clicks"}],
-            "granularitySpec": {"segmentGranularity": "day", "queryGranularity": "day",
-                                "rollup": True}},
-        "ioConfig": {"type": "index_parallel",
-                     "inputSource": {"type": "local", "baseDir": str(base),
-                                     "filter": "*.parquet"},
-                     "inputFormat": {"type": "parquet"}},
-        "tuningConfig": {"type": "index_parallel", "forceGuaranteedRollup": True,
-                         "partitionsSpec": {"type": "hashed", "numShards": 1},
-                         "maxRowsInMemory": 100_000, "maxBytesInMemory": BUDGET,
-                         "totalNumMergeTasks": 1}}}
-    daemon = start_daemon(tmp_path / "loc")
-    try:
-        result = run_ingestion(spec, shuffle_servers=[daemon.url],
-                               output_dir=str(tmp_path / "out"))
-    finally:
-        daemon.stop()
-    report = json.loads(Path(result.report_path).read_text())
+    report = _ingest(tmp_path, _spec("folds", base, ["id"], "day",
+                                     {"type": "hashed", "numShards": 1}))
     merge = _find(report, "partialSegmentMerge")
     generation = _find(report, "partialSegmentGeneration")
     assert merge["shardsReadInPages"] == 1
@@ -156,6 +114,39 @@ def test_paged_shard_spills_only_its_rolled_up_rows(spark: Any, tmp_path: Path) 
             == dict(zip(want.column("id").to_pylist(),
                         zip(want.column("clicks_sum").to_pylist(),
                             want.column("clicks_count").to_pylist()))))
+
+
+def _spec(source: str, base: Path, dimensions: list[str], query_granularity: str,
+          partitions: dict[str, Any]) -> dict[str, Any]:
+    """One day of ``base``'s Parquet rolled up by ``dimensions``: count and longSum of
+    clicks, one merge task, phase 1 flushing every 100,000 rows, the budget BUDGET."""
+    return {"type": "index_parallel", "spec": {
+        "dataSchema": {
+            "dataSource": source, "timestampSpec": {"column": "ts", "format": "auto"},
+            "dimensionsSpec": {"dimensions": dimensions},
+            "metricsSpec": [{"type": "count", "name": "count"},
+                            {"type": "longSum", "name": "clicks", "fieldName": "clicks"}],
+            "granularitySpec": {"segmentGranularity": "day",
+                                "queryGranularity": query_granularity, "rollup": True}},
+        "ioConfig": {"type": "index_parallel",
+                     "inputSource": {"type": "local", "baseDir": str(base),
+                                     "filter": "*.parquet"},
+                     "inputFormat": {"type": "parquet"}},
+        "tuningConfig": {"type": "index_parallel", "forceGuaranteedRollup": True,
+                         "partitionsSpec": partitions,
+                         "maxRowsInMemory": 100_000, "maxBytesInMemory": BUDGET,
+                         "totalNumMergeTasks": 1}}}
+
+
+def _ingest(tmp_path: Path, spec: dict[str, Any]) -> dict[str, Any]:
+    """``spec`` run against one daemon, output under ``tmp_path / "out"``: its report."""
+    daemon = start_daemon(tmp_path / "loc")
+    try:
+        result = run_ingestion(spec, shuffle_servers=[daemon.url],
+                               output_dir=str(tmp_path / "out"))
+    finally:
+        daemon.stop()
+    return json.loads(Path(result.report_path).read_text())
 
 
 def _find(report: dict[str, Any], phase: str) -> dict[str, Any]:
