@@ -367,9 +367,10 @@ def make_phase2_slabs(cfg: Phase2Config, slabs_on: dict[str, int],
 def _merged(parts: list[list[pa.Table]], layout: Layout,
             finish: Callable[[pa.Table], pa.Table]) -> list[pa.Table]:
     """:func:`.merge.merge_partitions` of a batch's shards (their tables as read, with
-    ``__key``), those whose rows' key hashes all differ only sorted (``distinct``): a
-    group key's rows share its hash, so no two of their rows can roll up together."""
-    plain = [[_keyless(t) for t in tables] for tables in parts]
+    ``__key``, which it drops in selecting the layout's columns), those whose rows' key
+    hashes all differ only sorted (``distinct``): a group key's rows share its hash, so
+    no two of their rows can roll up together."""
+    plain = parts
     alone = _distinct(parts)
     if not any(alone):
         return merge_partitions(plain, layout, finish)
