@@ -370,15 +370,14 @@ def _merged(parts: list[list[pa.Table]], layout: Layout,
     ``__key``, which it drops in selecting the layout's columns), those whose rows' key
     hashes all differ only sorted (``distinct``): a group key's rows share its hash, so
     no two of their rows can roll up together."""
-    plain = parts
     alone = _distinct(parts)
     if not any(alone):
-        return merge_partitions(plain, layout, finish)
+        return merge_partitions(parts, layout, finish)
     out: list[pa.Table | None] = [None] * len(parts)
     for flag in (True, False):
         at = [n for n, a in enumerate(alone) if a is flag]
         if at:
-            for n, t in zip(at, merge_partitions([plain[n] for n in at], layout, finish,
+            for n, t in zip(at, merge_partitions([parts[n] for n in at], layout, finish,
                                                  distinct=flag), strict=True):
                 out[n] = t
     return [t for t in out if t is not None]
@@ -470,7 +469,7 @@ def _paged(cfg: Phase2Config, s: Shard, count: int, client: Callable[[str], Shuf
             rows_in += rows
             fetched += size
             if tables:
-                page = rolled_up([_keyless(t) for t in tables], cfg.layout)
+                page = rolled_up(tables, cfg.layout)  # selects the layout's columns
                 del tables
                 yield from page.to_batches()
 
