@@ -125,6 +125,37 @@ def _dict_codes(arr: pa.DictionaryArray) -> tuple[np.ndarray, int]:
     return idx.to_numpy(zero_copy_only=False).astype(np.int64), max(card, 1)
 
 
+def sort_order(table: pa.Table, keys: list[str]) -> np.ndarray | None:
+    """The stable order sorting ``table`` by ``keys`` ascending, nulls first, as Arrow's
+    ``sort_by`` gives it; None if a key is neither integer nor string. Each key becomes
+    order-preserving integer codes (a string column its dictionary's ranks: the bytes
+    compared as Arrow compares them), mixed into one int64 sorted by numpy: Arrow's
+    multi-column sort compares strings row by row (200 ms for a 590,000-row shard of
+    comparison 5, against ~60 here)."""
+    n = table.num_rows
+    parts: list[tuple[np.ndarray, int]] = []
+    for k in keys:
+        col = table.column(k)
+        t = col.type.value_type if pa.types.is_dictionary(col.type) else col.type
+        if pa.types.is_string(t) or pa.types.is_large_string(t):
+            arr = dictionary_of(col)
+            rank = np.empty(len(arr.dictionary), np.int64)
+            rank[pc.sort_indices(arr.dictionary).to_numpy()] = np.arange(
+                1, len(arr.dictionary) + 1)
+            idx = arr.indices
+            codes = (rank[idx.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)]
+                     if len(rank) else np.zeros(n, np.int64))
+            if idx.null_count:
+                codes[~pc.is_valid(idx).to_numpy(zero_copy_only=False)] = 0
+            parts.append((codes, len(rank) + 1))
+        elif pa.types.is_integer(col.type):
+            arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+            parts.append(_int_codes(arr))
+        else:
+            return None
+    return np.argsort(_mix(parts, n), kind="stable")
+
+
 def _mix(parts: list[tuple[np.ndarray, int]], n: int) -> np.ndarray:
     key = np.zeros(n, dtype=np.int64)
     total = 1

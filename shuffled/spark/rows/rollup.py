@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from shuffled.spark.rows.firstlast import FIRST_LAST, Picker, hidden_time
 from shuffled.spark.rows import sketches
-from shuffled.spark.rows.grouping import aggregate, group, key_columns, take_keys
+from shuffled.spark.rows.grouping import aggregate, group, key_columns, sort_order, take_keys
 
 TIME = "__time"
 CHUNK = "__chunk"
@@ -215,7 +215,25 @@ def cast_to_layout(table: pa.Table, layout: Layout, extra_keys: list[str],
 
 def sort_segment(table: pa.Table, layout: Layout) -> pa.Table:
     """Rows sorted by time then dimensions (nulls first, as Druid sorts them)."""
-    return table.sort_by([(k, "ascending", "at_start") for k in layout.keys])
+    return sorted_by(table, layout.keys)
+
+
+#: Rows from which integer codes sort faster than Arrow's multi-column sort (measured on
+#: comparison 5's rows: 5,000 rows 1.0 ms Arrow, 1.4 codes; 20,000 6.6 / 6.2; 200,000
+#: 109 / 45).
+CODES_MIN_ROWS = 32_768
+
+
+def sorted_by(table: pa.Table, keys: list[str]) -> pa.Table:
+    """``table`` sorted by ``keys`` ascending, nulls first, stably: by integer codes
+    (:func:`.grouping.sort_order`) where the keys are integers and strings and the table
+    has at least :data:`CODES_MIN_ROWS` rows, else by Arrow's own sort."""
+    if table.num_rows <= 1:
+        return table
+    order = sort_order(table, keys) if table.num_rows >= CODES_MIN_ROWS else None
+    if order is None:
+        return table.sort_by([(k, "ascending", "at_start") for k in keys])
+    return table.take(pa.array(order))
 
 
 def split_by(table: pa.Table, cols: list[str]) -> list[tuple[tuple[int, ...], pa.Table]]:
