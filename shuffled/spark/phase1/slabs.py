@@ -53,7 +53,7 @@ def hash_values(table: pa.Table, columns: tuple[str, ...]) -> np.ndarray:
 
 
 def row_keys(table: pa.Table, keying: Keying,
-             layout: Layout | None = None) -> tuple[pa.Array, np.ndarray, np.ndarray | None]:
+             layout: Layout) -> tuple[pa.Array, np.ndarray, np.ndarray | None]:
     """Each row's key bytes, the order grouping rows by (chunk, key), and, where the key
     gives it for free, each row's 64-bit rolled-up-key hash for the HLL (in table order;
     else None): with ``numShards`` and no partitionDimensions (``layout``'s keys are the
@@ -65,8 +65,7 @@ def row_keys(table: pa.Table, keying: Keying,
         h = hash_values(table, keying.columns)
         if keying.num_shards:  # pmod of the signed hash, as pmod_hash computes it
             part = np.mod(h.view(np.int32).astype(np.int64), keying.num_shards)
-            free = (sketch.widened(h) if layout is not None
-                    and tuple(keying.columns) == tuple(layout.keys) else None)
+            free = sketch.widened(h) if tuple(keying.columns) == tuple(layout.keys) else None
             return (slab_keys.partition_hash_keys(part, h),
                     chunk_order(chunks, part, keying.num_shards, h), free)
         return (slab_keys.hash_keys(h), chunk_order(chunks, np.zeros(len(h), np.int64), 1, h),
@@ -107,9 +106,9 @@ def chunk_ends(chunk_start: np.ndarray, granularity: str) -> np.ndarray:
     if not len(chunk_start):
         return chunk_start.copy()
     if bool((chunk_start[1:] >= chunk_start[:-1]).all()):
-        firsts = chunk_bounds(chunk_start)[:-1]
-        uniq = chunk_start[firsts]
-        inverse = np.repeat(np.arange(len(firsts)), np.diff(np.append(firsts, len(chunk_start))))
+        bounds = chunk_bounds(chunk_start)
+        uniq = chunk_start[bounds[:-1]]
+        inverse = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))
     else:
         uniq, inverse = np.unique(chunk_start, return_inverse=True)
     ends = np.array([bucket_end(int(c), granularity) for c in uniq.tolist()], dtype=np.int64)

@@ -52,11 +52,16 @@ class SpillStats:
     depth: int = 0
 
 
+def conformed(tables: list[pa.Table], layout: Layout) -> pa.Table:
+    """``tables`` as one table of the layout's columns in its types (``__key`` and any
+    other column dropped)."""
+    schema = layout.schema()
+    return pa.concat_tables([t.select(schema.names).cast(schema) for t in tables])
+
+
 def rolled_up(tables: list[pa.Table], layout: Layout) -> pa.Table:
     """All the rows of some keys -> one perfectly rolled-up row per key, in no order."""
-    schema = layout.schema()
-    return combine(pa.concat_tables([t.select(schema.names).cast(schema) for t in tables]),
-                   layout)
+    return combine(conformed(tables, layout), layout)
 
 
 def merge_in_memory(tables: list[pa.Table], layout: Layout) -> pa.Table:
@@ -83,8 +88,7 @@ def merge_bounded(batches: Iterable[pa.RecordBatch], layout: Layout, budget: int
     else:
         if held:
             table = pa.Table.from_batches(held)
-            schema = layout.schema()
-            sink(sort_segment(table.select(schema.names).cast(schema), layout) if distinct
+            sink(sort_segment(conformed([table], layout), layout) if distinct
                  else merge_in_memory([table], layout))
         return stats
     with tempfile.TemporaryDirectory(prefix="shuffled-spill-", dir=spill_dir) as tmp:
@@ -131,7 +135,7 @@ class _Merger:
         self._merge_file(whole, 0, 1)
 
     def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        table = pa.Table.from_batches([batch]).select(self.schema.names).cast(self.schema)
+        table = conformed([pa.Table.from_batches([batch])], self.layout)
         return table.combine_chunks().to_batches()[0] if table.num_rows else batch
 
     def _write(self, path: str, batches: Iterable[pa.RecordBatch]) -> tuple[str, int]:

@@ -138,16 +138,10 @@ def sort_order(table: pa.Table, keys: list[str]) -> np.ndarray | None:
         col = table.column(k)
         t = col.type.value_type if pa.types.is_dictionary(col.type) else col.type
         if pa.types.is_string(t) or pa.types.is_large_string(t):
-            arr = dictionary_of(col)
-            rank = np.empty(len(arr.dictionary), np.int64)
-            rank[pc.sort_indices(arr.dictionary).to_numpy()] = np.arange(
-                1, len(arr.dictionary) + 1)
-            idx = arr.indices
-            codes = (rank[idx.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)]
-                     if len(rank) else np.zeros(n, np.int64))
-            if idx.null_count:
-                codes[~pc.is_valid(idx).to_numpy(zero_copy_only=False)] = 0
-            parts.append((codes, len(rank) + 1))
+            arr = dictionary_of(col)  # each value once, no null in the dictionary
+            ranks = np.concatenate([[0], pc.rank(arr.dictionary).to_numpy()]).astype(np.int64)
+            at = arr.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+            parts.append((ranks[at + 1], len(ranks)))  # a null is rank 0: first
         elif pa.types.is_integer(col.type):
             arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
             parts.append(_int_codes(arr))
