@@ -35,16 +35,16 @@ from shuffled.slab.wire import KeyKind
 from shuffled.spark.phase1.config import Keying
 from shuffled.spark.phase1.partials import COMPRESS_MIN_BYTES
 from shuffled.spark.phase1.spark_compat.murmur3 import spark_hash
-from shuffled.spark.rows.rollup import CHUNK, Layout
+from shuffled.spark.rows.rollup import CHUNK, LEAD, Layout
 from shuffled.spark.spec.granularity import bucket_end
 
 
-def _ordered(col: pa.Array | pa.ChunkedArray, take: pa.Array) -> pa.Array:
-    """``col`` in the order ``take`` gives, dictionary-decoded."""
+def _ordered(col: pa.Array | pa.ChunkedArray, take: pa.Array | None) -> pa.Array:
+    """``col`` in the order ``take`` gives (None: as it is), dictionary-decoded."""
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    if pa.types.is_dictionary(arr.type):
-        return arr.take(take).dictionary_decode()
-    return arr.take(take)
+    if take is not None:
+        arr = arr.take(take)
+    return arr.dictionary_decode() if pa.types.is_dictionary(arr.type) else arr
 
 
 def hash_values(table: pa.Table, columns: tuple[str, ...]) -> np.ndarray:
@@ -52,24 +52,72 @@ def hash_values(table: pa.Table, columns: tuple[str, ...]) -> np.ndarray:
     return spark_hash([table.column(c) for c in columns]).astype(np.int32).view(np.uint32)
 
 
-def row_keys(table: pa.Table, keying: Keying,
-             layout: Layout) -> tuple[pa.Array, np.ndarray, np.ndarray | None]:
-    """Each row's key bytes, the order grouping rows by (chunk, key), and, where the key
-    gives it for free, each row's 64-bit rolled-up-key hash for the HLL (in table order;
-    else None): with ``numShards`` and no partitionDimensions (``layout``'s keys are the
-    hashed columns), the Spark hash already hashes the rolled-up key. The HLL then counts
-    32-bit hashes, ~n^2/2^33 collisions (0.01% of a million keys); only the numShards plan,
-    which no estimate decides, takes them (the row hash was 14% of comparison 5's upload)."""
+def _partition_of(h: np.ndarray, keying: Keying) -> np.ndarray:
+    """Each uint32 hash's partition: with ``numShards`` the pmod of the signed hash, as
+    pmod_hash computes it; else 0 (the key is the hash alone)."""
+    if not keying.num_shards:
+        return np.zeros(len(h), np.int64)
+    return np.mod(h.view(np.int32).astype(np.int64), keying.num_shards)
+
+
+def with_lead(table: pa.Table, keying: Keying | None, layout: Layout) -> pa.Table | None:
+    """``table`` (rows before the rollup, or rolled up) with :data:`LEAD`, each row's
+    (partition << 32 | hash) of a hashed slab key, for the rollup to order its groups by
+    (:func:`.grouping.group`): the groups then come out in the slab's order, and
+    :func:`cut_slab` neither hashes, sorts nor takes (the sort and the take were a third
+    of comparison 5's upload thread). None when the key is not hashed, or a hashed
+    column is not in its slab type yet (its hash would differ after the rollup's cast)."""
+    if keying is None or keying.kind != "hashed" or LEAD in table.column_names:
+        return None
+    types = dict(zip(layout.schema().names, layout.schema().types, strict=True))
+    for c in keying.columns:
+        if c not in table.column_names or c not in types:
+            return None
+        t = table.schema.field(c).type
+        if pa.types.is_dictionary(t):
+            t = t.value_type
+        if t != types[c]:
+            return None
+    h = hash_values(table, keying.columns)
+    lead = (_partition_of(h, keying).astype(np.uint64) << np.uint64(32)) | h.astype(np.uint64)
+    return table.append_column(LEAD, pa.array(lead, pa.uint64()))
+
+
+def _in_order(chunks: np.ndarray, lead: np.ndarray) -> bool:
+    """Whether rows are sorted by (chunk, lead) already."""
+    if len(chunks) < 2:
+        return True
+    later = chunks[1:] > chunks[:-1]
+    return bool(np.all(later | ((chunks[1:] == chunks[:-1]) & (lead[1:] >= lead[:-1]))))
+
+
+def row_keys(table: pa.Table, keying: Keying, layout: Layout,
+             ) -> tuple[pa.Array, np.ndarray | None, np.ndarray | None]:
+    """Each row's key bytes, the order grouping rows by (chunk, key) (None: the rows are
+    in it), and, where the key gives it for free, each row's 64-bit rolled-up-key hash for
+    the HLL (in table order; else None): with ``numShards`` and no partitionDimensions
+    (``layout``'s keys are the hashed columns), the Spark hash already hashes the
+    rolled-up key. The HLL then counts 32-bit hashes, ~n^2/2^33 collisions (0.01% of a
+    million keys); only the numShards plan, which no estimate decides, takes them (the
+    row hash was 14% of comparison 5's upload). A hashed key is read from :data:`LEAD`
+    where the rollup carried it (:func:`with_lead`)."""
     chunks = table.column(CHUNK).to_numpy()
     if keying.kind == "hashed":
-        h = hash_values(table, keying.columns)
-        if keying.num_shards:  # pmod of the signed hash, as pmod_hash computes it
-            part = np.mod(h.view(np.int32).astype(np.int64), keying.num_shards)
-            free = sketch.widened(h) if tuple(keying.columns) == tuple(layout.keys) else None
-            return (slab_keys.partition_hash_keys(part, h),
-                    chunk_order(chunks, part, keying.num_shards, h), free)
-        return (slab_keys.hash_keys(h), chunk_order(chunks, np.zeros(len(h), np.int64), 1, h),
-                None)
+        if LEAD in table.column_names:
+            lead = table.column(LEAD).combine_chunks().to_numpy(zero_copy_only=False)
+            h = (lead & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+            part = (lead >> np.uint64(32)).astype(np.int64)
+            order = None if _in_order(chunks, lead) else \
+                chunk_order(chunks, part, keying.num_shards or 1, h)
+        else:
+            h = hash_values(table, keying.columns)
+            part = _partition_of(h, keying)
+            order = chunk_order(chunks, part, keying.num_shards or 1, h)
+        free = (sketch.widened(h) if keying.num_shards
+                and tuple(keying.columns) == tuple(layout.keys) else None)
+        keys = (slab_keys.partition_hash_keys(part, h) if keying.num_shards
+                else slab_keys.hash_keys(h))
+        return keys, order, free
     distinct, row, rank = slab_keys.distinct_tuple_keys(
         [table.column(c) for c in keying.columns])
     return distinct.take(pa.array(row)), chunk_order(chunks, rank[row], max(len(rank), 1)), None
@@ -178,20 +226,22 @@ def cut_slab(table: pa.Table, layout: Layout, keying: Keying, granularity: str, 
     dictionary-encoded) as one slab: the layout's columns in their plain types and
     ``__key``, in (chunk, key) order; and for range keys its :class:`KeySample`."""
     keys, order, free = row_keys(table, keying, layout)
-    take = pa.array(order)
+    take = pa.array(order) if order is not None else None
     schema = layout.schema()
     # Dictionary-encoded strings are taken as their indices, then decoded once: decoding
     # first copied every string twice (20 -> 5 ms a column of 613,000 rows).
     columns = [_ordered(table.column(f.name), take) for f in schema]
     columns = [c if c.type == f.type else c.cast(f.type, safe=False)
                for c, f in zip(columns, schema, strict=True)]
-    data = pa.Table.from_arrays([*columns, keys.take(take)],
+    data = pa.Table.from_arrays([*columns, keys if take is None else keys.take(take)],
                                 schema=schema.append(pa.field(KEY_COLUMN, pa.binary())))
-    chunk_start = table.column(CHUNK).to_numpy()[order].astype(np.int64)
+    chunk_start = table.column(CHUNK).to_numpy().astype(np.int64)
     # The HLL's row hash from the input's own columns (dictionaries hash each value once)
     # in table order, then put in the slab's.
     hashes = (free if free is not None else
-              sketch.row_hashes([table.column(k) for k in layout.keys]))[order]
+              sketch.row_hashes([table.column(k) for k in layout.keys]))
+    if order is not None:
+        chunk_start, hashes = chunk_start[order], hashes[order]
     # As for partials (docs/ingestion.md): batches averaging under 64 KiB go uncompressed,
     # LZ4 costing ten times their encoding for a few hundred bytes each. A slab has a batch
     # per chunk at least: counted by rows alone, comparison 7's 100-row day batches were

@@ -48,12 +48,14 @@ from shuffled.spark.phase1.native.reader import NativeInput, Split, read_split
 from shuffled.spark.phase1.native.text.blocks import ByteMeter
 from shuffled.spark.phase1.partials import EOS, Encoder, encode_flush
 from shuffled.spark.phase1.ring import Placer
-from shuffled.spark.phase1.slabs import KeySample, cut_slab
+from shuffled.spark.phase1.slabs import KeySample, cut_slab, with_lead
 from shuffled.spark.phase1.config import Phase1Config
 from shuffled.spark.phase1.native.timeorder import AT_ONCE, TimeOrdered
 from shuffled.spark.rows.multivalue import has_multi
 from shuffled.spark.rows.memory import peak_rss, release_free_memory, reset_peak_rss, rss
-from shuffled.spark.rows.rollup import BAD, BUCKET, CHUNK, WITH_ERROR, combine, rollup_input
+from shuffled.spark.rows.rollup import (
+    BAD, BUCKET, CHUNK, LEAD, WITH_ERROR, combine, rollup_input,
+)
 
 
 #: The native reader's partitioning of a table's rows (``native.Bucketer`` for hashed,
@@ -194,8 +196,12 @@ class _Task:
     def _pending_table(self) -> pa.Table:
         if len(self.pending) == 1:
             return self.pending[0]
-        return combine(pa.concat_tables(self.pending), self.cfg.layout, self.extra,
-                       dictionaries=True)
+        led = [LEAD in t.column_names for t in self.pending]
+        if any(led) and not all(led):  # the lead is an order, never needed: drop it
+            self.pending = [t.drop_columns([LEAD]) if LEAD in t.column_names else t
+                            for t in self.pending]
+        return combine(pa.concat_tables(self.pending), self.cfg.layout,
+                       self.extra + [LEAD] * all(led), dictionaries=True)
 
     def _rollup_raw_only(self) -> None:
         if self.raw:
@@ -210,8 +216,14 @@ class _Task:
                      or self.buffers % RECHECK == 0)
             # String dimensions stay dictionary-encoded (row groups read natively carry
             # their own dictionaries; grouping unifies them) until the partials are cut.
-            rolled = rollup_input(pa.concat_tables(self.raw), self.cfg.layout, self.extra,
+            raw = pa.concat_tables(self.raw)
+            # Slabs of a hashed key: the rollup orders its groups as the slab will
+            # (slabs.with_lead), so the cut need not sort them again.
+            led = with_lead(raw, self.cfg.slabs, self.cfg.layout)
+            rolled = rollup_input(raw if led is None else led, self.cfg.layout,
+                                  self.extra + [LEAD] * (led is not None),
                                   dictionaries=True, group=group)
+            del raw, led
             if full and group:
                 self.unfoldable = rolled.num_rows >= UNFOLDABLE * self.raw_rows
             self.raw, self.raw_rows, self.raw_bytes = [], 0, 0
@@ -344,7 +356,8 @@ class _Task:
                                 attempt=self.attempt_number, compression=self.cfg.compression)
         rows = table.num_rows
         span = pc.min_max(table.column(CHUNK)).as_py() if rows else {"min": None, "max": None}
-        self.stats["bytes_before_compression"] += table.nbytes
+        self.stats["bytes_before_compression"] += table.nbytes - (
+            table.column(LEAD).nbytes if LEAD in table.column_names else 0)
         del table
         placed = self.placer.put_slab(self.cfg.supervisor_task_id, slab)
         server = placed.servers[0]

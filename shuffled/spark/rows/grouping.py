@@ -193,7 +193,7 @@ def _order(key: np.ndarray, stable: bool) -> np.ndarray:
 
 
 def group(columns: list[pa.Array], n: int, relative: dict[int, int] | None = None,
-          stable: bool = True) -> Groups:
+          stable: bool = True, lead: np.ndarray | None = None) -> Groups:
     """Group ``n`` rows by ``columns`` (from :func:`key_columns`).
 
     ``relative`` maps a column index to an earlier one: that column is coded by its
@@ -201,6 +201,12 @@ def group(columns: list[pa.Array], n: int, relative: dict[int, int] | None = Non
     too; ``__time - __chunk`` spans one chunk where ``__time`` spans the whole input).
     Without ``stable`` the rows of a group may come in any order (and ``first`` is some
     row of it): what every aggregate but ``list`` allows.
+
+    ``lead`` (non-negative integers, a function of the key: equal keys, equal leads) sorts
+    the groups right after the first column, where the mixed key has room for it, so
+    that they come out in the order a consumer needs (a slab's (chunk, partition, hash),
+    :func:`shuffled.spark.phase1.slabs.with_lead`) from the sort grouping does anyway;
+    without room it is left out, the groups the same.
     """
     parts: list[tuple[np.ndarray, int]] = []
     for i, arr in enumerate(columns):
@@ -211,6 +217,12 @@ def group(columns: list[pa.Array], n: int, relative: dict[int, int] | None = Non
         if j is not None and arr.null_count == 0 and columns[j].null_count == 0:
             arr = pc.subtract_checked(arr.cast(pa.int64()), columns[j].cast(pa.int64()))
         parts.append(_int_codes(arr))
+    if lead is not None and n and parts:
+        room = int(lead.max()) + 1
+        for _, card in parts:
+            room *= card
+        if room < _LIMIT:
+            parts.insert(1, (lead.astype(np.int64, copy=False), int(lead.max()) + 1))
     key = _mix(parts, n)
     if n and bool(np.all(key[1:] >= key[:-1])):
         order = np.arange(n, dtype=np.int64)

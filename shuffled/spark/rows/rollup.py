@@ -24,6 +24,10 @@ from shuffled.spark.rows.grouping import aggregate, group, key_columns, sort_ord
 TIME = "__time"
 CHUNK = "__chunk"
 BUCKET = "__bucket"
+#: An extra key a caller computes from the key columns to order the groups by after the
+#: chunk (:func:`.grouping.group`'s ``lead``; a slab's (partition, hash),
+#: :func:`shuffled.spark.phase1.slabs.with_lead`), carried through the rollup.
+LEAD = "__lead"
 BAD = "__bad"
 #: How ``__bad`` marks a row ingested with a parse error in one or more of its columns
 #: (Druid's processedWithError: the row is kept, those values null), before its location.
@@ -85,17 +89,25 @@ def group_acero(table: pa.Table, keys: list[str], aggs: list[tuple[str | list[st
 
 def _sorted_group(table: pa.Table, keys: list[str], aggs: list[tuple[str | None, str]],
                   names: list[str]) -> pa.Table | None:
-    """:mod:`.grouping`'s group-by (rows come out sorted by ``keys[0]``); None for a
-    small table (Acero's per-call cost is lower) or a key type it does not code."""
+    """:mod:`.grouping`'s group-by (rows come out sorted by ``keys[0]``, then by
+    :data:`LEAD` if it is a key); None for a small table (Acero's per-call cost is lower)
+    or a key type it does not code."""
     if table.num_rows < SMALL:
         return None
-    cols = key_columns(table, keys)
+    plain = [k for k in keys if k != LEAD]  # the lead is a function of the others
+    cols = key_columns(table, plain)
     if cols is None:
         return None
-    relative = {keys.index(TIME): keys.index(CHUNK)} if CHUNK in keys and TIME in keys else None
+    lead = (table.column(LEAD).combine_chunks().to_numpy(zero_copy_only=False)
+            if LEAD in keys else None)
+    relative = ({plain.index(TIME): plain.index(CHUNK)} if CHUNK in plain and TIME in plain
+                else None)
     # Only a list aggregate (a sketch's rows) needs each group's rows in input order.
-    g = group(cols, table.num_rows, relative, stable=any(how == "list" for _, how in aggs))
+    g = group(cols, table.num_rows, relative, stable=any(how == "list" for _, how in aggs),
+              lead=lead)
     out = take_keys(cols, g)
+    if lead is not None:
+        out.insert(keys.index(LEAD), pa.array(lead[g.first]))
     out += [aggregate(table.column(src) if src else None, how, g) for src, how in aggs]
     return pa.Table.from_arrays(out, names=keys + names)
 
