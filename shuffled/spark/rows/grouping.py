@@ -203,10 +203,12 @@ def group(columns: list[pa.Array], n: int, relative: dict[int, int] | None = Non
     row of it): what every aggregate but ``list`` allows.
 
     ``lead`` (non-negative integers, a function of the key: equal keys, equal leads) sorts
-    the groups right after the first column, where the mixed key has room for it, so
-    that they come out in the order a consumer needs (a slab's (chunk, partition, hash),
-    :func:`shuffled.spark.phase1.slabs.with_lead`) from the sort grouping does anyway;
-    without room it is left out, the groups the same.
+    the groups right after the first column, so that they come out in the order a
+    consumer needs (a slab's (chunk, partition, hash),
+    :func:`shuffled.spark.phase1.slabs.with_lead`) from the sort grouping does anyway:
+    mixed into the key where it has room; where the key overflows without it, the rows
+    are sorted by (first column, lead) alone (:func:`_by_lead`); else it is left out, the
+    groups the same.
     """
     parts: list[tuple[np.ndarray, int]] = []
     for i, arr in enumerate(columns):
@@ -218,11 +220,15 @@ def group(columns: list[pa.Array], n: int, relative: dict[int, int] | None = Non
             arr = pc.subtract_checked(arr.cast(pa.int64()), columns[j].cast(pa.int64()))
         parts.append(_int_codes(arr))
     if lead is not None and n and parts:
-        room = int(lead.max()) + 1
+        span = 1
         for _, card in parts:
-            room *= card
-        if room < _LIMIT:
-            parts.insert(1, (lead.astype(np.int64, copy=False), int(lead.max()) + 1))
+            span *= card
+        top = int(lead.max()) + 1
+        if span * top < _LIMIT:
+            parts.insert(1, (lead.astype(np.int64, copy=False), top))
+        elif span >= _LIMIT and parts[0][1] * (1 << top.bit_length()) < _LIMIT:
+            order, starts = _by_lead(parts, lead, stable)
+            return Groups(order, starts, order[starts], len(starts), n)
     key = _mix(parts, n)
     if n and bool(np.all(key[1:] >= key[:-1])):
         order = np.arange(n, dtype=np.int64)
@@ -233,6 +239,42 @@ def group(columns: list[pa.Array], n: int, relative: dict[int, int] | None = Non
     starts = np.flatnonzero(ks[1:] != ks[:-1]) + 1
     starts = np.concatenate([np.zeros(min(n, 1), dtype=np.int64), starts])
     return Groups(order, starts, order[starts], len(starts), n)
+
+
+def _by_lead(parts: list[tuple[np.ndarray, int]], lead: np.ndarray,
+             stable: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(order, group starts) of rows sorted by (first column's codes, ``lead``), then, in
+    the rare run of one lead that holds several keys (a hash collision), by the other
+    columns' codes. A key of many columns overflows the mixed int64, which :func:`_mix`
+    then ranks by a sort of its own; this is one sort of one int64 whatever the columns,
+    and a comparison of each column only where a row's lead equals the one before it."""
+    first = parts[0][0]
+    width = np.uint64((int(lead.max()) + 1).bit_length())
+    packed = (first.astype(np.uint64) << width) | lead.astype(np.uint64)
+    order = _order(packed, stable)
+    ks = packed[order]
+    same = ks[1:] == ks[:-1]
+    rest = [codes for codes, _ in parts[1:]]
+
+    def differ() -> np.ndarray:
+        at = np.flatnonzero(same)
+        out = np.zeros(len(same), dtype=bool)
+        for codes in rest:
+            out[at] |= codes[order[at + 1]] != codes[order[at]]
+        return out
+
+    split = differ()
+    if split.any():
+        run = np.concatenate([[0], np.cumsum(~same)])  # each sorted row's run of one lead
+        mixed = np.zeros(int(run[-1]) + 1, dtype=bool)
+        mixed[run[1:][split]] = True
+        at = np.flatnonzero(mixed[run])  # the rows of those runs (each run contiguous)
+        sub = order[at]
+        # lexsort is stable: equal keys keep the order the first sort gave them.
+        order[at] = sub[np.lexsort([codes[sub] for codes in reversed(rest)] + [run[at]])]
+        split = differ()
+    starts = np.flatnonzero(~same | split) + 1
+    return order, np.concatenate([np.zeros(min(len(order), 1), dtype=np.int64), starts])
 
 
 def aggregate(col: pa.Array | pa.ChunkedArray | None, how: str, g: Groups) -> pa.Array:

@@ -16,7 +16,9 @@ import pytest
 from shuffled.spark.phase1.config import Keying
 from shuffled.spark.phase1.slabs import cut_slab, row_keys, with_lead
 from shuffled.spark.rows.grouping import group, key_columns
-from shuffled.spark.rows.rollup import CHUNK, LEAD, SMALL, TIME, combine, rollup_input
+from shuffled.spark.rows.rollup import (
+    CHUNK, LEAD, SMALL, TIME, Layout, combine, rollup_input,
+)
 from tests.spark.slab.test_shardplan import DAY, LAYOUT, skewed_rows
 
 KEYINGS = [Keying("hashed", (TIME, "country", "device", "user")),
@@ -115,3 +117,78 @@ def test_without_room_the_cut_sorts_by_the_carried_lead() -> None:
     assert row_keys(led, keying, LAYOUT)[1] is not None
     assert _cut(led, keying) == _cut(rollup_input(raw, LAYOUT, [CHUNK], dictionaries=True),
                                      keying)
+
+
+def _wide(rng: np.random.Generator, n: int) -> pa.Table:
+    """Keys of five columns whose codes overflow one int64 (2 x 24 x 6 x 2^16-value
+    columns): the mixed key would be ranked by a sort of its own."""
+    cols = {CHUNK: pa.array(rng.integers(0, 2, n) * DAY, pa.int64()),
+            "hour": pa.array(rng.integers(0, 24, n), pa.int64())}
+    for name in ("a", "b", "c", "d"):
+        values = rng.integers(0, 1 << 16, n)
+        cols[name] = pa.array([f"{name}{v}" for v in values.tolist()]) if name in "ab" \
+            else pa.array(values * 7919, pa.int64())
+    cols["e"] = pa.array(rng.integers(0, 6, n), pa.int64())
+    return pa.table(cols)
+
+
+@pytest.mark.parametrize("distinct_leads", [1 << 33, 5], ids=["hash", "collisions"])
+@pytest.mark.parametrize("stable", [True, False])
+def test_a_lead_beside_an_overflowing_key_groups_the_same(distinct_leads: int,
+                                                          stable: bool) -> None:
+    """Where the key's codes overflow one int64 the rows are sorted by (first column,
+    lead) alone and each run of one lead checked column by column: the groups are the
+    ones grouping by the key gives, in (first column, lead) order, each group's rows in
+    input order when asked to be stable. With five leads nearly every run holds many
+    keys (a collision in every run)."""
+    rng = np.random.default_rng(distinct_leads % 97 + stable)
+    n = 40_000
+    table = _wide(rng, n)
+    keys = table.column_names
+    # A function of the key (equal keys, equal leads): a hash of the row, folded.
+    rowhash = np.asarray([hash(t) for t in zip(*(table.column(k).to_pylist() for k in keys))],
+                         dtype=np.int64).view(np.uint64)
+    lead = rowhash % np.uint64(distinct_leads)
+    cols = key_columns(table, keys)
+    assert cols is not None
+    got, want = group(cols, n, stable=stable, lead=lead), group(cols, n, stable=stable)
+    assert got.count == want.count
+    gid_got, gid_want = got.gid(), want.gid()
+    assert len(set(zip(gid_got.tolist(), gid_want.tolist()))) == want.count  # one to one
+    chunk = table.column(CHUNK).to_numpy()[got.order]
+    ordered = lead[got.order]
+    rising = (chunk[1:] > chunk[:-1]) | ((chunk[1:] == chunk[:-1]) & (ordered[1:] >= ordered[:-1]))
+    assert rising.all()
+    if stable:
+        ends = np.append(got.starts[1:], n)
+        for s, e in zip(got.starts[:200], ends[:200], strict=True):
+            assert np.all(np.diff(got.order[s:e]) > 0)
+
+
+def test_wide_keys_cut_the_same_slab_through_the_lead() -> None:
+    """Phase 1 on keys too wide for the mixed int64 (five dimensions of ~16,000 values):
+    the rollup sorts by the lead alone, and the slab is the same bytes as the cut's own
+    sort gives."""
+    rng = np.random.default_rng(12)
+    n = SMALL + 10_000
+    dims = ("a", "b", "c", "d", "e")
+    layout = Layout(tuple((d, "string") for d in dims), LAYOUT.metrics)
+    keying = Keying("hashed", (TIME, *dims), 3)
+    day = rng.integers(0, 2, n) * DAY
+    raw = pa.table({
+        CHUNK: pa.array(day, pa.int64()),
+        TIME: pa.array(day + rng.integers(0, 24, n) * 3_600_000, pa.int64()),
+        **{d: pa.array([f"{d}{v}" for v in rng.integers(0, 1 << 14, n).tolist()])
+           for d in dims},
+    })
+    raw = pa.concat_tables([raw, raw.slice(0, 20_000)])  # keys that fold
+    led = rollup_input(with_lead(raw, keying, layout), layout, [CHUNK, LEAD],
+                       dictionaries=True)
+    assert led.num_rows == n
+    assert row_keys(led, keying, layout)[1] is None
+
+    def cut(t: pa.Table) -> tuple[bytes, bytes, bytes]:
+        slab, _ = cut_slab(t, layout, keying, "day", sub_task_id="p0", slab_id=0, attempt=0)
+        return slab.data.to_pybytes(), slab.index, slab.stats
+
+    assert cut(led) == cut(rollup_input(raw, layout, [CHUNK], dictionaries=True))
