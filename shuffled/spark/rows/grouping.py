@@ -227,7 +227,7 @@ def group(columns: list[pa.Array], n: int, relative: dict[int, int] | None = Non
         if span * top < _LIMIT:
             parts.insert(1, (lead.astype(np.int64, copy=False), top))
         elif span >= _LIMIT and parts[0][1] * (1 << top.bit_length()) < _LIMIT:
-            order, starts = _by_lead(parts, lead, stable)
+            order, starts = _by_lead(parts, lead, top, stable)
             return Groups(order, starts, order[starts], len(starts), n)
     key = _mix(parts, n)
     if n and bool(np.all(key[1:] >= key[:-1])):
@@ -241,15 +241,15 @@ def group(columns: list[pa.Array], n: int, relative: dict[int, int] | None = Non
     return Groups(order, starts, order[starts], len(starts), n)
 
 
-def _by_lead(parts: list[tuple[np.ndarray, int]], lead: np.ndarray,
+def _by_lead(parts: list[tuple[np.ndarray, int]], lead: np.ndarray, top: int,
              stable: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(order, group starts) of rows sorted by (first column's codes, ``lead``), then, in
-    the rare run of one lead that holds several keys (a hash collision), by the other
-    columns' codes. A key of many columns overflows the mixed int64, which :func:`_mix`
+    """(order, group starts) of rows sorted by (first column's codes, ``lead``, whose
+    values are below ``top``), then, in the rare run of one lead that holds several keys
+    (a hash collision), by the other columns' codes. A key of many columns overflows the mixed int64, which :func:`_mix`
     then ranks by a sort of its own; this is one sort of one int64 whatever the columns,
     and a comparison of each column only where a row's lead equals the one before it."""
     first = parts[0][0]
-    width = np.uint64((int(lead.max()) + 1).bit_length())
+    width = np.uint64(top.bit_length())
     packed = (first.astype(np.uint64) << width) | lead.astype(np.uint64)
     order = _order(packed, stable)
     ks = packed[order]

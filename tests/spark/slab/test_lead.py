@@ -40,8 +40,9 @@ def rows(rng: np.random.Generator, n: int, days: int) -> pa.Table:
     })
 
 
-def _cut(table: pa.Table, keying: Keying) -> tuple[bytes, bytes, bytes]:
-    slab, _ = cut_slab(table, LAYOUT, keying, "day", sub_task_id="p0", slab_id=0, attempt=0)
+def _cut(table: pa.Table, keying: Keying,
+         layout: Layout = LAYOUT) -> tuple[bytes, bytes, bytes]:
+    slab, _ = cut_slab(table, layout, keying, "day", sub_task_id="p0", slab_id=0, attempt=0)
     return slab.data.to_pybytes(), slab.index, slab.stats
 
 
@@ -186,12 +187,8 @@ def test_wide_keys_cut_the_same_slab_through_the_lead() -> None:
                        dictionaries=True)
     assert led.num_rows == n
     assert row_keys(led, keying, layout)[1] is None
-
-    def cut(t: pa.Table) -> tuple[bytes, bytes, bytes]:
-        slab, _ = cut_slab(t, layout, keying, "day", sub_task_id="p0", slab_id=0, attempt=0)
-        return slab.data.to_pybytes(), slab.index, slab.stats
-
-    assert cut(led) == cut(rollup_input(raw, layout, [CHUNK], dictionaries=True))
+    assert _cut(led, keying, layout) == _cut(
+        rollup_input(raw, layout, [CHUNK], dictionaries=True), keying, layout)
 
 
 def test_plain_strings_of_the_key_come_back_encoded_once() -> None:
