@@ -34,6 +34,7 @@ class Sizes:
     druid_rows: int = 3_000_000  # comparison 7: rows over ``druid_days`` day chunks
     druid_days: int = 3652
     scale_partials: int = 1_000_000  # comparison 6: partials held by one daemon
+    scale_early: int = 50_000  # comparison 6: the restart measured on the way (<= 1 s)
     scale_batch: int = 10_000  # partials per bulk upload while filling it
     scale_threads: int = 3  # client threads filling it
     scale_fill_seconds: float = 900.0  # the fill stops here (the count reached is reported)
@@ -47,7 +48,7 @@ QUICK = Sizes(repeats=2, large=16 * MiB, large_rounds=1, small_count=100, small_
               small_parallel=8, put_parallel=4, memory_partials=4,
               memory_sizes=(4 * MiB, 16 * MiB), e2e_rows=200_000, e2e_repeats=1,
               druid_rows=20_000, druid_days=60,
-              scale_partials=20_000, scale_batch=2_000, scale_fill_seconds=60.0,
+              scale_partials=20_000, scale_early=5_000, scale_batch=2_000, scale_fill_seconds=60.0,
               scale_samples=2, merge_rows=600_000, merge_budget=64 * MiB)
 
 

@@ -47,11 +47,14 @@ def test_quick_bench_writes_results(tmp_path: Path) -> None:
     assert {"serve_large_throughput", "serve_large_cpu", "serve_small_aggregate",
             "ingest_large_durable", "ingest_small_durable", "ingest_small_nofsync",
             "ingest_small_bulk", "serve_small_cpu", "ingest_small_cpu", "memory_flat", "memory_peak_rss", "scale_rss",
-            "scale_fill_rss", "scale_restart", "scale_first_page", "scale_fill_rate",
+            "scale_restart_early", "scale_fill_rss", "scale_restart", "scale_first_page", "scale_fill_rate",
             "merge_seconds", "merge_rss_budget", "ingest_small_slab", "ingest_small_slab_cpu",
             "serve_small_shard", "serve_small_shard_cpu"} <= names
     scale = next(r for r in results if r["name"] == "scale_rss")["detail"]
     assert scale["partials"] > 0 and scale["fill"]["stored"] == scale["partials"]
+    # The early restart was measured on the way there, and the fill went on after it.
+    assert scale["early"]["complete"] and 0 < scale["early"]["stored"] < scale["partials"]
+    assert len(scale["early_ready_s"]) == len(scale["samples"]["ready_s"])
     for r in results:
         assert FIELDS <= set(r), r
         assert isinstance(r["ours"], (int, float)) and math.isfinite(r["ours"]) and r["ours"] > 0
