@@ -90,6 +90,20 @@ def _combine(a: Any, b: Any) -> Any:
     return shardplan.merge(a, b)
 
 
+_GOLDEN = 0x9E3779B97F4A7C15  # 2^64 / phi: Fibonacci hashing's multiplier
+_MASK64 = (1 << 64) - 1
+
+
+def reducer_of(key: tuple[str, int]) -> int:
+    """The late plan's partitioner: a ``("c", chunk start)`` or ``("t", task)`` key's
+    reducer, before ``% reducers``. Fibonacci hashing, the top 32 bits of the value times
+    2^64 / phi: PySpark's ``portable_hash`` keeps a tuple's low bits as its elements'
+    are, and a day chunk's start in milliseconds is a multiple of 1,024, so with a
+    power-of-two count of reducers it sent every chunk to one of them
+    (tests/spark/slab/test_late_reducers.py)."""
+    return ((int(key[1]) * _GOLDEN) & _MASK64) >> 32
+
+
 def run_phase1(job: Job, keyed: Keying, ninput: native.NativeInput,
                tasks: list[list[native.Split]],
                ) -> tuple[list[str], list[shardplan.ChunkPlan]]:
@@ -145,7 +159,7 @@ def run_phase1(job: Job, keyed: Keying, ninput: native.NativeInput,
 
     reducers = max(1, sc.defaultParallelism, len(tasks))
     got = (sc.parallelize(tasks, len(tasks)).mapPartitionsWithIndex(run)
-           .partitionBy(reducers).mapPartitions(reduce).collect())
+           .partitionBy(reducers, reducer_of).mapPartitions(reduce).collect())
     lines = [line for key, value in sorted(got, key=lambda kv: kv[0])
              if key[0] == "t" for line in value]
     plans = sorted((v for k, v in got if k[0] == "c"), key=lambda p: p.start)

@@ -155,7 +155,7 @@ def merge(a: ChunkStats, b: ChunkStats, size: int = PLAN_SAMPLE) -> ChunkStats:
     of the ``size`` smallest distinct hashes (a row two slabs hold counts once)."""
     keys, hashes = a.keys, a.hashes
     rate = min(a.rate, b.rate)
-    if len(b.keys):
+    if len(b.keys) or a.rate != b.rate:
         keys = pa.concat_arrays([a.keys, b.keys]) if len(a.keys) else b.keys
         hashes = np.concatenate([a.hashes, b.hashes])
         uniq, first = np.unique(hashes, return_index=True)  # sorted by hash

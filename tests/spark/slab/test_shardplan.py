@@ -14,6 +14,7 @@ from functools import reduce
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from shuffled.slab import sketch
@@ -322,3 +323,32 @@ def test_samples_at_two_rates_merge_at_the_lower() -> None:
     assert merged.rate == 0.1
     assert (merged.hashes < sketch.rate_threshold(0.1)).all()
     assert len(merged.keys) == len(stats[1].keys)
+
+
+def _stats(rng: np.random.Generator, start: int, rate: float, count: int,
+           server: str) -> shardplan.ChunkStats:
+    """A chunk's statistics as one slab gives them: ``count`` distinct row hashes below
+    the rate's threshold, each row's range key a function of its hash (many rows share
+    a key), sorted by key; registers at random."""
+    top = int(sketch.rate_threshold(rate))
+    hashes = np.unique(rng.integers(0, 1 << 20, count, dtype=np.uint64) * np.uint64(
+        max(1, top >> 20)))[:count]
+    keys = pa.array([f"k{int(h) % 7}".encode() for h in hashes], pa.binary())
+    order = np.asarray(pc.sort_indices(keys))
+    return shardplan.ChunkStats(start, start + DAY, int(rng.integers(count, 3 * count + 1)),
+                                rng.integers(0, 20, sketch.REGISTERS, dtype=np.uint8),
+                                keys.take(pa.array(order)), hashes[order],
+                                frozenset([server]), rate)
+
+
+def test_merge_at_two_rates_keeps_the_lower_rate_even_from_an_empty_sample() -> None:
+    """A union of samples at two rates is a sample at the lower one only
+    (``ChunkStats.rate``): a slab whose sample at the lower rate drew no row still
+    lowers it, and the other's rows above that rate's threshold go."""
+    rng = np.random.default_rng(5)
+    a = _stats(rng, 0, 1.0, 200, "d0")
+    b = _stats(rng, 0, 0.25, 0, "d1")
+    for m in (shardplan.merge(a, b), shardplan.merge(b, a)):
+        assert m.rate == 0.25 and 0 < len(m.hashes) < len(a.hashes)
+        assert (m.hashes < sketch.rate_threshold(0.25)).all()
+        assert m.keys.equals(pc.take(m.keys, pc.sort_indices(m.keys)))
