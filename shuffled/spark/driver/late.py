@@ -4,9 +4,10 @@
 
 Phase 1 writes each flush as a slab without knowing the shard count; each task merges its
 slabs' statistics per time chunk and yields them beside its result lines; one Spark job
-then merges them per chunk on the executors (``reduceByKey``) and plans each chunk's
-shards there (:mod:`shuffled.spark.phase2.shardplan`): the driver collects the task
-results (a line per slab) and the plan (bounded by the shards), never the statistics.
+then merges them per chunk on the executors (a ``partitionBy`` of :func:`reducer_of`) and
+plans each chunk's shards there (:mod:`shuffled.spark.phase2.shardplan`): the driver
+collects the task results (a line per slab) and the plan (bounded by the shards), never
+the statistics.
 Phase 2 reads each shard, a key range of its chunk, from the daemons holding the chunk's
 slabs (:mod:`shuffled.spark.phase2.slabmerge`).
 
