@@ -168,6 +168,7 @@ def run(ctx: Ctx) -> list[Result]:
         filled = fill(d.url, s.scale_partials, s.scale_batch, s.scale_threads, left,
                       first=early["stored"]) if early["complete"] else early
     n = filled["stored"]
+    fill_seconds = early["seconds"] + (filled["seconds"] if filled is not early else 0.0)
     samples = [restart(ctx, loc, f"scale_restart_{i}") for i in range(s.scale_samples)]
     got = {k: [x[k] for x in samples] for k in samples[0]}
     fill_peak = max(ctx.peaks["scale_fill"], ctx.peaks["scale_fill_rest"])
@@ -175,7 +176,7 @@ def run(ctx: Ctx) -> list[Result]:
                                      f" (fill stopped at {n:,} of {s.scale_partials:,})")
     if not filled["complete"]:
         ctx.notes.append(f"6. the fill reached {n:,} of {s.scale_partials:,} partials in "
-                         f"{filled['seconds']:.0f} s ({filled['rate']:,.0f}/s); measured there.")
+                         f"{fill_seconds:.0f} s ({n / fill_seconds:,.0f}/s); measured there.")
     common = {"partials": n, "target_partials": s.scale_partials, "fill": filled,
               "samples": got, "empty_start_s": empty, "subtasks_per_partition": SUBTASKS,
               "fill_peak_rss_mib": fill_peak, "early": early, "early_ready_s": early_ready}
@@ -194,8 +195,7 @@ def run(ctx: Ctx) -> list[Result]:
                  median(got["first_page_s"]) * ms, "ms", "<", 50),
         info("scale_fill_rate", f"6. fill: partials stored per second (put_partials, "
              f"{s.scale_threads} threads, batches of {s.scale_batch:,}, fsync off)",
-             n / (early["seconds"] + filled["seconds"] * (n > early["stored"])),
-             "partials/s"),
+             n / fill_seconds, "partials/s"),
         info("scale_partial_get", f"6. per-partial GET latency, {held}",
              median(got["partial_get_s"]) * ms, "ms"),
     ]
