@@ -19,8 +19,9 @@ for a maximum. Here, per chunk:
 
 What a chunk holds here is bounded whatever the input (:class:`ChunkStats`: 2 KiB of
 registers, at most :data:`PLAN_SAMPLE` keys, the daemons), so the statistics are merged
-per chunk on the executors (``reduceByKey``) and only the plan, bounded by the shards,
-reaches the driver. Pure functions over numpy and pyarrow.
+per chunk on the executors (:func:`shuffled.spark.driver.late.run_phase1`'s reduce) and
+only the plan, bounded by the shards, reaches the driver. Pure functions over numpy and
+pyarrow.
 """
 
 from __future__ import annotations
