@@ -163,15 +163,17 @@ def run(ctx: Ctx) -> list[Result]:
     for i in range(s.scale_samples):
         with ctx.daemon(f"scale_early_{i}", loc) as d:
             early_ready.append(ready(d)[0])
-    left = max(1.0, s.scale_fill_seconds - (time.monotonic() - began))
-    with ctx.daemon("scale_fill_rest", loc, fsync=False) as d:
-        filled = fill(d.url, s.scale_partials, s.scale_batch, s.scale_threads, left,
-                      first=early["stored"]) if early["complete"] else early
+    filled, fill_seconds = early, early["seconds"]
+    if early["complete"]:  # else the time ran out: measured at the count reached
+        left = max(1.0, s.scale_fill_seconds - (time.monotonic() - began))
+        with ctx.daemon("scale_fill_rest", loc, fsync=False) as d:
+            filled = fill(d.url, s.scale_partials, s.scale_batch, s.scale_threads, left,
+                          first=early["stored"])
+        fill_seconds += filled["seconds"]
     n = filled["stored"]
-    fill_seconds = early["seconds"] + (filled["seconds"] if filled is not early else 0.0)
     samples = [restart(ctx, loc, f"scale_restart_{i}") for i in range(s.scale_samples)]
     got = {k: [x[k] for x in samples] for k in samples[0]}
-    fill_peak = max(ctx.peaks["scale_fill"], ctx.peaks["scale_fill_rest"])
+    fill_peak = max(ctx.peaks["scale_fill"], ctx.peaks.get("scale_fill_rest", 0.0))
     held = f"{n:,} partials held" + ("" if filled["complete"] else
                                      f" (fill stopped at {n:,} of {s.scale_partials:,})")
     if not filled["complete"]:

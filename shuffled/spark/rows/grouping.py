@@ -245,9 +245,10 @@ def _by_lead(parts: list[tuple[np.ndarray, int]], lead: np.ndarray, top: int,
              stable: bool) -> tuple[np.ndarray, np.ndarray]:
     """(order, group starts) of rows sorted by (first column's codes, ``lead``, whose
     values are below ``top``), then, in the rare run of one lead that holds several keys
-    (a hash collision), by the other columns' codes. A key of many columns overflows the mixed int64, which :func:`_mix`
-    then ranks by a sort of its own; this is one sort of one int64 whatever the columns,
-    and a comparison of each column only where a row's lead equals the one before it."""
+    (a hash collision), by the other columns' codes. A key of many columns overflows the
+    mixed int64, which :func:`_mix` then ranks by a sort of its own; this is one sort of
+    one int64 whatever the columns, and a comparison of each column only where a row's
+    lead equals the one before it."""
     first = parts[0][0]
     width = np.uint64(top.bit_length())
     packed = (first.astype(np.uint64) << width) | lead.astype(np.uint64)
