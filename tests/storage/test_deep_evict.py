@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp.test_utils import TestClient
 from prometheus_client import CollectorRegistry
 
@@ -27,6 +28,9 @@ from tests.storage.test_deep_storage import (  # noqa: F401 (fixtures)
 
 UPLOAD = 1 << 20  # the upload that finds the location full
 SHORT = 256 << 10  # the reserve is this much over what the free space allows that upload
+
+# The reserve follows the shared disk's live free space: alone, with no other test writing.
+pytestmark = pytest.mark.serial
 
 
 def _free(path: Path) -> int:
