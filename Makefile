@@ -43,8 +43,9 @@ sysdeps-test:
 sysdeps-bench:
 	scripts/sysdeps.sh nginx=nginx wrk=wrk
 
-# Two workers, a module to a worker; then alone, the tests that read the disk's free space
-# (another worker's writes would move it under them).
+# Two workers, a module to a worker; then in one process the tests marked serial: those that
+# read the disk's free space (another worker's writes move it) and schemathesis' (its items
+# share one node id, and xdist ran one of them).
 test: $(STAMP) lint typecheck review sysdeps-test
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow and not serial" --durations=15
 	$(PY) -m pytest -q -m "serial and not slow"

@@ -30,6 +30,10 @@ from shuffled.tokens import Scope, mint
 from tests.conftest import DAY, arrow_bytes, files_under, sample_table
 
 SPEC_PATH = Path(__file__).resolve().parents[2] / "openapi.yaml"
+
+# An item per operation, all under one node id: pytest-xdist's scheduler keys items by it
+# and ran ONE operation of the 31 (`-n 2 --dist loadfile`). `make test` runs these alone.
+pytestmark = pytest.mark.serial
 ARROW = "application/vnd.apache.arrow.stream"
 EXAMPLES = 50  # per operation: the whole module stays well under a minute
 _PUTS = itertools.count()  # generated PUT cases so far: every other one is a real upload
