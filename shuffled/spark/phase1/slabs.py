@@ -131,7 +131,10 @@ def row_keys(table: pa.Table, keying: Keying, layout: Layout,
         return keys, order, free
     distinct, row, rank = slab_keys.distinct_tuple_keys(
         [table.column(c) for c in keying.columns])
-    return distinct.take(pa.array(row)), chunk_order(chunks, rank[row], max(len(rank), 1)), None
+    ranks = rank[row]
+    # The rollup grouped the rows in this order where it sorted them (tasks' order_by).
+    order = None if _in_order(chunks, ranks) else chunk_order(chunks, ranks, max(len(rank), 1))
+    return distinct.take(pa.array(row)), order, None
 
 
 def chunk_order(chunks: np.ndarray, major: np.ndarray, count: int,

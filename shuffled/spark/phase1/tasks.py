@@ -117,6 +117,13 @@ class _Task:
         # How far the input has moved in time (timeorder.TimeOrdered): None flushes all.
         self.watermark = watermark
         self.extra = [CHUNK] if bucketer else [CHUNK, BUCKET]
+        # Slabs of a range key on string dimensions: the rollup orders its groups by their
+        # values after the chunk, the slab's order, so the cut need not sort them again
+        # (slabs.row_keys; a key holding another type is ordered by its text there).
+        keying, strings = cfg.slabs, {d for d, t in cfg.layout.dims if t == "string"}
+        self.order_by: tuple[str, ...] = (
+            tuple(keying.columns) if keying is not None and keying.kind != "hashed"
+            and set(keying.columns) <= strings else ())
         self.encoder = Encoder(cfg.layout.schema(), cfg.compression)
         # Uploads run here, one at a time, while the task reads and rolls up on.
         self._uploader = ThreadPoolExecutor(1, thread_name_prefix="phase1-upload")
@@ -201,7 +208,8 @@ class _Task:
             self.pending = [t.drop_columns([LEAD]) if LEAD in t.column_names else t
                             for t in self.pending]
         return combine(pa.concat_tables(self.pending), self.cfg.layout,
-                       self.extra + [LEAD] * all(led), dictionaries=True)
+                       self.extra + [LEAD] * all(led), dictionaries=True,
+                       order_by=self.order_by)
 
     def _rollup_raw_only(self) -> None:
         if self.raw:
@@ -222,7 +230,7 @@ class _Task:
             led = with_lead(raw, self.cfg.slabs, self.cfg.layout)
             rolled = rollup_input(raw if led is None else led, self.cfg.layout,
                                   self.extra + [LEAD] * (led is not None),
-                                  dictionaries=True, group=group)
+                                  dictionaries=True, group=group, order_by=self.order_by)
             del raw, led
             if full and group:
                 self.unfoldable = rolled.num_rows >= UNFOLDABLE * self.raw_rows

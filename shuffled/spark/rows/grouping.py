@@ -138,10 +138,8 @@ def sort_order(table: pa.Table, keys: list[str]) -> np.ndarray | None:
         col = table.column(k)
         t = col.type.value_type if pa.types.is_dictionary(col.type) else col.type
         if pa.types.is_string(t) or pa.types.is_large_string(t):
-            arr = dictionary_of(col)  # each value once, no null in the dictionary
-            ranks = np.concatenate([[0], pc.rank(arr.dictionary).to_numpy()]).astype(np.int64)
-            at = arr.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-            parts.append((ranks[at + 1], len(ranks)))  # a null is rank 0: first
+            # Each value once, no null in the dictionary; a null is rank 0: first.
+            parts.append(_value_codes(dictionary_of(col)))
         elif pa.types.is_integer(col.type):
             arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
             parts.append(_int_codes(arr))
@@ -192,8 +190,19 @@ def _order(key: np.ndarray, stable: bool) -> np.ndarray:
     return np.argsort(key, kind="stable")
 
 
+def _value_codes(arr: pa.Array) -> tuple[np.ndarray, int]:
+    """Codes of ``arr`` (from :func:`key_columns`) in its values' order, nulls first (code
+    0): a dictionary column's codes are its dictionary's ranks, as :func:`sort_order`'s."""
+    if not pa.types.is_dictionary(arr.type):
+        return _int_codes(arr)
+    ranks = np.concatenate([[0], pc.rank(arr.dictionary).to_numpy()]).astype(np.int64)
+    at = arr.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    return ranks[at + 1], len(ranks)
+
+
 def group(columns: list[pa.Array], n: int, relative: dict[int, int] | None = None,
-          stable: bool = True, lead: np.ndarray | None = None) -> Groups:
+          stable: bool = True, lead: np.ndarray | None = None,
+          ordered: tuple[int, ...] = ()) -> Groups:
     """Group ``n`` rows by ``columns`` (from :func:`key_columns`).
 
     ``relative`` maps a column index to an earlier one: that column is coded by its
@@ -209,9 +218,17 @@ def group(columns: list[pa.Array], n: int, relative: dict[int, int] | None = Non
     mixed into the key where it has room; where the key overflows without it, the rows
     are sorted by (first column, lead) alone (:func:`_by_lead`); else it is left out, the
     groups the same.
+
+    ``ordered`` (indices of columns after the first) sorts the groups by those columns'
+    values, nulls first, right after the first column: a range-keyed slab's (chunk,
+    partition dimensions) order (:func:`shuffled.spark.phase1.slabs.row_keys`), from the
+    same sort.
     """
     parts: list[tuple[np.ndarray, int]] = []
     for i, arr in enumerate(columns):
+        if i in ordered:
+            parts.append(_value_codes(arr))
+            continue
         if pa.types.is_dictionary(arr.type):
             parts.append(_dict_codes(arr))
             continue
@@ -219,6 +236,9 @@ def group(columns: list[pa.Array], n: int, relative: dict[int, int] | None = Non
         if j is not None and arr.null_count == 0 and columns[j].null_count == 0:
             arr = pc.subtract_checked(arr.cast(pa.int64()), columns[j].cast(pa.int64()))
         parts.append(_int_codes(arr))
+    if ordered:
+        parts = [parts[0], *(parts[i] for i in ordered),
+                 *(p for i, p in enumerate(parts[1:], 1) if i not in ordered)]
     if lead is not None and n and parts:
         span = 1
         for _, card in parts:

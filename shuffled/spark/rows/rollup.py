@@ -88,10 +88,10 @@ def group_acero(table: pa.Table, keys: list[str], aggs: list[tuple[str | list[st
 
 
 def _sorted_group(table: pa.Table, keys: list[str], aggs: list[tuple[str | None, str]],
-                  names: list[str]) -> pa.Table | None:
+                  names: list[str], order_by: tuple[str, ...] = ()) -> pa.Table | None:
     """:mod:`.grouping`'s group-by (rows come out sorted by ``keys[0]``, then by
-    :data:`LEAD` if it is a key); None for a small table (Acero's per-call cost is lower)
-    or a key type it does not code."""
+    :data:`LEAD` if it is a key, or else by the values of the keys ``order_by``); None for
+    a small table (Acero's per-call cost is lower) or a key type it does not code."""
     if table.num_rows < SMALL:
         return None
     plain = [k for k in keys if k != LEAD]  # the lead is a function of the others
@@ -103,8 +103,9 @@ def _sorted_group(table: pa.Table, keys: list[str], aggs: list[tuple[str | None,
     relative = ({plain.index(TIME): plain.index(CHUNK)} if CHUNK in plain and TIME in plain
                 else None)
     # Only a list aggregate (a sketch's rows) needs each group's rows in input order.
+    ordered = () if lead is not None else tuple(plain.index(k) for k in order_by)
     g = group(cols, table.num_rows, relative, stable=any(how == "list" for _, how in aggs),
-              lead=lead)
+              lead=lead, ordered=ordered)
     out = take_keys(cols, g)
     if lead is not None:
         out.insert(keys.index(LEAD), pa.array(lead[g.first]))
@@ -113,7 +114,8 @@ def _sorted_group(table: pa.Table, keys: list[str], aggs: list[tuple[str | None,
 
 
 def rollup_input(batch: pa.Table, layout: Layout, extra_keys: list[str],
-                 dictionaries: bool = False, group: bool = True) -> pa.Table:
+                 dictionaries: bool = False, group: bool = True,
+                 order_by: tuple[str, ...] = ()) -> pa.Table:
     """Phase-1 rollup of raw input rows: ``extra_keys`` (chunk, bucket) + layout keys.
 
     Input metric columns are ``layout.metrics[i][4]``; ``count`` needs none. Returns the
@@ -121,7 +123,9 @@ def rollup_input(batch: pa.Table, layout: Layout, extra_keys: list[str],
     :mod:`.grouping` grouped them; rolled-up string dimensions as dictionary<int32, string>
     if ``dictionaries``). Without ``group`` each row becomes its own rolled-up row (in the
     combining form phase 2 merges), as for a layout without rollup: what a combiner does
-    with input whose keys do not fold.
+    with input whose keys do not fold. ``order_by`` (layout keys) orders the groups by
+    those keys' values after the first key, where :mod:`.grouping` groups them (a
+    range-keyed slab's order).
     """
     keys = extra_keys + layout.keys
     names = [m[0] for m in layout.metrics]
@@ -149,12 +153,13 @@ def rollup_input(batch: pa.Table, layout: Layout, extra_keys: list[str],
                for m in layout.metrics if m[1] in FIRST_LAST}
     return _grouped(batch, layout, extra_keys, pickers, dictionaries,
                     [(None if agg == "count" else src, "count_all" if agg == "count" else agg)
-                     for _, agg, _, _, src in layout.metrics], build=True)
+                     for _, agg, _, _, src in layout.metrics], build=True,
+                    order_by=order_by)
 
 
 def _grouped(table: pa.Table, layout: Layout, extra_keys: list[str], pickers: dict[str, Picker],
              dictionaries: bool, aggs: list[tuple[str | None, str]], build: bool = False,
-             ) -> pa.Table:
+             order_by: tuple[str, ...] = ()) -> pa.Table:
     """Group ``table`` by the extra and layout keys with ``aggs`` (one per metric); the
     first/last metrics through their :class:`.firstlast.Picker`'s ranks, the sketch
     metrics built (``build``: from input values) or merged from their groups' row lists."""
@@ -173,7 +178,7 @@ def _grouped(table: pa.Table, layout: Layout, extra_keys: list[str], pickers: di
             if m[0] in sketch_of:
                 sources[m[0]] = table.column(m[4] if build else m[0])
                 aggs[i] = (_ROWS, "list")
-    grouped = _sorted_group(table, keys, aggs, names)
+    grouped = _sorted_group(table, keys, aggs, names, order_by)
     if grouped is None:
         acero: list[tuple[str | list[str], str]] = [
             ([], "count_all") if a == "count_all" else (src or "", a) for src, a in aggs]
@@ -191,14 +196,15 @@ def _grouped(table: pa.Table, layout: Layout, extra_keys: list[str], pickers: di
 
 
 def combine(table: pa.Table, layout: Layout, extra_keys: list[str] = (),  # type: ignore[assignment]
-            dictionaries: bool = False) -> pa.Table:
-    """Merge already rolled-up rows with the combining aggregators (idempotent)."""
+            dictionaries: bool = False, order_by: tuple[str, ...] = ()) -> pa.Table:
+    """Merge already rolled-up rows with the combining aggregators (idempotent; groups
+    ordered as :func:`rollup_input`'s ``order_by`` says)."""
     if not layout.rollup:
         return table
     pickers = {m[0]: Picker(table.column(hidden_time(m[0])), table.column(m[0]), m[2] == "last")
                for m in layout.metrics if m[2] in FIRST_LAST}
     return _grouped(table, layout, list(extra_keys), pickers, dictionaries,
-                    [(m[0], m[2]) for m in layout.metrics])
+                    [(m[0], m[2]) for m in layout.metrics], order_by=order_by)
 
 
 def _plain(table: pa.Table) -> pa.Table:
