@@ -150,7 +150,7 @@ def chunk_order(chunks: np.ndarray, major: np.ndarray, count: int,
     if bool((chunks[1:] >= chunks[:-1]).all()):
         number = np.concatenate([[0], np.cumsum(chunks[1:] != chunks[:-1])])
     else:
-        number = np.unique(chunks, return_inverse=True)[1].ravel()
+        number = chunk_numbers(chunks)
     low = 32 if minor is not None else 0
     width = max(int(count) - 1, 0).bit_length()
     if int(number.max()).bit_length() + width + low > 64:
@@ -160,6 +160,22 @@ def chunk_order(chunks: np.ndarray, major: np.ndarray, count: int,
     if minor is not None:
         key = (key << np.uint64(low)) | minor.astype(np.uint64)
     return np.argsort(key, kind="stable")
+
+
+def chunk_numbers(chunks: np.ndarray) -> np.ndarray:
+    """Small non-negative integers in the order of the chunk starts ``chunks`` (in any
+    order): each start's distance from the first, in steps of the starts' greatest common
+    divisor (a day, an hour ...), found from the starts of runs of equal chunks; their
+    ranks where that spans more than 2^32 steps. A flush whose held tables went out side
+    by side is a few chunk-ordered runs: ranking it by ``np.unique`` sorted it (28 ms a
+    slab of 420,000 rows, against 0.5)."""
+    first = np.concatenate([[0], np.flatnonzero(chunks[1:] != chunks[:-1]) + 1])
+    starts = chunks[first]
+    lo = int(starts.min())
+    step = int(np.gcd.reduce(starts - lo)) or 1
+    if (int(starts.max()) - lo) // step < (1 << 32):
+        return (chunks - lo) // step
+    return np.unique(chunks, return_inverse=True)[1].ravel()
 
 
 def chunk_ends(chunk_start: np.ndarray, granularity: str) -> np.ndarray:

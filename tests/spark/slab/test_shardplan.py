@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from datetime import datetime, timezone
 from functools import reduce
 
 import numpy as np
@@ -204,6 +205,10 @@ def test_a_chunk_s_statistics_stay_bounded_however_many_slabs() -> None:
     assert plan.shards == len(plan.bounds) == math.ceil(plan.estimate / 5_000)
 
 
+MONTHS = np.array([int(datetime(y, m, 1, tzinfo=timezone.utc).timestamp() * 1000)
+                   for y in (1969, 1970, 2024) for m in range(1, 13)], np.int64)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_chunk_order_is_the_lexsort_it_replaces(seed: int) -> None:
     """A slab's rows in (chunk, key) order: one uint64 per row sorted where the chunk's
@@ -214,7 +219,13 @@ def test_chunk_order_is_the_lexsort_it_replaces(seed: int) -> None:
     rng = np.random.default_rng(seed)
     for trial in range(50):
         n = int(rng.integers(0, 3000))
-        chunks = rng.integers(0, int(rng.integers(1, 60)), n) * 3_600_000
+        kind = trial % 5
+        if kind == 3:  # month starts (their gcd a day), some before 1970
+            chunks = MONTHS[rng.integers(0, len(MONTHS), n)]
+        elif kind == 4:  # starts more than 2^32 steps apart: ranked instead
+            chunks = rng.choice([-(2 ** 62), -1, 0, 7, 2 ** 61 + 3], n)
+        else:
+            chunks = rng.integers(0, int(rng.integers(1, 60)), n) * 3_600_000
         if trial % 2:
             chunks = np.sort(chunks)
         count = int(rng.choice([1, 2, 7, 1000, 2 ** 31, 2 ** 40]))
