@@ -88,7 +88,12 @@ def merge_partitions(parts: Sequence[list[pa.Table]], layout: Layout,
     table = table.add_column(0, _SEGMENT, pa.array(seg))
     if not distinct:
         table = combine(table, layout, [_SEGMENT])
-    table = table.sort_by([(k, "ascending", "at_start") for k in [_SEGMENT, *layout.keys]])
+    # One chunk a column first: the batch is a table of each of its shards' slabs (~250
+    # chunks), and Arrow's sort of a real batch of 52,000 rows took 9.7 ms chunked against
+    # 6.9 + 0.5 to combine. (Integer codes, :func:`.rollup.sorted_by`, took 11.8 here: the
+    # segment and the hour decide most comparisons before a string does.)
+    table = table.combine_chunks().sort_by(
+        [(k, "ascending", "at_start") for k in [_SEGMENT, *layout.keys]])
     counts = np.bincount(table.column(_SEGMENT).to_numpy(), minlength=len(parts))
     table = table.drop_columns([_SEGMENT])
     if finish is not None:
