@@ -1,7 +1,8 @@
-"""A slab's statistics per time chunk, bounded whatever the input: its rows, a HyperLogLog
-of its rolled-up keys (2^11 one-byte registers: about 2.3% standard error), and a sample of
-at most :data:`SAMPLE` range keys. Merged chunk by chunk (registers by maximum, samples
-re-drawn to :data:`SAMPLE`), so the plan never holds more than that per chunk.
+"""A slab's statistics per time chunk, bounded whatever the input: its rows and a
+HyperLogLog of its rolled-up keys (2^11 one-byte registers: about 2.3% standard error),
+merged chunk by chunk (registers by maximum). The format's per-chunk key sample is written
+empty: range bounds come from phase 1's sample of distinct rolled-up rows
+(:class:`shuffled.spark.phase1.slabs.KeySample`), which travels with the task's report.
 
 Vectorised with numpy: no Python per row. The row hash is 64 bits, mixed with
 SplitMix64's finaliser (Steele et al., "Fast splittable pseudorandom number generators").
@@ -15,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from shuffled.slab.wire import LG_REGISTERS, SAMPLE, STATS_SCHEMA  # noqa: F401 (re-exported)
+from shuffled.slab.wire import LG_REGISTERS, STATS_SCHEMA  # noqa: F401 (re-exported)
 
 REGISTERS = 1 << LG_REGISTERS
 
@@ -186,44 +187,3 @@ def estimate(regs: np.ndarray) -> float:
     return raw
 
 
-def sample(keys: pa.Array, bounds: np.ndarray, rng: np.random.Generator,
-           size: int = SAMPLE) -> pa.ListArray:
-    """Per chunk (rows ``bounds[i]:bounds[i + 1]``), at most ``size`` of its keys drawn
-    uniformly without replacement, as one list of keys per chunk. A chunk of at most
-    ``size`` rows gives all of them, with no Python per chunk: only larger chunks are drawn
-    from, one by one (a slab of 3,652 small day chunks made 3,652 slices and a Python bytes
-    object per key)."""
-    sizes = np.diff(bounds).astype(np.int64)
-    keys = keys.cast(pa.binary())
-    big = np.flatnonzero(sizes > size)
-    if not len(big):
-        return pa.ListArray.from_arrays(pa.array(bounds - bounds[0] if len(bounds) else [0],
-                                                 pa.int32()),
-                                        keys.slice(int(bounds[0]) if len(bounds) else 0,
-                                                   int(sizes.sum())))
-    keep = np.zeros(len(keys), bool)
-    keep[int(bounds[0]):int(bounds[-1])] = True
-    for i in big.tolist():  # per chunk over ``size`` rows, in order: the draws as before
-        lo, n = int(bounds[i]), int(sizes[i])
-        chosen = np.zeros(n, bool)
-        chosen[rng.choice(n, size=size, replace=False)] = True
-        keep[lo: lo + n] = chosen
-    counts = np.minimum(sizes, size)
-    offsets = np.concatenate([[0], np.cumsum(counts)])
-    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), keys.filter(pa.array(keep)))
-
-
-def merge_samples(samples: Sequence[tuple[pa.Array, int]], rng: np.random.Generator,
-                  size: int = SAMPLE) -> pa.Array:
-    """Merge per-slab samples of one chunk, each with the rows it was drawn from, into one
-    of at most ``size`` keys: a key is kept with probability proportional to the rows it
-    stands for (each sample's keys weigh rows/len), so a big slab is not under-represented."""
-    arrays = [s for s, _ in samples if len(s)]
-    if not arrays:
-        return pa.array([], pa.binary())
-    keys = pa.concat_arrays([a.cast(pa.binary()) for a in arrays])
-    if len(keys) <= size:
-        return keys
-    weights = np.concatenate([np.full(len(s), rows / len(s)) for s, rows in samples if len(s)])
-    pick = rng.choice(len(keys), size=size, replace=False, p=weights / weights.sum())
-    return keys.take(pa.array(np.sort(pick)))

@@ -47,10 +47,10 @@ class KeyKind(enum.IntFlag):
 
 #: The column a keyed slab carries its rows' keys in (:mod:`.keys` makes them).
 KEY_COLUMN = "__key"
-#: Registers of a chunk's HyperLogLog (:mod:`.sketch`), and its sample's most keys.
+#: Registers of a chunk's HyperLogLog (:mod:`.sketch`).
 LG_REGISTERS = 11
-SAMPLE = 256
-#: The statistics section: one row per time chunk (:mod:`.sketch` fills it).
+#: The statistics section: one row per time chunk (:mod:`.sketch` fills it). ``sample``
+#: is written empty (docs/slab.md, the statistics section) and read by nothing.
 STATS_SCHEMA = pa.schema([
     ("chunk_start", pa.int64()), ("chunk_end", pa.int64()), ("rows", pa.int64()),
     ("hll", pa.binary()), ("sample", pa.list_(pa.binary())),

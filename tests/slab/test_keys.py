@@ -1,7 +1,6 @@
-"""Range keys computed once per distinct tuple (``keys.distinct_tuple_keys``), a slab's
-per-chunk key sample (``sketch.sample``) and phase 1's bottom-k sample, each checked
-against the row-by-row definition they replace (``keys.encode_tuple``: the encoding
-docs/slab.md specifies; a uniform draw of at most ``size`` keys per chunk)."""
+"""Range keys computed once per distinct tuple (``keys.distinct_tuple_keys``) and phase 1's
+bottom-k sample, each checked against the row-by-row definition they replace
+(``keys.encode_tuple``: the encoding docs/slab.md specifies)."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from shuffled.slab import keys, sketch
+from shuffled.slab import keys
 from shuffled.spark.phase1 import slabs
 
 
@@ -36,23 +35,6 @@ def test_distinct_keys_are_the_row_by_row_encoding(n: int, cardinality: int, cou
         [keys.encode_tuple(t) for t in rows]
     assert len(set(distinct.to_pylist())) == len(distinct)  # distinct indeed
     assert [distinct[int(i)].as_py() for i in np.argsort(rank)] == sorted(distinct.to_pylist())
-
-
-def test_a_chunk_sample_keeps_small_chunks_whole_and_draws_from_large_ones() -> None:
-    rng = np.random.default_rng(3)
-    bounds = np.array([0, 10, 10, 5000, 5003])
-    values = pa.array([f"k{i}".encode() for i in range(5003)], pa.binary())
-    got = sketch.sample(values, bounds, rng, size=100).to_pylist()
-    assert got[0] == values.slice(0, 10).to_pylist() and got[1] == []
-    assert got[3] == values.slice(5000, 3).to_pylist()
-    big = got[2]
-    assert len(big) == 100 == len(set(big))
-    members = set(values.slice(10, 4990).to_pylist())
-    assert set(big) <= members
-    assert big == sorted(big, key=lambda k: int(k[1:]))  # in the chunk's order
-    # The same draw as one rng.choice over the chunk (a rerun samples alike).
-    again = sketch.sample(values, bounds, np.random.default_rng(3), size=100).to_pylist()
-    assert again == got
 
 
 def test_bottom_k_keeps_small_chunks_in_key_order_and_ranks_large_ones() -> None:

@@ -283,9 +283,8 @@ def cut_slab(table: pa.Table, layout: Layout, keying: Keying, granularity: str, 
     sample = (rate_sample(chunk_start, hashes, data.column(KEY_COLUMN).combine_chunks(),
                           keying.sample_rate)
               if keying.kind != "hashed" else None)
-    # The sample's draw is seeded by the slab's identity: an attempt run again samples alike.
     return build(data, chunk_start, chunk_ends(chunk_start, granularity),
                  kind=KeyKind.HASH if keying.kind == "hashed" else KeyKind.TUPLE,
                  sub_task_id=sub_task_id, slab_id=slab_id, attempt=attempt,
                  rollup_hashes=hashes, batch_rows=batch_rows,
-                 seed=slab_id, options=options), sample
+                 options=options), sample

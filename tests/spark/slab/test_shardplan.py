@@ -363,3 +363,19 @@ def test_merge_at_two_rates_keeps_the_lower_rate_even_from_an_empty_sample() -> 
         assert m.rate == 0.25 and 0 < len(m.hashes) < len(a.hashes)
         assert (m.hashes < sketch.rate_threshold(0.25)).all()
         assert m.keys.equals(pc.take(m.keys, pc.sort_indices(m.keys)))
+
+
+def test_a_range_slab_ships_no_key_sample_in_its_statistics() -> None:
+    """docs/slab.md, the statistics section: its per-chunk ``sample`` is written empty
+    (the plan's sample of distinct rows travels with the task's report, and nothing read
+    this one); its keys were ~30% of comparison 12's range bytes shuffled. The section
+    is then bounded by the chunks' registers, whatever the keys."""
+    rng = np.random.default_rng(21)
+    part = rolled(skewed_rows(rng, 20_000, 30))
+    slab, sample = cut_slab(part, LAYOUT, Keying("range", ("country", "user")), "day",
+                            sub_task_id="p0", slab_id=0, attempt=0)
+    stats = decode(slab).stats
+    assert stats.num_rows == 30
+    assert stats.column("sample").to_pylist() == [[]] * 30
+    assert sample is not None and len(sample.keys) > 10_000  # the report's sample
+    assert len(slab.stats) < 30 * (sketch.REGISTERS + 64)
