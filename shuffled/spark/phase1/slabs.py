@@ -202,9 +202,9 @@ class KeySample:
     """Per chunk, the rows of the ``SAMPLE`` smallest rolled-up-key hashes (a bottom-k
     sample: merged over slabs by keeping the smallest hashes again, it is a uniform sample
     of the chunk's DISTINCT rolled-up rows, each once however many subtasks shipped it),
-    with their range keys. The slab's own reservoir sample is of rows as shipped, which
-    over-weighs keys that many subtasks hold (they fold in phase 2): measured, a tail
-    shard came out 1.05x over maxRowsPerSegment with it."""
+    with their range keys. A reservoir of rows as shipped (the slab's statistics carried
+    one, now written empty) over-weighs keys that many subtasks hold (they fold in phase
+    2): measured, a tail shard came out 1.05x over maxRowsPerSegment with it."""
 
     chunks: np.ndarray  # int64 chunk start per sampled row
     hashes: np.ndarray  # uint64

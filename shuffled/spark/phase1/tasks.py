@@ -384,9 +384,9 @@ class _Task:
         self.cfg.hooks.phase1_uploaded(self.partition, self.attempt_number, len(self.slabs))
 
 
-#: Time chunks a slab holds at most: its statistics are 2 KiB of registers and a sample of
-#: at most 256 range keys a chunk, and a daemon takes 16 MiB of them (20.8 MB for 10,000
-#: day chunks were refused).
+#: Time chunks a slab holds at most: its statistics are up to 2 KiB of registers a chunk
+#: (and, until the key sample was written empty, up to 256 range keys), and a daemon takes
+#: 16 MiB of them (20.8 MB for 10,000 day chunks were refused).
 SLAB_CHUNKS = 1024
 
 
