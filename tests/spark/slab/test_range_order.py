@@ -128,3 +128,36 @@ def test_ordered_groups_are_the_same_groups(stable: bool) -> None:
         ends = np.append(got.starts[1:], raw.num_rows)
         for s, e in zip(got.starts[:300], ends[:300], strict=True):
             assert np.all(np.diff(got.order[s:e]) > 0)
+
+
+def test_a_phase1_task_asks_its_rollup_for_the_slab_order() -> None:
+    """The wiring: a phase-1 task keyed by range on string dimensions rolls up and
+    combines its held tables in the slab's order (nothing for the cut to sort); keyed by
+    a long, or hashed, it asks for no order (the lead, or the cut, orders those)."""
+    from dataclasses import replace
+
+    from shuffled.spark.phase1.config import Phase1Config
+    from shuffled.spark.phase1.tasks import _Task
+    from shuffled.spark.rows.rollup import BAD
+
+    keying = KEYINGS[0]
+    cfg = Phase1Config("order", ("http://127.0.0.1:9",), LAYOUT, "day", 10 * SMALL, 5,
+                       slabs=keying)
+    rng = np.random.default_rng(17)
+    task = _Task(cfg, bucketer=lambda table: None)  # type: ignore[arg-type]
+    try:
+        assert task.order_by == keying.columns
+        for _ in range(2):  # two held tables, combined as a flush would
+            raw = rows(rng, SMALL + 10_000, 3)
+            task.add(raw.append_column(BAD, pa.nulls(raw.num_rows, pa.string())))
+            task._rollup_raw_only()
+        assert len(task.pending) == 2
+        assert row_keys(task._pending_table(), keying, LAYOUT)[1] is None
+    finally:
+        task.close()
+    for other in (Keying("range", ("n", "country")), Keying("hashed", ("country",), 2)):
+        task = _Task(replace(cfg, slabs=other), bucketer=lambda table: None)  # type: ignore[arg-type]
+        try:
+            assert task.order_by == ()
+        finally:
+            task.close()
