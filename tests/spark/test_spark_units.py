@@ -150,7 +150,11 @@ def test_rollup_then_merge_equals_one_rollup() -> None:
     assert merged.column("d").to_pylist() == [None, "a", None]  # nulls first
 
 
-def test_merging_a_batch_equals_merging_each_partition() -> None:
+@pytest.mark.parametrize("combine_below", [1 << 30, 0], ids=["one-chunk", "chunked"])
+def test_merging_a_batch_equals_merging_each_partition(
+        combine_below: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Also past COMBINE_MAX_BYTES, where the batch is sorted in its chunks as they came."""
+    monkeypatch.setattr("shuffled.spark.phase2.merge.COMBINE_MAX_BYTES", combine_below)
     layout = _layout()
     rng = random.Random(5)
     parts = []

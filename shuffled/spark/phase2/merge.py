@@ -39,6 +39,7 @@ from shuffled.spark.rows.multivalue import LIST_TYPE, decode
 from shuffled.spark.rows.rollup import TIME, Layout, combine
 
 _SEGMENT = "__segment"  # which partition of a batch a row belongs to, while merging
+COMBINE_MAX_BYTES = 1 << 30  # a batch is sorted as one chunk a column below this
 PREFETCH = 1  # batches fetched ahead of the one being merged
 BATCH_PARTITIONS = 128  # partitions per batch (one bulk read per daemon)
 BATCH_ROWS = 500_000  # about this many rows per batch (bounds a merge task's memory)
@@ -91,9 +92,11 @@ def merge_partitions(parts: Sequence[list[pa.Table]], layout: Layout,
     # One chunk a column first: the batch is a table of each of its shards' slabs (~250
     # chunks), and Arrow's sort of a real batch of 52,000 rows took 9.7 ms chunked against
     # 6.9 + 0.5 to combine. (Integer codes, :func:`.rollup.sorted_by`, took 11.8 here: the
-    # segment and the hour decide most comparisons before a string does.)
-    table = table.combine_chunks().sort_by(
-        [(k, "ascending", "at_start") for k in [_SEGMENT, *layout.keys]])
+    # segment and the hour decide most comparisons before a string does.) Not past 1 GiB:
+    # one string chunk holds at most 2 GiB of text.
+    if table.nbytes < COMBINE_MAX_BYTES:
+        table = table.combine_chunks()
+    table = table.sort_by([(k, "ascending", "at_start") for k in [_SEGMENT, *layout.keys]])
     counts = np.bincount(table.column(_SEGMENT).to_numpy(), minlength=len(parts))
     table = table.drop_columns([_SEGMENT])
     if finish is not None:
