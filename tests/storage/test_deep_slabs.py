@@ -241,6 +241,9 @@ async def test_a_missing_or_swapped_slab_object_is_a_clear_error(
     assert any(rows for rows, _ in got) and {n for _, n in got} == {2}  # s0's two
 
 
+# The reserve follows the shared disk's live free space (test_deep_evict's _refill):
+# alone, with no other test writing or deleting.
+@pytest.mark.serial
 async def test_a_full_location_evicts_offloaded_slabs_and_reads_them_back(
         tier: dict[str, Any], start_daemon: Any) -> None:
     one = tier["settings"](locations=1, pack_max_bytes="1MiB")
@@ -295,6 +298,9 @@ async def test_kind_none_and_tuple_slabs_round_trip_through_a_peer(
     assert await _shards(_url(b, f"/peers/{instance}"), "tup-1") == before
 
 
+# The reserve follows the shared disk's live free space (test_deep_evict's _refill):
+# alone, with no other test writing or deleting.
+@pytest.mark.serial
 async def test_slabs_being_read_are_not_evicted(tier: dict[str, Any],
                                                 start_daemon: Any) -> None:
     """A shard read holds its task's slab files from its index to its last file: an
