@@ -23,8 +23,8 @@ from shuffled.spark.phase1.config import Keying
 from shuffled.spark.phase1.slabs import cut_slab, row_keys
 from shuffled.spark.rows.grouping import group, key_columns
 from shuffled.spark.rows.rollup import CHUNK, SMALL, TIME, Layout, combine, rollup_input
+from tests.spark.slab.test_shardplan import DAY
 
-DAY = 86_400_000
 # Values whose byte order is easy to get wrong: the empty string before any other, a
 # prefix before its extensions, a NUL byte inside a value, UTF-8 beyond ASCII, upper case
 # before lower, and null (first of all).
