@@ -63,7 +63,9 @@ def standalone_cluster(tmp_path: Path) -> Iterator[str]:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=5) as r:
                     alive = json.load(r).get("aliveworkers", 0)
-            except OSError:
+            except (OSError, ValueError):
+                # ValueError: the UI was bound before the master became leader, and its
+                # /json/ answered an HTML page (seen under pytest-xdist's load).
                 alive = 0
             if alive == 2:
                 break
