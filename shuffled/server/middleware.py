@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import re
 import time
-import uuid
 from collections.abc import Callable
 
 from aiohttp import web
@@ -37,7 +37,9 @@ def request_id(request: BaseRequest) -> str:
     rid = request.get(REQUEST_ID)
     if rid is None:
         given = request.headers.get(REQUEST_ID_HEADER, "")
-        rid = given if _GIVEN_ID.fullmatch(given) else uuid.uuid4().hex[:16]
+        # Not a uuid4: its os.urandom is a system call per request (2% of the event
+        # loop's time in single PUTs), and an id to grep logs by needs no secrecy.
+        rid = given if _GIVEN_ID.fullmatch(given) else f"{random.getrandbits(64):016x}"
         request[REQUEST_ID] = rid
     return rid
 

@@ -202,6 +202,17 @@ async def test_status_health_metrics(daemon: TestClient) -> None:
     assert "shuffled_location_used_bytes" in text
 
 
+async def test_every_answer_names_its_request_id(daemon: TestClient) -> None:
+    """A caller's plain X-Request-Id is kept; otherwise each request gets a new id of 16
+    hex digits (drawn without a system call)."""
+    ids = [(await daemon.get("/status/health")).headers["X-Request-Id"] for _ in range(50)]
+    assert all(len(i) == 16 and int(i, 16) >= 0 for i in ids) and len(set(ids)) == 50
+    kept = await daemon.get("/status/health", headers={"X-Request-Id": "spark-s1-t7-a0"})
+    assert kept.headers["X-Request-Id"] == "spark-s1-t7-a0"
+    forged = await daemon.get("/status/health", headers={"X-Request-Id": "a b\tc"})
+    assert forged.headers["X-Request-Id"] != "a b\tc"
+
+
 async def test_round_robin_then_507_when_full(start_daemon, make_settings, tmp_path) -> None:
     body = arrow_bytes(sample_table(50))
     size = len(body)

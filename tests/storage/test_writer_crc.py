@@ -7,9 +7,11 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
-from shuffled.errors import InvalidBody
+from shuffled.crc import crc32c
+from shuffled.errors import DigestMismatch, InvalidBody
 from shuffled.storage.ondisk import arrowfile, packs
 from shuffled.storage.commit.written import Written
 from shuffled.storage.write.append import Append, Small, append_small
@@ -89,3 +91,45 @@ def test_a_body_that_is_not_a_stream_is_still_refused(location: Location) -> Non
     body = b"\x00" * 64
     with pytest.raises(InvalidBody):
         _write(location, body, [3, 30])
+
+
+def test_a_small_partials_declared_crc_is_the_whole_streams(location: Location) -> None:
+    """The stream's CRC32C is derived from its body's in one pass; what a sender declares is
+    still checked against the CRC of every byte sent, and a damaged body that is also not a
+    stream is reported as damaged (the CRC) rather than as malformed."""
+    body = arrow_bytes(sample_table(300, seed=4))
+    pack = packs.create(location.path, 0, "sup", 1, fsync=False)
+    (ok,) = append_small(pack, [Small(memoryview(body), crc32c(body))])
+    assert isinstance(ok, Written) and ok.crc == crc32c(body)
+    flipped = bytearray(body)
+    flipped[len(body) // 2] ^= 0x01  # inside the body: still a stream's shape
+    (bad,) = append_small(pack, [Small(memoryview(bytes(flipped)), crc32c(body))])
+    assert isinstance(bad, DigestMismatch)
+    junk = b"\x00" * 64
+    (damaged,) = append_small(pack, [Small(memoryview(junk), crc32c(body))])
+    assert isinstance(damaged, DigestMismatch)
+    (malformed,) = append_small(pack, [Small(memoryview(junk), crc32c(junk))])
+    assert isinstance(malformed, InvalidBody)
+    assert pack.size == ok.stored, "only the good partial was written"
+
+
+def test_schema_messages_are_remembered_within_a_bound() -> None:
+    """A schema message read once is not read again, but the memory held for that is
+    bounded in entries and in the size of a message a client can make it keep."""
+    arrowfile._parsed.cache_clear()
+    heads = [arrowfile.split_stream(memoryview(arrow_bytes(
+        pa.table({f"c{i}": pa.array([1], pa.int64())}))))[0] for i in range(arrowfile.SCHEMA_MEMO + 8)]
+    first = arrowfile.SchemaMessage.parse(heads[0])
+    assert arrowfile.SchemaMessage.parse(bytes(heads[0])) is first
+    assert first == arrowfile.SchemaMessage._read(heads[0])
+    for head in heads:
+        arrowfile.SchemaMessage.parse(head)
+    assert arrowfile._parsed.cache_info().currsize == arrowfile.SCHEMA_MEMO
+    wide = arrowfile.split_stream(memoryview(arrow_bytes(pa.table(
+        {f"column_with_a_long_name_{i:05d}": pa.array([1]) for i in range(1500)}))))[0]
+    assert len(wide) > arrowfile.SCHEMA_MEMO_BYTES
+    before = arrowfile._parsed.cache_info()
+    assert arrowfile.SchemaMessage.parse(wide).data == wide
+    assert arrowfile._parsed.cache_info() == before, "a message over the bound is not kept"
+    with pytest.raises(InvalidBody):
+        arrowfile.SchemaMessage.parse(heads[0][:-8] + b"\xff" * 8)

@@ -142,12 +142,18 @@ def append_small(pack: Pack, items: Sequence[Small], fsync: bool = False,
     for i, item in enumerate(items):
         try:
             if item.schema is None:
-                crc = crc32c(item.data)
-                check_crc(crc, item.crc)
-                head, body = arrowfile.split_stream(item.data)
-                schema = known.get(head) or known.setdefault(
-                    head, arrowfile.SchemaMessage.parse(head))
+                try:
+                    head, body = arrowfile.split_stream(item.data)
+                    schema = known.get(head) or known.setdefault(
+                        head, arrowfile.SchemaMessage.parse(head))
+                except ShuffleError:  # a damaged body is reported as damaged first
+                    check_crc(crc32c(item.data), item.crc)
+                    raise
+                # The stream's CRC from its body's (the schema message's is known): one
+                # pass over the bytes, not two.
                 body_crc = crc32c(body)
+                crc = schema.stream_crc(body_crc, len(body))
+                check_crc(crc, item.crc)
             else:
                 schema, body = item.schema, item.data
                 body_crc = crc32c(body)
