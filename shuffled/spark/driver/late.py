@@ -22,6 +22,7 @@ back to :func:`shuffled.spark.phase1.determine.determine` and the partials.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -85,10 +86,8 @@ def _goal(spec: IngestSpec) -> dict[str, int]:
     return {"cap": ps.max_rows} if ps.max_rows else {"target": ps.target_rows}
 
 
-def _combine(a: Any, b: Any) -> Any:
-    if isinstance(a, list):  # a task's lines: one map output per task, never two
-        return a + b
-    return shardplan.merge(a, b)
+#: A chunk's statistics a reducer holds unmerged, at most: past it they are merged into one.
+FOLD_AT = 8
 
 
 _GOLDEN = 0x9E3779B97F4A7C15  # 2^64 / phi: Fibonacci hashing's multiplier
@@ -139,24 +138,28 @@ def run_phase1(job: Job, keyed: Keying, ninput: native.NativeInput,
         for start, st in merged.items():
             yield ("c", start), st
 
-    def plan(kv: tuple[Any, Any]) -> tuple[Any, Any]:
-        key, value = kv
-        if key[0] == "t":
-            return kv
-        return key, shardplan.plan_chunk(value, kind, **goal)
-
     def reduce(kvs: Iterable[tuple[Any, Any]]) -> Iterator[tuple[Any, Any]]:
         # A key comes once from each task (a task merged its chunks itself): no map-side
         # combine, and no ExternalMerger: past spark.python.worker.memory (a phase-1
         # worker is) it spilled every record, pickled and zlib-compressed, before the
-        # shuffle did it again (range: ~1/4 of phase 1's CPU). A reducer holds its chunks'
-        # merged statistics, each bounded (ChunkStats); the reducers are the tasks or more.
-        held: dict[Any, Any] = {}
+        # shuffle did it again (range: ~1/4 of phase 1's CPU). A reducer holds each of its
+        # chunks' statistics as the tasks sent them, at most FOLD_AT (each bounded,
+        # ChunkStats), and plans them all at once (shardplan.plan_chunks).
+        lines: dict[Any, list[str]] = {}
+        held: dict[Any, list[shardplan.ChunkStats]] = {}
         for key, value in kvs:
-            have = held.get(key)
-            held[key] = value if have is None else _combine(have, value)
-        while held:
-            yield plan(held.popitem())
+            if key[0] == "t":  # a task's lines: one map output per task, never two
+                lines[key] = lines.get(key, []) + value
+                continue
+            group = held.setdefault(key, [])
+            group.append(value)
+            if len(group) >= FOLD_AT:
+                held[key] = [functools.reduce(shardplan.merge, group)]
+        yield from lines.items()
+        groups = list(held.values())
+        held.clear()
+        for plan in shardplan.plan_chunks(groups, kind, **goal):
+            yield ("c", plan.start), plan
 
     reducers = max(1, sc.defaultParallelism, len(tasks))
     got = (sc.parallelize(tasks, len(tasks)).mapPartitionsWithIndex(run)
