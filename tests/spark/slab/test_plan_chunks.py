@@ -82,9 +82,12 @@ def test_synthetic_statistics_plan_alike(seed: int) -> None:
                                           pa.array([], pa.binary()), np.zeros(0, np.uint64),
                                           frozenset(["http://d0"]), rates[0])]
         groups.append(group)
+    # A reducer merges a chunk's first statistics into one past FOLD_AT: the same plans.
+    folded = [[reduce(shardplan.merge, g[:3]), *g[3:]] for g in groups]
     for target in (1, 7, 100, 10_000):
-        assert shardplan.plan_chunks(groups, "range", target=target) == \
-            one_at_a_time(groups, "range", target=target)
+        want = one_at_a_time(groups, "range", target=target)
+        assert shardplan.plan_chunks(groups, "range", target=target) == want
+        assert shardplan.plan_chunks(folded, "range", target=target) == want
 
 
 def test_other_specs_plan_a_chunk_at_a_time_alike() -> None:
