@@ -249,6 +249,15 @@ def _small(ctx: Ctx, files: list[PartialFile], durable: Daemon, fast: Daemon, n:
         compare("ingest_small_bulk_cpu", f"3. {what} in ONE bulk upload: daemon CPU per GB vs "
                 f"nginx WebDAV's for the same bytes by PUTs", median(got["bulk"]["cpu_per_gb"]),
                 median(got["webdav"]["cpu_per_gb"]), "CPU s/GB", "<=", 2.0, **common),
+        # A node's capacity per small path (each small comparison's CPU per GB
+        # beside nginx's): the durable single PUTs and the slab, for information.
+        compare("ingest_small_durable_cpu", f"3. PUT {what}, {par} threads x ShuffleClient, "
+                f"fsync on: daemon CPU per GB vs nginx WebDAV's for the same bytes by PUTs",
+                median(got["durable"]["cpu_per_gb"]), median(got["webdav"]["cpu_per_gb"]),
+                "CPU s/GB", None, None, **common),
+        compare("ingest_small_slab_cpu_nginx", f"3. {what} as ONE slab: daemon CPU per GB vs "
+                f"nginx WebDAV's for the same bytes by PUTs", median(got["slab"]["cpu_per_gb"]),
+                median(got["webdav"]["cpu_per_gb"]), "CPU s/GB", None, None, **common),
     ]
 
 

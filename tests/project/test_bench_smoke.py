@@ -49,7 +49,8 @@ def test_quick_bench_writes_results(tmp_path: Path) -> None:
             "ingest_small_bulk", "serve_small_cpu", "ingest_small_cpu", "memory_flat", "memory_peak_rss", "scale_rss",
             "scale_restart_early", "scale_fill_rss", "scale_restart", "scale_first_page", "scale_fill_rate",
             "merge_seconds", "merge_rss_budget", "ingest_small_slab", "ingest_small_slab_cpu",
-            "serve_small_shard", "serve_small_shard_cpu"} <= names
+            "serve_small_shard", "serve_small_shard_cpu", "ingest_small_durable_cpu",
+            "ingest_small_slab_cpu_nginx"} <= names
     scale = next(r for r in results if r["name"] == "scale_rss")["detail"]
     assert scale["partials"] > 0 and scale["fill"]["stored"] == scale["partials"]
     # The early restart was measured on the way there, and the fill went on after it.
