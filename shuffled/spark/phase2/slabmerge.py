@@ -145,53 +145,83 @@ def cut(table: pa.Table, edges: Sequence[bytes]) -> list[pa.Table | None]:
     of one slab) in the ``len(edges) + 1`` key ranges ``edges`` cut, ``__key`` kept (the
     merge reads the hashes in it, :func:`_distinct`; None: no rows): one comparison a
     batch and edge, the pieces zero-copy slices."""
-    pieces: list[list[pa.RecordBatch]] = [[] for _ in range(len(edges) + 1)]
-    counts = _below(table, edges)
+    return cut_many([table], [edges])[0]
+
+
+def cut_many(tables: Sequence[pa.Table], edges_of: Sequence[Sequence[bytes]],
+             ) -> list[list[pa.Table | None]]:
+    """:func:`cut` of each table by its own edges, the fixed-width keys of them all counted
+    in one pass (:func:`_below`): cut a run at a time, numShards' day chunks (one run
+    each) made the counting most of phase 2's fetch thread."""
+    batches_of = [t.to_batches() for t in tables]  # (it leaves out empty chunks)
+    counts = _below([[rb.column(KEY_COLUMN) for rb in bs] for bs in batches_of], edges_of)
     if counts is None:  # keys of varying width (range): one comparison a batch and edge
-        scalars = [pa.scalar(e, pa.binary()) for e in edges]
-        counts = [[int(pc.sum(pc.less(rb.column(KEY_COLUMN), e)).as_py() or 0)
-                   for e in scalars] for rb in table.to_batches()]
-    for rb, below in zip(table.to_batches(), counts, strict=True):
-        at = [0, *below, rb.num_rows]
-        for i in range(len(edges) + 1):
-            if at[i + 1] > at[i]:
-                pieces[i].append(rb.slice(at[i], at[i + 1] - at[i]))
-    return [pa.Table.from_batches(p) if p else None for p in pieces]
+        counts = []
+        for batches, edges in zip(batches_of, edges_of, strict=True):
+            scalars = [pa.scalar(e, pa.binary()) for e in edges]
+            counts.append([[int(pc.sum(pc.less(rb.column(KEY_COLUMN), e)).as_py() or 0)
+                            for e in scalars] for rb in batches])
+    out = []
+    for batches, edges, below_of in zip(batches_of, edges_of, counts, strict=True):
+        pieces: list[list[pa.RecordBatch]] = [[] for _ in range(len(edges) + 1)]
+        for rb, below in zip(batches, below_of, strict=True):
+            at = [0, *below, rb.num_rows]
+            for i in range(len(edges) + 1):
+                if at[i + 1] > at[i]:
+                    pieces[i].append(rb.slice(at[i], at[i + 1] - at[i]))
+        out.append([pa.Table.from_batches(p) if p else None for p in pieces])
+    return out
 
 
-def _below(table: pa.Table, edges: Sequence[bytes]) -> list[list[int]] | None:
-    """Per record batch of ``table``, how many of its rows have a key below each edge, for
-    fixed-width keys (hashed: 4 or 8 bytes) computed for every batch at once as integers
-    (numShards' day chunk of two shards was two compute calls a batch); None when the keys
-    or edges are not all one width."""
-    width = len(edges[0]) if edges else 0
-    if width not in (4, 8) or any(len(e) != width for e in edges):
+def _below(keys_of: Sequence[Sequence[pa.Array]], edges_of: Sequence[Sequence[bytes]],
+           ) -> list[list[list[int]]] | None:
+    """Per table (its record batches' keys), per batch, how many of its rows have a key
+    below each of the table's edges, for fixed-width keys (hashed: 4 or 8 bytes) computed
+    for every batch of every table at once as integers; None when the keys or edges are
+    not all one width."""
+    widths = {len(e) for edges in edges_of for e in edges}
+    if len(widths) != 1 or (width := widths.pop()) not in (4, 8):
         return None
-    batches = table.column(KEY_COLUMN).chunks
-    sizes = [len(b) for b in batches]
-    if not sum(sizes):
-        return [[0] * len(edges) for _ in sizes]
-    got = key_ints(pa.chunked_array(batches, pa.binary()))
-    if got is None or got[1] != width:
-        return None
-    limits = np.array([int.from_bytes(e, "big") for e in edges], np.uint64)
-    below = got[0][:, None] < limits[None, :]
-    starts = np.cumsum([0, *sizes[:-1]])
-    out = np.zeros((len(sizes), len(edges)), np.int64)
-    nonempty = np.asarray(sizes) > 0
-    out[nonempty] = np.add.reduceat(below, starts[nonempty], axis=0)
-    return out.tolist()
+    per_table = [len(keys) for keys in keys_of]
+    batches = [k for keys in keys_of for k in keys]
+    sizes = np.array([len(b) for b in batches], np.int64)
+    widest = max(len(e) for e in edges_of)
+    out = np.zeros((len(batches), widest), np.int64)
+    if sizes.sum():
+        got = key_ints(pa.chunked_array(batches, pa.binary()))
+        if got is None or got[1] != width:
+            return None
+        limits = np.zeros((len(keys_of), widest), np.uint64)  # columns past a table's edges
+        for n, edges in enumerate(edges_of):                 # are never read
+            limits[n, :len(edges)] = [int.from_bytes(e, "big") for e in edges]
+        owner = np.repeat(np.repeat(np.arange(len(keys_of)), per_table), sizes)
+        below = got[0][:, None] < limits[owner]
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        nonempty = sizes > 0
+        out[nonempty] = np.add.reduceat(below, starts[nonempty], axis=0)
+    ends = np.cumsum(per_table)
+    return [out[end - k: end, :len(edges)].tolist()
+            for k, end, edges in zip(per_table, ends.tolist(), edges_of, strict=True)]
 
 
-def _pieces(table: pa.Table, run: Sequence[Shard]) -> list[pa.Table | None]:
-    """``table`` (a run's rows as read, with ``__key``: the edge batches whole) in the
-    run's shards, the rows outside the run's range dropped: all slices (:func:`cut`)."""
-    lo, hi = run[0].key_from, run[-1].key_to
-    edges = [e for e in (lo, *(s.key_from for s in run[1:]), hi) if e is not None]
-    if KEY_COLUMN not in table.column_names or not edges:
-        return [table]
-    parts = cut(table, edges)
-    return parts[(lo is not None):len(parts) - (hi is not None)]
+def _pieces(tables: Sequence[pa.Table], runs: Sequence[Sequence[Shard]],
+            ) -> list[list[pa.Table | None]]:
+    """Each table (a run's rows as read, with ``__key``: the edge batches whole) in its
+    run's shards, the rows outside the run's range dropped: all slices (:func:`cut_many`,
+    the runs of one read at once)."""
+    out: list[list[pa.Table | None]] = [[t] for t in tables]
+    todo: list[int] = []
+    edges_of: list[list[bytes]] = []
+    for n, (table, run) in enumerate(zip(tables, runs, strict=True)):
+        lo, hi = run[0].key_from, run[-1].key_to
+        edges = [e for e in (lo, *(s.key_from for s in run[1:]), hi) if e is not None]
+        if KEY_COLUMN in table.column_names and edges:
+            todo.append(n)
+            edges_of.append(edges)
+    for n, parts in zip(todo, cut_many([tables[n] for n in todo], edges_of), strict=True):
+        lo, hi = runs[n][0].key_from, runs[n][-1].key_to
+        out[n] = parts[(lo is not None):len(parts) - (hi is not None)]
+    return out
 
 
 def fetch_shards(client: Callable[[str], ShuffleClient], supervisor_task_id: str,
@@ -226,6 +256,7 @@ def fetch_shards(client: Callable[[str], ShuffleClient], supervisor_task_id: str
                     if not isinstance(out[n], ShortRead):
                         out[n] = short
             continue
+        held: list[tuple[list[int], pa.Table]] = []
         for r, read in zip(items, got, strict=True):
             if read.slabs != slabs_on.get(server, 0):
                 short = ShortRead(server, f"holds {read.slabs} slabs of the sealed subtasks; "
@@ -234,10 +265,10 @@ def fetch_shards(client: Callable[[str], ShuffleClient], supervisor_task_id: str
                 for n in r:
                     out[n] = short
                 continue
-            if read.table is None or not read.rows:
-                continue
-            table = read.table
-            parts = _pieces(table, [batch[n] for n in r])
+            if read.table is not None and read.rows:
+                held.append((r, read.table))
+        cuts = _pieces([t for _, t in held], [[batch[n] for n in r] for r, _ in held])
+        for (r, table), parts in zip(held, cuts, strict=True):
             per_row = table.nbytes / max(table.num_rows, 1)  # once a read: nbytes is not free
             for n, t in zip(r, parts, strict=True):
                 slot = out[n]

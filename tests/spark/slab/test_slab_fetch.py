@@ -214,3 +214,40 @@ def test_cut_puts_each_row_in_the_range_of_its_key(width: int) -> None:
                 if (lo is None or r[KEY_COLUMN] >= lo) and (hi is None or r[KEY_COLUMN] < hi)]
         got = pieces[i].column("v").to_pylist() if pieces[i] is not None else []
         assert got == want
+
+
+@pytest.mark.parametrize("width", [4, 8, 0], ids=["hash", "partition-hash", "tuple"])
+def test_cut_many_cuts_each_table_by_its_own_edges(width: int) -> None:
+    """slabmerge.cut_many (every run of one read cut at once, the fixed-width keys counted
+    in one pass): each table's rows in exactly the piece of ITS edges that holds the key,
+    whatever the other tables' edges, batch counts and sizes (empty tables too)."""
+    import numpy as np
+
+    from shuffled.slab.keys import KEY_COLUMN
+    from shuffled.spark.phase2.slabmerge import cut_many
+
+    rng = np.random.default_rng(40 + width)
+
+    def key(v: int) -> bytes:
+        return int(v).to_bytes(width, "big") if width else b"\x01" + str(v).zfill(12).encode()
+
+    tables, edges_of = [], []
+    for sizes, nedges in [([0, 5, 300], 3), ([], 1), ([40], 1), ([1, 77, 0, 9], 5), ([0], 2)]:
+        batches = []
+        for n in sizes:
+            ints = np.sort(rng.integers(0, 1 << 16, n)).tolist()
+            batches.append(pa.record_batch({"v": pa.array(rng.integers(0, 9, n)),
+                                            KEY_COLUMN: pa.array([key(v) for v in ints],
+                                                                 pa.binary())}))
+        schema = pa.schema([("v", pa.int64()), (KEY_COLUMN, pa.binary())])
+        tables.append(pa.Table.from_batches(batches, schema))
+        edges_of.append(sorted({key(int(v)) for v in rng.integers(0, 1 << 16, nedges)}))
+    got = cut_many(tables, edges_of)
+    for table, edges, pieces in zip(tables, edges_of, got, strict=True):
+        assert len(pieces) == len(edges) + 1
+        bounds = [None, *edges, None]
+        rows = [r for b in table.to_batches() for r in b.to_pylist()]
+        for piece, lo, hi in zip(pieces, bounds[:-1], bounds[1:], strict=True):
+            want = [r["v"] for r in rows if (lo is None or r[KEY_COLUMN] >= lo)
+                    and (hi is None or r[KEY_COLUMN] < hi)]
+            assert (piece.column("v").to_pylist() if piece is not None else []) == want
