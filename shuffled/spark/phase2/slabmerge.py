@@ -154,7 +154,14 @@ def cut_many(tables: Sequence[pa.Table], edges_of: Sequence[Sequence[bytes]],
     in one pass (:func:`_below`): cut a run at a time, numShards' day chunks (one run
     each) made the counting most of phase 2's fetch thread."""
     batches_of = [t.to_batches() for t in tables]  # (it leaves out empty chunks)
-    counts = _below([[rb.column(KEY_COLUMN) for rb in bs] for bs in batches_of], edges_of)
+    counted: list[list[list[int]]] = []
+    for a, b in _groups(tables, edges_of):
+        got = _below([[rb.column(KEY_COLUMN) for rb in bs] for bs in batches_of[a:b]],
+                     edges_of[a:b])
+        if got is None:
+            break
+        counted.extend(got)
+    counts: list[list[list[int]]] | None = counted if len(counted) == len(tables) else None
     if counts is None:  # keys of varying width (range): one comparison a batch and edge
         counts = []
         for batches, edges in zip(batches_of, edges_of, strict=True):
@@ -171,6 +178,27 @@ def cut_many(tables: Sequence[pa.Table], edges_of: Sequence[Sequence[bytes]],
                     pieces[i].append(rb.slice(at[i], at[i + 1] - at[i]))
         out.append([pa.Table.from_batches(p) if p else None for p in pieces])
     return out
+
+
+#: Rows x edges :func:`_below` compares at once, at most (booleans: 16 MiB), unless one
+#: table alone has more.
+BELOW_CELLS = 1 << 24
+
+
+def _groups(tables: Sequence[pa.Table], edges_of: Sequence[Sequence[bytes]],
+            ) -> Iterator[tuple[int, int]]:
+    """Consecutive ranges of ``tables`` whose rows times their most edges stay within
+    :data:`BELOW_CELLS`: one run with many shards would otherwise widen every row's
+    comparisons."""
+    a, rows, widest = 0, 0, 0
+    for n, (table, edges) in enumerate(zip(tables, edges_of, strict=True)):
+        if n > a and (rows + table.num_rows) * max(widest, len(edges)) > BELOW_CELLS:
+            yield a, n
+            a, rows, widest = n, 0, 0
+        rows += table.num_rows
+        widest = max(widest, len(edges))
+    if a < len(tables):
+        yield a, len(tables)
 
 
 def _below(keys_of: Sequence[Sequence[pa.Array]], edges_of: Sequence[Sequence[bytes]],

@@ -216,15 +216,22 @@ def test_cut_puts_each_row_in_the_range_of_its_key(width: int) -> None:
         assert got == want
 
 
+@pytest.mark.parametrize("cells", [None, 50], ids=["one-pass", "in-groups"])
 @pytest.mark.parametrize("width", [4, 8, 0], ids=["hash", "partition-hash", "tuple"])
-def test_cut_many_cuts_each_table_by_its_own_edges(width: int) -> None:
+def test_cut_many_cuts_each_table_by_its_own_edges(width: int, cells: int | None,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """slabmerge.cut_many (every run of one read cut at once, the fixed-width keys counted
-    in one pass): each table's rows in exactly the piece of ITS edges that holds the key,
-    whatever the other tables' edges, batch counts and sizes (empty tables too)."""
+    in one pass, or in groups within BELOW_CELLS): each table's rows in exactly the piece
+    of ITS edges that holds the key, whatever the other tables' edges, batch counts and
+    sizes (empty tables too)."""
     import numpy as np
 
     from shuffled.slab.keys import KEY_COLUMN
+    from shuffled.spark.phase2 import slabmerge
     from shuffled.spark.phase2.slabmerge import cut_many
+
+    if cells is not None:
+        monkeypatch.setattr(slabmerge, "BELOW_CELLS", cells)
 
     rng = np.random.default_rng(40 + width)
 
@@ -251,3 +258,18 @@ def test_cut_many_cuts_each_table_by_its_own_edges(width: int) -> None:
             want = [r["v"] for r in rows if (lo is None or r[KEY_COLUMN] >= lo)
                     and (hi is None or r[KEY_COLUMN] < hi)]
             assert (piece.column("v").to_pylist() if piece is not None else []) == want
+
+
+def test_the_counting_groups_stay_within_their_cells() -> None:
+    """slabmerge._groups: consecutive tables whose rows times their most edges stay within
+    BELOW_CELLS, a table over it alone; every table in exactly one group, in order."""
+    from shuffled.spark.phase2.slabmerge import BELOW_CELLS, _groups
+
+    rows = [10, 0, BELOW_CELLS // 4, 3, BELOW_CELLS * 2, 7, 7]
+    edges = [[b"k"] * e for e in (1, 9, 4, 2, 1, 300, 1)]
+    tables = [pa.table({"v": pa.nulls(n)}) for n in rows]  # type null: no buffers
+    groups = list(_groups(tables, edges))
+    assert [i for a, b in groups for i in range(a, b)] == list(range(len(tables)))
+    for a, b in groups:
+        cells = sum(rows[a:b]) * max(len(e) for e in edges[a:b])
+        assert cells <= BELOW_CELLS or b == a + 1
