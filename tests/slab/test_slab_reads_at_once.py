@@ -6,6 +6,7 @@ end-of-stream marker; and for every key kind, chunk, range and empty shard."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 import pyarrow as pa
@@ -41,6 +42,23 @@ def _seen(read: shards.ShardRead) -> list[object]:
             for p in read.parts] + [read.length, read.rows]
 
 
+def _at_once_and_alone(ti: shards.TaskIndex, wanted: list[tuple[int, int, bytes | None,
+                                                                  bytes | None]],
+                       ) -> list[shards.ShardRead]:
+    """The shards read at once, checked part by part against each read alone (its files
+    opened apart); the reads at once."""
+    opened: dict[int, IO[bytes]] = {}
+    alone_opened: dict[int, IO[bytes]] = {}
+    try:
+        many = shards.read_many(ti, wanted, opened, trim=False)
+        alone = [shards.read(ti, *w, opened=alone_opened, trim=False) for w in wanted]
+        assert [_seen(r) for r in many] == [_seen(r) for r in alone]
+        return many
+    finally:
+        for f in [*opened.values(), *alone_opened.values()]:
+            f.close()
+
+
 @pytest.mark.parametrize("kind", [KeyKind.HASH, KeyKind.TUPLE, KeyKind.NONE])
 def test_shards_read_at_once_are_the_shards_read_alone(tmp_path: Path, kind: KeyKind) -> None:
     rng = np.random.default_rng(int(kind))
@@ -59,19 +77,10 @@ def test_shards_read_at_once_are_the_shards_read_alone(tmp_path: Path, kind: Key
             if keys and rng.random() < 0.3:  # a key between the batches' bounds
                 edges[0] = keys[lo] + b"\x00"
             wanted.append((c * HOUR, (c + 1) * HOUR, edges[0], edges[1]))
-    opened: dict[int, object] = {}
-    alone_opened: dict[int, object] = {}
-    try:
-        many = shards.read_many(ti, wanted, opened, trim=False)  # type: ignore[arg-type]
-        alone = [shards.read(ti, *w, opened=alone_opened, trim=False)  # type: ignore[arg-type]
-                 for w in wanted]
-        assert [_seen(r) for r in many] == [_seen(r) for r in alone]
-        assert sum(many[i].rows for i in range(0, len(wanted), 14)) == \
-            sum(t.num_rows for t in tables)  # each chunk whole: every row once
-        assert all(not r.files for r in many)  # the caller's files, closed by it
-    finally:
-        for f in [*opened.values(), *alone_opened.values()]:
-            f.close()  # type: ignore[attr-defined]
+    many = _at_once_and_alone(ti, wanted)
+    assert sum(many[i].rows for i in range(0, len(wanted), 14)) == \
+        sum(t.num_rows for t in tables)  # each chunk whole: every row once
+    assert all(not r.files for r in many)  # the caller's files, closed by it
 
 
 def test_a_shard_over_slabs_of_two_schemas_is_read_alone(tmp_path: Path) -> None:
@@ -83,14 +92,6 @@ def test_a_shard_over_slabs_of_two_schemas_is_read_alone(tmp_path: Path) -> None
     ti = _index(tmp_path, KeyKind.HASH, [first, other, rows_table(300, seed=3, chunks=2)],
                 batch_rows=64)
     wanted = [(c * HOUR, (c + 1) * HOUR, None, None) for c in range(2)]
-    opened: dict[int, object] = {}
-    try:
-        many = shards.read_many(ti, wanted, opened, trim=False)  # type: ignore[arg-type]
-        alone = [shards.read(ti, *w, opened=opened, trim=False)  # type: ignore[arg-type]
-                 for w in wanted]
-        assert [_seen(r) for r in many] == [_seen(r) for r in alone]
-        assert sum(r.rows for r in many) == 1_500
-        assert any(isinstance(p, bytes) and len(p) > 100 for p in many[0].parts[1:-1])
-    finally:
-        for f in opened.values():
-            f.close()  # type: ignore[attr-defined]
+    many = _at_once_and_alone(ti, wanted)
+    assert sum(r.rows for r in many) == 1_500
+    assert any(isinstance(p, bytes) and len(p) > 100 for p in many[0].parts[1:-1])
