@@ -81,6 +81,10 @@ def test_shards_read_at_once_are_the_shards_read_alone(tmp_path: Path, kind: Key
     assert sum(many[i].rows for i in range(0, len(wanted), 14)) == \
         sum(t.num_rows for t in tables)  # each chunk whole: every row once
     assert all(not r.files for r in many)  # the caller's files, closed by it
+    # A request none of whose shards holds a batch (an empty chunk, another end).
+    nothing = _at_once_and_alone(ti, [(4 * HOUR, 5 * HOUR, None, None),
+                                      (0, 2 * HOUR, None, None)])
+    assert [(r.parts, r.length, r.rows) for r in nothing] == [([], 0, 0)] * 2
 
 
 def test_a_shard_over_slabs_of_two_schemas_is_read_alone(tmp_path: Path) -> None:

@@ -276,7 +276,7 @@ def _whole_reads(ti: TaskIndex, shards: list[tuple[int, int, bytes | None, bytes
         new_run[1:] = ((owner[1:] != owner[:-1]) | (slab_of[1:] != slab_of[:-1])
                        | (offsets[1:] != offsets[:-1] + lengths[:-1]))
     run_at = np.flatnonzero(new_run)
-    run_end = np.append(run_at[1:], m)
+    run_end = np.append(run_at[1:], m) if m else run_at  # (no batch: no run)
     run_rows = np.add.reduceat(rows, run_at) if m else np.zeros(0, np.int64)
     out = [ShardRead([], 0, 0, []) for _ in range(n)]
     mixed: set[int] = set()
