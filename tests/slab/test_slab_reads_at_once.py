@@ -1,7 +1,9 @@
 """An untrimmed read of many shards (what phase 2 asks) planned at once
 (``shards.read_many(trim=False)``) answers each shard with the same parts as reading it
 alone (``shards.read``): its schema message, the same file ranges, rows and length, the
-end-of-stream marker; and for every key kind, chunk, range and empty shard."""
+end-of-stream marker; and for every key kind, chunk, range and empty shard. Both choose
+batches by ``shards.select_many``, whose rule the rows check in test_slab_daemon.py
+(every row in exactly the shard whose range holds its key)."""
 
 from __future__ import annotations
 

@@ -88,29 +88,47 @@ class ShardRead:
             f.close()
 
 
+Wanted = tuple[int, int, bytes | None, bytes | None]  # a shard: chunk start, end, key range
+
+
 def select(ti: TaskIndex, start: int, end: int, key_from: bytes | None,
            key_to: bytes | None) -> tuple[np.ndarray, np.ndarray]:
     """Positions in the task's index of the shard's batches (in slab and offset order),
     and which of them are whole (every key inside the range)."""
+    picked, _, whole = select_many(ti, [(start, end, key_from, key_to)])
+    return picked, whole
+
+
+def select_many(ti: TaskIndex, shards: list[Wanted],
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`select` of every shard in one vectorised pass over the index: the picked
+    positions (by shard, then in index order), the shard each belongs to, and whether
+    each is whole. A batch is in a shard whose chunk it is in (start and end) and whose
+    key range its keys ``[key_lo, key_hi]`` meet; unknown keys (null) meet no bound."""
     import pyarrow.compute as pc  # here: the daemon pays for it once slabs are read
 
-    lo = int(np.searchsorted(ti.chunk_start, start, "left"))
-    hi = int(np.searchsorted(ti.chunk_start, start, "right"))
-    if lo == hi:
-        return np.zeros(0, np.int64), np.zeros(0, bool)
-    t = ti.index.slice(lo, hi - lo)
-    mask = np.asarray(ti.chunk_end[lo:hi] == end)
-    whole = np.ones(hi - lo, bool)
-    if key_from is not None:
-        k = pa.scalar(key_from, pa.binary())
-        mask &= np.asarray(pc.greater_equal(t["key_hi"], k), dtype=bool)
-        whole &= np.asarray(pc.greater_equal(t["key_lo"], k), dtype=bool)
-    if key_to is not None:
-        k = pa.scalar(key_to, pa.binary())
-        mask &= np.asarray(pc.less(t["key_lo"], k), dtype=bool)
-        whole &= np.asarray(pc.less(t["key_hi"], k), dtype=bool)
-    picked = np.flatnonzero(mask)
-    return picked + lo, whole[picked]
+    n = len(shards)
+    starts = np.array([sh[0] for sh in shards], np.int64)
+    ends = np.array([sh[1] for sh in shards], np.int64)
+    lo = np.searchsorted(ti.chunk_start, starts, "left")
+    counts = np.searchsorted(ti.chunk_start, starts, "right") - lo
+    owner = np.repeat(np.arange(n), counts)
+    pos = (np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+           + np.repeat(lo, counts)).astype(np.int64)
+    mask = ti.chunk_end[pos] == ends[owner]
+    whole = np.ones(len(pos), bool)
+    # (bound, the key that must meet it for the batch to be in, for it to be whole)
+    for at, meets, inside, compare in ((2, "key_hi", "key_lo", pc.greater_equal),
+                                       (3, "key_lo", "key_hi", pc.less)):
+        bounds = [sh[at] for sh in shards]
+        if all(b is None for b in bounds) or not len(pos):
+            continue
+        edge = pa.array(bounds, pa.binary()).take(pa.array(owner))
+        free = np.asarray(pc.is_null(edge), dtype=bool)
+        for column, out in ((meets, mask), (inside, whole)):
+            keys = ti.index[column].take(pa.array(pos))
+            out &= np.asarray(pc.fill_null(compare(keys, edge), False), dtype=bool) | free
+    return pos[mask], owner[mask], whole[mask]
 
 
 def _pread(f: IO[bytes], offset: int, length: int) -> bytes:
@@ -218,7 +236,7 @@ def read(ti: TaskIndex, start: int, end: int, key_from: bytes | None,
         raise
 
 
-def read_many(ti: TaskIndex, shards: list[tuple[int, int, bytes | None, bytes | None]],
+def read_many(ti: TaskIndex, shards: list[Wanted],
               opened: dict[int, IO[bytes]], trim: bool = True) -> list[ShardRead]:
     """:func:`read` of each shard, the files opened once (in ``opened``). Untrimmed (what
     phase 2 asks) every shard is planned at once (:func:`_whole_reads`)."""
@@ -227,36 +245,17 @@ def read_many(ti: TaskIndex, shards: list[tuple[int, int, bytes | None, bytes | 
     return [read(ti, *shard, opened=opened, trim=trim) for shard in shards]
 
 
-def _whole_reads(ti: TaskIndex, shards: list[tuple[int, int, bytes | None, bytes | None]],
+def _whole_reads(ti: TaskIndex, shards: list[Wanted],
                  opened: dict[int, IO[bytes]]) -> list[ShardRead]:
     """:func:`read` of each shard untrimmed, their batches chosen in one vectorised pass
-    over the index (:func:`select` of them all) and cut into runs of one slab's
+    over the index (:func:`select_many`) and cut into runs of one slab's
     contiguous batches together: a :func:`select` and a loop a shard were 209 of the
     daemon's samples over comparison 7's runs (3,652 day chunks a task, a read each).
     The same parts as :func:`read`; a shard whose slabs' schemas differ is read by it."""
-    import pyarrow.compute as pc  # here: the daemon pays for it once slabs are read
-
     n = len(shards)
     if not n:
         return []
-    starts = np.array([sh[0] for sh in shards], np.int64)
-    ends = np.array([sh[1] for sh in shards], np.int64)
-    lo = np.searchsorted(ti.chunk_start, starts, "left")
-    counts = np.searchsorted(ti.chunk_start, starts, "right") - lo
-    owner = np.repeat(np.arange(n), counts)
-    pos = (np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-           + np.repeat(lo, counts))
-    mask = ti.chunk_end[pos] == ends[owner]
-    # As select: a batch is in a shard whose range its keys [key_lo, key_hi] meet.
-    for at, column, compare in ((2, "key_hi", pc.greater_equal), (3, "key_lo", pc.less)):
-        bounds = [sh[at] for sh in shards]
-        if all(b is None for b in bounds) or not len(pos):
-            continue
-        edge = pa.array(bounds, pa.binary()).take(pa.array(owner))
-        keys = ti.index[column].take(pa.array(pos))
-        mask &= (np.asarray(pc.fill_null(compare(keys, edge), False), dtype=bool)
-                 | np.asarray(pc.is_null(edge), dtype=bool))
-    pos, owner = pos[mask], owner[mask]
+    pos, owner, _ = select_many(ti, shards)
     t = ti.index
     slab_of = t["slab"].to_numpy()[pos]
     offsets = t["offset"].to_numpy()[pos]
