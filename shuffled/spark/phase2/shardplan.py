@@ -99,7 +99,13 @@ class ChunkStats:
             return 0
         if self.exact_sample:
             return len(self.keys)
-        return max(1, min(self.rows, round(sketch.estimate(self.regs))))
+        return hll_rows(self.rows, self.regs)
+
+
+def hll_rows(rows: int, regs: np.ndarray) -> int:
+    """A chunk's rolled-up rows by its HLL's estimate, at least 1 and never over the
+    ``rows`` shipped (rollup only removes rows)."""
+    return max(1, min(rows, round(sketch.estimate(regs))))
 
 
 def _unpickle(start: int, end: int, rows: int, regs: bytes, offsets: bytes, data: bytes,
@@ -356,14 +362,12 @@ def _range_plans(groups: Sequence[Sequence[ChunkStats]], target: int | None,
     picked = picked.take(pc.sort_indices(pa.table({"c": pa.array(c), "k": picked}),
                                          sort_keys=[("c", "ascending"), ("k", "ascending")]))
 
-    # Each chunk's estimate and shards, as ChunkStats.estimate and shard_count give them.
+    # Each chunk's estimate (as ChunkStats.estimate) and shards.
     exact = (low >= 1.0) & (counts > 0) & (counts < PLAN_SAMPLE)
     est = np.where(rows == 0, 0, counts)
     for i in np.flatnonzero(~exact & (rows > 0)).tolist():
-        regs = reduce(np.maximum, [st.regs for st in groups[i]])
-        est[i] = max(1, min(int(rows[i]), round(sketch.estimate(regs))))
-    shards = np.where(est <= 0, 1, np.maximum(1, np.ceil(est / max(target or 1, 1)))
-                      ).astype(np.int64)
+        est[i] = hll_rows(int(rows[i]), reduce(np.maximum, [st.regs for st in groups[i]]))
+    shards = np.array([shard_count(e, target=target) for e in est.tolist()], np.int64)
 
     # range_bounds of each chunk: cut i of k at the distinct key starting nearest rank
     # i * n / k of its sample (the first such), a cut repeating an earlier one dropped.
