@@ -148,8 +148,13 @@ def build(table: pa.Table, chunk_start: np.ndarray, chunk_end: np.ndarray, *,
                  else np.full(len(starts), -1), pa.int32()),
     ], schema=INDEX_SCHEMA)
     firsts = bounds[:-1]
-    regs = sketch.registers(rollup_hashes, bounds) if rollup_hashes is not None else \
-        np.zeros((len(firsts), sketch.REGISTERS), np.uint8)
+    # Without the hashes, no sketch: every chunk's registers empty (what a chunk of no
+    # rows would encode to), and no loop over chunks to say so.
+    hll = (pa.array([sketch.encode_registers(r)
+                     for r in sketch.registers(rollup_hashes, bounds)], pa.binary())
+           if rollup_hashes is not None else
+           pa.Array.from_buffers(pa.binary(), len(firsts), [
+               None, pa.py_buffer(np.zeros(len(firsts) + 1, np.int32)), pa.py_buffer(b"")]))
     # The format's per-chunk key sample is written empty: the plan samples distinct
     # rolled-up rows from the task's report (docs/slab.md, "Range bounds from a sample of
     # distinct rows"), and nothing read this one. Its keys were ~30% of a range spec's
@@ -160,7 +165,7 @@ def build(table: pa.Table, chunk_start: np.ndarray, chunk_end: np.ndarray, *,
         pa.array(chunk_start[firsts] if len(firsts) else [], pa.int64()),
         pa.array(chunk_end[firsts] if len(firsts) else [], pa.int64()),
         pa.array(np.diff(bounds), pa.int64()),
-        pa.array([sketch.encode_registers(r) for r in regs], pa.binary()),
+        hll,
         picks,
     ], schema=sketch.STATS_SCHEMA)
     index_bytes, stats_bytes = _ipc(index), _ipc(stats)

@@ -142,7 +142,9 @@ class Job:
                if keyed.num_shards else {"method": "latePlan"})
         self.report.phase("determinePartitions", time.monotonic(), **how,
                           timeChunks=len(plans),
-                          estimatedRows=sum(p.estimate for p in plans),
+                          # numShards estimates nothing (its slabs carry no sketch)
+                          estimatedRows=(None if keyed.num_shards
+                                         else sum(p.estimate for p in plans)),
                           # what reached the driver: the shards' bounds, per chunk
                           rowsToDriver=sum(p.shards for p in plans), slabs=len(self.slabs))
         self.say(late.describe(plans, self.slabs))

@@ -102,16 +102,10 @@ def _in_order(chunks: np.ndarray, lead: np.ndarray) -> bool:
     return bool(np.all(later | ((chunks[1:] == chunks[:-1]) & (lead[1:] >= lead[:-1]))))
 
 
-def row_keys(table: pa.Table, keying: Keying, layout: Layout,
-             ) -> tuple[pa.Array, np.ndarray | None, np.ndarray | None]:
-    """Each row's key bytes, the order grouping rows by (chunk, key) (None: the rows are
-    in it), and, where the key gives it for free, each row's 64-bit rolled-up-key hash for
-    the HLL (in table order; else None): with ``numShards`` and no partitionDimensions
-    (``layout``'s keys are the hashed columns), the Spark hash already hashes the
-    rolled-up key. The HLL then counts 32-bit hashes, ~n^2/2^33 collisions (0.01% of a
-    million keys); only the numShards plan, which no estimate decides, takes them (the
-    row hash was 14% of comparison 5's upload). A hashed key is read from :data:`LEAD`
-    where the rollup carried it (:func:`with_lead`)."""
+def row_keys(table: pa.Table, keying: Keying) -> tuple[pa.Array, np.ndarray | None]:
+    """Each row's key bytes, and the order grouping rows by (chunk, key) (None: the rows
+    are in it). A hashed key is read from :data:`LEAD` where the rollup carried it
+    (:func:`with_lead`)."""
     chunks = table.column(CHUNK).to_numpy()
     if keying.kind == "hashed":
         if LEAD in table.column_names:
@@ -124,17 +118,15 @@ def row_keys(table: pa.Table, keying: Keying, layout: Layout,
             h = hash_values(table, keying.columns)
             part = _partition_of(h, keying)
             order = chunk_order(chunks, part, keying.num_shards or 1, h)
-        free = (sketch.widened(h) if keying.num_shards
-                and tuple(keying.columns) == tuple(layout.keys) else None)
         keys = (slab_keys.partition_hash_keys(part, h) if keying.num_shards
                 else slab_keys.hash_keys(h))
-        return keys, order, free
+        return keys, order
     distinct, row, rank = slab_keys.distinct_tuple_keys(
         [table.column(c) for c in keying.columns])
     ranks = rank[row]
     # The rollup grouped the rows in this order where it sorted them (tasks' order_by).
     order = None if _in_order(chunks, ranks) else chunk_order(chunks, ranks, max(len(rank), 1))
-    return distinct.take(pa.array(row)), order, None
+    return distinct.take(pa.array(row)), order
 
 
 def chunk_order(chunks: np.ndarray, major: np.ndarray, count: int,
@@ -255,7 +247,7 @@ def cut_slab(table: pa.Table, layout: Layout, keying: Keying, granularity: str, 
     """``table`` (rolled-up rows: ``__chunk`` and the layout's columns, strings maybe
     dictionary-encoded) as one slab: the layout's columns in their plain types and
     ``__key``, in (chunk, key) order; and for range keys its :class:`KeySample`."""
-    keys, order, free = row_keys(table, keying, layout)
+    keys, order = row_keys(table, keying)
     take = pa.array(order) if order is not None else None
     schema = layout.schema()
     # Dictionary-encoded strings are taken as their indices, then decoded once: decoding
@@ -267,11 +259,13 @@ def cut_slab(table: pa.Table, layout: Layout, keying: Keying, granularity: str, 
                                 schema=schema.append(pa.field(KEY_COLUMN, pa.binary())))
     chunk_start = table.column(CHUNK).to_numpy().astype(np.int64)
     # The HLL's row hash from the input's own columns (dictionaries hash each value once)
-    # in table order, then put in the slab's.
-    hashes = (free if free is not None else
+    # in table order, then put in the slab's. With numShards no estimate decides the plan:
+    # no HLL (:func:`shuffled.spark.phase2.shardplan.from_stats`).
+    hashes = (None if keying.num_shards else
               sketch.row_hashes([table.column(k) for k in layout.keys]))
     if order is not None:
-        chunk_start, hashes = chunk_start[order], hashes[order]
+        chunk_start = chunk_start[order]
+        hashes = hashes[order] if hashes is not None else None
     # As for partials (docs/ingestion.md): batches averaging under 64 KiB go uncompressed,
     # LZ4 costing ten times their encoding for a few hundred bytes each. A slab has a batch
     # per chunk at least: counted by rows alone, comparison 7's 100-row day batches were
@@ -282,7 +276,7 @@ def cut_slab(table: pa.Table, layout: Layout, keying: Keying, granularity: str, 
                else None)
     sample = (rate_sample(chunk_start, hashes, data.column(KEY_COLUMN).combine_chunks(),
                           keying.sample_rate)
-              if keying.kind != "hashed" else None)
+              if keying.kind != "hashed" and hashes is not None else None)
     return build(data, chunk_start, chunk_ends(chunk_start, granularity),
                  kind=KeyKind.HASH if keying.kind == "hashed" else KeyKind.TUPLE,
                  sub_task_id=sub_task_id, slab_id=slab_id, attempt=attempt,

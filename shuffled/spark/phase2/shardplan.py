@@ -59,7 +59,7 @@ Bound = tuple[bytes | None, bytes | None]  # [key_from, key_to): None is unbound
 @dataclass(frozen=True)
 class ChunkStats:
     """One time chunk's statistics merged over slabs: rows shipped, HLL registers of the
-    rolled-up keys, a bottom-k sample of its distinct rolled-up rows (range: their keys,
+    rolled-up keys (none with ``numShards``: :data:`_NO_REGS`), a bottom-k sample of its distinct rolled-up rows (range: their keys,
     sorted by key, with their 64-bit hashes; :class:`shuffled.spark.phase1.slabs.KeySample`)
     and the daemons holding its slabs."""
 
@@ -104,8 +104,19 @@ class ChunkStats:
 
 def hll_rows(rows: int, regs: np.ndarray) -> int:
     """A chunk's rolled-up rows by its HLL's estimate, at least 1 and never over the
-    ``rows`` shipped (rollup only removes rows)."""
+    ``rows`` shipped (rollup only removes rows); not sketched (numShards), the rows."""
+    if not len(regs):
+        return rows
     return max(1, min(rows, round(sketch.estimate(regs))))
+
+
+def union(regs: Sequence[np.ndarray]) -> np.ndarray:
+    """Registers of one chunk merged: by maximum, or none if any is not sketched (a chunk
+    is sketched by every slab or by none, one spec a job; were it not, the sketched ones
+    alone would undercount it)."""
+    if not all(len(r) for r in regs):
+        return _NO_REGS
+    return reduce(np.maximum, regs)
 
 
 def _unpickle(start: int, end: int, rows: int, regs: bytes, offsets: bytes, data: bytes,
@@ -119,6 +130,10 @@ def _unpickle(start: int, end: int, rows: int, regs: bytes, offsets: bytes, data
 
 _NO_KEYS = pa.array([], pa.binary())
 _NO_HASHES = np.zeros(0, np.uint64)
+#: The registers of a chunk not sketched: with ``numShards`` the plan is known up front,
+#: so phase 1 ships no HLL (its registers were ~7 MB of comparison 7's 7.2 MB of Spark
+#: shuffle, and hashing, encoding, decoding and merging them ~0.4 CPU s a run).
+_NO_REGS = np.zeros(0, np.uint8)
 
 
 def from_stats(table: pa.Table, server: str, sample: Any = None) -> Iterator[ChunkStats]:
@@ -142,7 +157,9 @@ def from_stats(table: pa.Table, server: str, sample: Any = None) -> Iterator[Chu
         cuts = {int(sample.chunks[a]): (int(a), int(b))
                 for a, b in zip(firsts, lasts, strict=True)}
     for i, (start, end, n) in enumerate(zip(starts, ends, rows, strict=True)):
-        regs = sketch.decode_registers(hll[i].as_py())
+        raw = hll[i].as_py()
+        # Empty: not sketched (a sketched chunk of rows sets a register at least).
+        regs = sketch.decode_registers(raw) if raw else _NO_REGS
         keys, hashes = _NO_KEYS, _NO_HASHES
         if int(start) in cuts:
             a, b = cuts[int(start)]
@@ -172,7 +189,7 @@ def merge(a: ChunkStats, b: ChunkStats, size: int = PLAN_SAMPLE) -> ChunkStats:
             uniq, first = uniq[:below], first[:below]
         keys, hashes = keys.take(pa.array(first[:size])), uniq[:size]
     return _by_key(ChunkStats(a.start, max(a.end, b.end), a.rows + b.rows,
-                              np.maximum(a.regs, b.regs), keys, hashes, a.servers | b.servers,
+                              union((a.regs, b.regs)), keys, hashes, a.servers | b.servers,
                               rate))
 
 
@@ -366,7 +383,7 @@ def _range_plans(groups: Sequence[Sequence[ChunkStats]], target: int | None,
     exact = (low >= 1.0) & (counts > 0) & (counts < PLAN_SAMPLE)
     est = np.where(rows == 0, 0, counts)
     for i in np.flatnonzero(~exact & (rows > 0)).tolist():
-        est[i] = hll_rows(int(rows[i]), reduce(np.maximum, [st.regs for st in groups[i]]))
+        est[i] = hll_rows(int(rows[i]), union([st.regs for st in groups[i]]))
     shards = np.array([shard_count(e, target=target) for e in est.tolist()], np.int64)
 
     # range_bounds of each chunk: cut i of k at the distinct key starting nearest rank

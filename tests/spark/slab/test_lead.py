@@ -54,9 +54,9 @@ def test_the_rollup_orders_a_hashed_slab_as_the_cut_would(keying: Keying) -> Non
     assert led_raw is not None
     led = rollup_input(led_raw, LAYOUT, [CHUNK, LEAD], dictionaries=True)
     assert led.num_rows == plain.num_rows
-    _, order, _ = row_keys(led, keying, LAYOUT)
+    _, order = row_keys(led, keying)
     assert order is None  # in the slab's order already: no sort, no take
-    _, order, _ = row_keys(plain, keying, LAYOUT)
+    _, order = row_keys(plain, keying)
     assert order is not None and not np.array_equal(order, np.arange(len(order)))
     assert _cut(led, keying) == _cut(plain, keying)
 
@@ -72,7 +72,7 @@ def test_a_combine_of_held_tables_keeps_the_order(keying: Keying) -> None:
                         dictionaries=True) for r in raws]
     plain = [rollup_input(r, LAYOUT, [CHUNK], dictionaries=True) for r in raws]
     both = combine(pa.concat_tables(led), LAYOUT, [CHUNK, LEAD], dictionaries=True)
-    assert row_keys(both, keying, LAYOUT)[1] is None
+    assert row_keys(both, keying)[1] is None
     assert _cut(both, keying) == _cut(
         combine(pa.concat_tables(plain), LAYOUT, [CHUNK], dictionaries=True), keying)
     small = rows(rng, 5_000, 2)
@@ -115,7 +115,7 @@ def test_without_room_the_cut_sorts_by_the_carried_lead() -> None:
     raw = skewed_rows(np.random.default_rng(6), SMALL + 20_000, 3)
     led = rollup_input(with_lead(raw, keying, LAYOUT), LAYOUT, [CHUNK, LEAD],
                        dictionaries=True)
-    assert row_keys(led, keying, LAYOUT)[1] is not None
+    assert row_keys(led, keying)[1] is not None
     assert _cut(led, keying) == _cut(rollup_input(raw, LAYOUT, [CHUNK], dictionaries=True),
                                      keying)
 
@@ -186,7 +186,7 @@ def test_wide_keys_cut_the_same_slab_through_the_lead() -> None:
     led = rollup_input(with_lead(raw, keying, layout), layout, [CHUNK, LEAD],
                        dictionaries=True)
     assert led.num_rows == n
-    assert row_keys(led, keying, layout)[1] is None
+    assert row_keys(led, keying)[1] is None
     assert _cut(led, keying, layout) == _cut(
         rollup_input(raw, layout, [CHUNK], dictionaries=True), keying, layout)
 

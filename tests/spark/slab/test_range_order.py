@@ -75,8 +75,8 @@ def test_the_rollup_orders_a_range_slab_as_the_cut_would(keying: Keying) -> None
                            order_by=keying.columns)
     assert ordered.num_rows == plain.num_rows
     assert _in_key_order(ordered, keying) and not _in_key_order(plain, keying)
-    assert row_keys(ordered, keying, LAYOUT)[1] is None  # no sort, no take
-    order = row_keys(plain, keying, LAYOUT)[1]
+    assert row_keys(ordered, keying)[1] is None  # no sort, no take
+    order = row_keys(plain, keying)[1]
     assert order is not None and not np.array_equal(order, np.arange(len(order)))
     assert _cut(ordered, keying) == _cut(plain, keying)
 
@@ -92,7 +92,7 @@ def test_a_combine_of_held_tables_keeps_the_order() -> None:
             for r in raws]
     both = combine(pa.concat_tables(held), LAYOUT, [CHUNK], dictionaries=True,
                    order_by=keying.columns)
-    assert row_keys(both, keying, LAYOUT)[1] is None
+    assert row_keys(both, keying)[1] is None
     plain = combine(pa.concat_tables(held), LAYOUT, [CHUNK], dictionaries=True)
     assert _cut(both, keying) == _cut(plain, keying)
     small = rows(rng, 5_000, 2)
@@ -106,7 +106,7 @@ def test_a_key_of_another_type_is_sorted_by_the_cut() -> None:
     keying = Keying("range", ("n", "country"))
     raw = rows(np.random.default_rng(5), SMALL + 5_000, 2)
     ordered = rollup_input(raw, LAYOUT, [CHUNK], dictionaries=True, order_by=keying.columns)
-    assert row_keys(ordered, keying, LAYOUT)[1] is not None
+    assert row_keys(ordered, keying)[1] is not None
     assert _cut(ordered, keying) == _cut(
         rollup_input(raw, LAYOUT, [CHUNK], dictionaries=True), keying)
 
@@ -152,7 +152,7 @@ def test_a_phase1_task_asks_its_rollup_for_the_slab_order() -> None:
             task.add(raw.append_column(BAD, pa.nulls(raw.num_rows, pa.string())))
             task._rollup_raw_only()
         assert len(task.pending) == 2
-        assert row_keys(task._pending_table(), keying, LAYOUT)[1] is None
+        assert row_keys(task._pending_table(), keying)[1] is None
     finally:
         task.close()
     for other in (Keying("range", ("n", "country")), Keying("hashed", ("country",), 2)):
