@@ -19,6 +19,7 @@ import pytest
 from shuffled.spark import IngestionFailed, run_ingestion
 from shuffled.spark.spec.granularity import GRANULARITIES, truncate
 from shuffled.spark.phase1.native.reader import Split, SplitSizing, pack, truncate_array
+from shuffled.spark.phase1.spark_compat import murmur3
 from shuffled.spark.phase1.spark_compat.murmur3 import spark_hash
 from tests.helpers.hooks import FailAttempts
 from tests.helpers.ingestion import (  # noqa: F401  (fixtures)
@@ -175,8 +176,17 @@ def test_native_reader_refuses_what_it_cannot_read_and_auto_falls_back(
                       reader="python")
 
 
-def test_spark_hash_is_sparks_hash(spark: Any) -> None:
+@pytest.mark.parametrize("steps", [None, (7, 50)], ids=["whole", "in-slices"])
+def test_spark_hash_is_sparks_hash(spark: Any, steps: tuple[int, int] | None,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Our hash is Spark's ``hash()`` of the same columns. ``in-slices``: rows hashed 7
+    at a time, and dictionaries over 50 values prepared 50 rows at a time (each slice's
+    values only), so that every slicing boundary of the real sizes is crossed here."""
     from pyspark.sql import functions as F
+
+    if steps is not None:
+        monkeypatch.setattr(murmur3, "STEP", steps[0])
+        monkeypatch.setattr(murmur3, "ROWS_AT_A_TIME", steps[1])
 
     rnd = random.Random(3)
     alphabet = "ab\u20ac\U0001F600\u00e9\x00z9"

@@ -14,6 +14,11 @@ every row in the partition the JVM path (``pmod(hash(cols), shards)``, see
 - columns chain: each column's hash is the seed of the next; a null leaves the seed as is.
 
 All arithmetic is on uint32 arrays, where numpy's wrap-around is Java's int overflow.
+Rows are hashed :data:`STEP` at a time through every column, each step in place on two
+scratch arrays. Every operation a new array of all the rows, as first written, cost
+1.5-1.8x the time (a page-faulted allocation per operation, arrays past the cache):
+124 against 70 ns a row of the Druid shape's key, 144 against 95 on a flush as phase 1
+holds it (three chunks, a dictionary each, unified first).
 """
 
 from __future__ import annotations
@@ -25,42 +30,99 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 SEED = 42
-_C1 = np.uint32(0xCC9E2D51)
-_C2 = np.uint32(0x1B873593)
+_U = np.uint32
+_C1, _C2 = _U(0xCC9E2D51), _U(0x1B873593)
+_H5, _HC = _U(5), _U(0xE6546B64)
+_F1, _F2 = _U(0x85EBCA6B), _U(0xC2B2AE35)
+
+#: Rows hashed at a time through every column: a step's scratch arrays stay in the cache.
+STEP = 1 << 15
+
+#: A string column whose dictionary is larger than this (keys that never fold: unique ids)
+#: is prepared :data:`ROWS_AT_A_TIME` rows at a time, each slice with a dictionary of its
+#: own values: the per-value words take the dictionary's size per 4-byte block. Whole, a
+#: flush of 1.5M unique ids took ~180 MiB of numpy arrays, and a 2M-row one ~390 MiB.
+ROWS_AT_A_TIME = 1 << 17
 
 
-def _rotl(x: np.ndarray, r: int) -> np.ndarray:
-    return (x << np.uint32(r)) | (x >> np.uint32(32 - r))
+# -- the mixing steps, in place (``t`` is scratch of the same length) ----------------------
+
+def _mix_k1(k: np.ndarray, t: np.ndarray) -> None:
+    """``k = rotl(k * C1, 15) * C2``."""
+    np.multiply(k, _C1, out=k)
+    np.right_shift(k, _U(17), out=t)
+    np.left_shift(k, _U(15), out=k)
+    np.bitwise_or(k, t, out=k)
+    np.multiply(k, _C2, out=k)
 
 
-def _mix_k1(k: np.ndarray) -> np.ndarray:
-    return _rotl(k * _C1, 15) * _C2
+def _mix_h1(h: np.ndarray, k: np.ndarray, t: np.ndarray) -> None:
+    """``h = rotl(h ^ k, 13) * 5 + 0xE6546B64``."""
+    np.bitwise_xor(h, k, out=h)
+    np.right_shift(h, _U(19), out=t)
+    np.left_shift(h, _U(13), out=h)
+    np.bitwise_or(h, t, out=h)
+    np.multiply(h, _H5, out=h)
+    np.add(h, _HC, out=h)
 
 
-def _mix_h1(h: np.ndarray, k: np.ndarray) -> np.ndarray:
-    return _rotl(h ^ k, 13) * np.uint32(5) + np.uint32(0xE6546B64)
+def _fmix(h: np.ndarray, length: np.ndarray | np.uint32, t: np.ndarray) -> None:
+    np.bitwise_xor(h, length, out=h)
+    for shift, factor in ((16, _F1), (13, _F2)):
+        np.right_shift(h, _U(shift), out=t)
+        np.bitwise_xor(h, t, out=h)
+        np.multiply(h, factor, out=h)
+    np.right_shift(h, _U(16), out=t)
+    np.bitwise_xor(h, t, out=h)
 
 
-def _fmix(h: np.ndarray, length: np.ndarray | int) -> np.ndarray:
-    h = h ^ np.asarray(length, dtype=np.uint32)
-    h = h ^ (h >> np.uint32(16))
-    h = h * np.uint32(0x85EBCA6B)
-    h = h ^ (h >> np.uint32(13))
-    h = h * np.uint32(0xC2B2AE35)
-    return h ^ (h >> np.uint32(16))
+def _valid(arr: pa.Array) -> np.ndarray | None:
+    """Each row's validity; None when there are no nulls."""
+    if arr.null_count == 0:
+        return None
+    return pc.is_valid(arr).to_numpy(zero_copy_only=False)
 
 
-def _hash_long(values: np.ndarray, seed: np.ndarray) -> np.ndarray:
-    v = values.astype(np.int64, copy=False).view(np.uint64)
-    low = (v & np.uint64(0xFFFFFFFF)).astype(np.uint32)
-    high = (v >> np.uint64(32)).astype(np.uint32)
-    h = _mix_h1(seed, _mix_k1(low))
-    h = _mix_h1(h, _mix_k1(high))
-    return _fmix(h, 8)
+# -- the columns ---------------------------------------------------------------------------
+
+class _Column:
+    """One column prepared for hashing rows ``base ..``: :meth:`apply` mixes rows
+    ``lo .. hi`` into ``h`` (their running hashes); a null row leaves its hash as it is."""
+
+    base = 0
+    valid: np.ndarray | None = None
+
+    def apply(self, h: np.ndarray, lo: int, hi: int, k: np.ndarray, t: np.ndarray) -> None:
+        if self.valid is None:
+            self._mix(h, lo - self.base, hi - self.base, k, t)
+            return
+        kept = h.copy()
+        self._mix(h, lo - self.base, hi - self.base, k, t)
+        np.copyto(h, kept, where=~self.valid[lo - self.base: hi - self.base])
+
+    def _mix(self, h: np.ndarray, lo: int, hi: int, k: np.ndarray, t: np.ndarray) -> None:
+        raise NotImplementedError
 
 
-def _hash_int(values: np.ndarray, seed: np.ndarray) -> np.ndarray:
-    return _fmix(_mix_h1(seed, _mix_k1(values.astype(np.uint32, copy=False))), 4)
+class _Words(_Column):
+    """``hashLong`` (two words, low then high, length 8) or ``hashInt`` (one, length 4)
+    of each row's bits."""
+
+    def __init__(self, bits: np.ndarray, wide: bool, valid: np.ndarray | None) -> None:
+        if wide:
+            v = bits.astype(np.int64, copy=False).view(np.uint64)
+            self.words = [(v & np.uint64(0xFFFFFFFF)).astype(_U), (v >> np.uint64(32)).astype(_U)]
+        else:
+            self.words = [bits.astype(np.int32, copy=False).view(_U)]
+        self.length = _U(4 * len(self.words))
+        self.valid = valid
+
+    def _mix(self, h: np.ndarray, lo: int, hi: int, k: np.ndarray, t: np.ndarray) -> None:
+        for word in self.words:
+            np.copyto(k, word[lo:hi])
+            _mix_k1(k, t)
+            _mix_h1(h, k, t)
+        _fmix(h, self.length, t)
 
 
 def _float_bits(arr: pa.Array) -> tuple[np.ndarray, bool]:
@@ -111,110 +173,127 @@ def _entries(values: pa.Array) -> _Entries:
     for b in range(int(descending[0]) if len(arr) else 0):
         # Ranks with more than b blocks: a prefix (descending[] is non-increasing).
         at = starts[by_rank[: int(np.searchsorted(-descending, -b, side="left"))]] + 4 * b
-        k = (data[at].astype(np.uint32) | (data[at + 1].astype(np.uint32) << np.uint32(8))
-             | (data[at + 2].astype(np.uint32) << np.uint32(16))
-             | (data[at + 3].astype(np.uint32) << np.uint32(24)))
-        blocks.append(_mix_k1(k))
+        k = (data[at].astype(_U) | (data[at + 1].astype(_U) << _U(8))
+             | (data[at + 2].astype(_U) << _U(16)) | (data[at + 3].astype(_U) << _U(24)))
+        _mix_k1(k, np.empty_like(k))
+        blocks.append(k)
     tail = lengths % 4
-    tails = np.zeros((int(tail.max()) if len(arr) else 0, len(arr)), dtype=np.uint32)
+    tails = np.zeros((int(tail.max()) if len(arr) else 0, len(arr)), dtype=_U)
     for t in range(tails.shape[0]):  # the legacy tail: each leftover byte, sign-extended
         rows = np.flatnonzero(tail > t)
-        byte = data[starts[rows] + 4 * count[rows] + t].view(np.int8).astype(np.int32)
-        tails[t, rows] = _mix_k1(byte.view(np.uint32))
+        k = data[starts[rows] + 4 * count[rows] + t].view(np.int8).astype(np.int32).view(_U)
+        _mix_k1(k, np.empty_like(k))
+        tails[t, rows] = k
     return _Entries(rank, blocks, tails, lengths)
 
 
-def _mix_blocks(h: np.ndarray, entries: _Entries, idx: np.ndarray) -> np.ndarray:
-    """Mix each row's value's 4-byte blocks (row ``r`` holds entry ``idx[r]``) into ``h``."""
-    ranks = entries.rank[idx]
-    everyone = len(entries.rank)
-    for words in entries.blocks:
-        if len(words) == everyone:  # every entry has this block: no selection
-            h = _mix_h1(h, words[ranks])
-        else:
-            rows = np.flatnonzero(ranks < len(words))
-            h[rows] = _mix_h1(h[rows], words[ranks[rows]])
-    return h
+class _Strings(_Column):
+    """``hashUnsafeBytes`` of each row's UTF-8 value: the per-value work (its blocks and
+    tail bytes through ``mix_k1``) once per dictionary entry, the per-row mixing in steps."""
+
+    def __init__(self, arr: pa.DictionaryArray, base: int = 0) -> None:
+        dictionary = arr.dictionary
+        if not (pa.types.is_string(dictionary.type) or pa.types.is_large_string(dictionary.type)):
+            raise TypeError(f"no Spark-compatible hash for Arrow type {arr.type}")
+        valid = _valid(arr)
+        if dictionary.null_count:
+            of_values = _valid(dictionary.take(arr.indices.fill_null(0)))
+            valid = of_values if valid is None else valid & of_values
+        self.base, self.valid = base, valid
+        self.idx = arr.indices.fill_null(0).to_numpy(zero_copy_only=False).astype(np.intp)
+        self.entries = _entries(dictionary) if len(dictionary) else None
+        if self.entries is not None:
+            lengths = self.entries.lengths
+            # One length for every value (codes, ids of fixed width): no per-row lengths,
+            # tails or selections.
+            self.one_length = _U(lengths[0]) if bool((lengths == lengths[0]).all()) else None
+            self.lengths = lengths.astype(_U)
+            self.tail = lengths % 4
+
+    def _mix(self, h: np.ndarray, lo: int, hi: int, k: np.ndarray, t: np.ndarray) -> None:
+        e = self.entries
+        if e is None:  # every row null
+            return
+        idx = self.idx[lo:hi]
+        ranks = e.rank[idx] if e.blocks else idx
+        for words in e.blocks:
+            if len(words) == len(e.rank):  # every entry has this block: no selection
+                np.take(words, ranks, out=k)
+                _mix_h1(h, k, t)
+            else:
+                rows = np.flatnonzero(ranks < len(words))
+                sub = h[rows]
+                _mix_h1(sub, words[ranks[rows]], np.empty_like(sub))
+                h[rows] = sub
+        tail = None if self.one_length is not None else self.tail[idx]
+        for b in range(e.tails.shape[0]):
+            np.take(e.tails[b], idx, out=k)
+            if tail is None:
+                _mix_h1(h, k, t)
+            else:
+                kept = h.copy()
+                _mix_h1(h, k, t)
+                np.copyto(h, kept, where=tail <= b)
+        _fmix(h, self.one_length if self.one_length is not None else self.lengths[idx], t)
 
 
-def _mix_tails(h: np.ndarray, entries: _Entries, idx: np.ndarray) -> np.ndarray:
-    """Mix each row's value's tail bytes into ``h``."""
-    tail = (entries.lengths % 4)[idx]
-    for t in range(entries.tails.shape[0]):
-        k = entries.tails[t][idx]
-        h = np.where(tail > t, _mix_h1(h, k), h)
-    return h
-
-
-#: Rows hashed at a time: the per-value work (once per dictionary entry) and the per-row
-#: mixing allocate several arrays of their length per 4-byte block, so a column whose
-#: dictionary is larger than this (keys that never fold: unique ids) is hashed a slice of
-#: rows at a time, each slice with a dictionary of its own values. Whole, a flush of 1.5M
-#: unique ids took ~180 MiB of numpy arrays, and a 2M-row one ~390 MiB at the peak.
-ROWS_AT_A_TIME = 1 << 17
-
-
-def _hash_strings(arr: pa.Array, seed: np.ndarray) -> np.ndarray:
-    """Murmur3 ``hashUnsafeBytes`` of each (non-null) UTF-8 value with its row's seed.
-
-    The value-only part of the work is done once per distinct value: plain strings are
-    dictionary-encoded first, then each row mixes its value's precomputed blocks."""
-    if not pa.types.is_dictionary(arr.type):
-        arr = pc.dictionary_encode(arr)
-    dictionary = arr.dictionary
-    if not (pa.types.is_string(dictionary.type) or pa.types.is_large_string(dictionary.type)):
+def _prepared(arr: pa.Array, lo: int = 0, n: int | None = None) -> _Column:
+    """``arr`` (rows ``lo ..`` of it, ``n`` of them) prepared for :func:`spark_hash`."""
+    if n is not None:
+        arr = arr.slice(lo, n)
+    if pa.types.is_int64(arr.type):
+        values = arr.fill_null(0).to_numpy(zero_copy_only=False)
+        column: _Column = _Words(values, True, _valid(arr))
+    elif pa.types.is_floating(arr.type) and not pa.types.is_float16(arr.type):
+        bits, wide = _float_bits(arr)
+        column = _Words(bits, wide, _valid(arr))
+    elif (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)
+          or pa.types.is_dictionary(arr.type)):
+        if not pa.types.is_dictionary(arr.type):
+            arr = pc.dictionary_encode(arr)
+        elif n is not None:  # its own values only
+            arr = pc.dictionary_encode(arr.dictionary.take(arr.indices))
+        column = _Strings(arr)
+    else:
         raise TypeError(f"no Spark-compatible hash for Arrow type {arr.type}")
-    valid = _valid(arr)
-    if dictionary.null_count:
-        valid &= _valid(dictionary.take(arr.indices.fill_null(0)))
-    idx = arr.indices.fill_null(0).to_numpy(zero_copy_only=False).astype(np.intp)
-    if len(dictionary) == 0:
-        return seed.copy()
-    if len(dictionary) > ROWS_AT_A_TIME and len(arr) > ROWS_AT_A_TIME:
-        out = np.empty_like(seed)
-        for lo in range(0, len(arr), ROWS_AT_A_TIME):
-            part = arr.slice(lo, ROWS_AT_A_TIME)
-            own = pc.dictionary_encode(part.dictionary.take(part.indices))  # its values only
-            out[lo: lo + len(part)] = _hash_strings(own, seed[lo: lo + len(part)])
-        return out
-    entries = _entries(dictionary)
-    lengths = entries.lengths.astype(np.uint32)
-    out = np.empty_like(seed)
-    for lo in range(0, len(idx), ROWS_AT_A_TIME):
-        rows = idx[lo: lo + ROWS_AT_A_TIME]
-        h = _mix_tails(_mix_blocks(seed[lo: lo + ROWS_AT_A_TIME].copy(), entries, rows),
-                       entries, rows)
-        out[lo: lo + len(rows)] = _fmix(h, lengths[rows])
-    return out if valid.all() else np.where(valid, out, seed)
+    column.base = lo
+    return column
 
 
-def _valid(arr: pa.Array) -> np.ndarray:
-    if arr.null_count == 0:
-        return np.ones(len(arr), dtype=bool)
-    return pc.is_valid(arr).to_numpy(zero_copy_only=False)
+def _big_dictionary(arr: pa.Array, n: int) -> bool:
+    return (n > ROWS_AT_A_TIME and pa.types.is_dictionary(arr.type)
+            and len(arr.dictionary) > ROWS_AT_A_TIME)
 
 
 def spark_hash(columns: list[pa.Array | pa.ChunkedArray]) -> np.ndarray:
     """Spark's ``hash(c1, c2, ...)`` of each row, as int32."""
     n = len(columns[0]) if columns else 0
-    h = np.full(n, SEED, dtype=np.uint32)
+    arrays = []
     for col in columns:
         arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
         if pa.types.is_dictionary(arr.type) and pa.types.is_integer(arr.type.value_type):
             arr = arr.cast(arr.type.value_type)
-        if pa.types.is_int64(arr.type):
-            values = arr.fill_null(0).to_numpy(zero_copy_only=False)
-            h = np.where(_valid(arr), _hash_long(values, h), h)
-        elif pa.types.is_floating(arr.type) and not pa.types.is_float16(arr.type):
-            bits, wide = _float_bits(arr)
-            hashed = _hash_long(bits, h) if wide else _hash_int(bits.view(np.uint32), h)
-            h = np.where(_valid(arr), hashed, h)
-        elif (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)
-              or pa.types.is_dictionary(arr.type)):
-            h = _hash_strings(arr, h)
-        else:
-            raise TypeError(f"no Spark-compatible hash for Arrow type {arr.type}")
-    return h.view(np.int32)
+        arrays.append(arr)
+    if (any(pa.types.is_string(a.type) or pa.types.is_large_string(a.type) for a in arrays)
+            and n > ROWS_AT_A_TIME):
+        # A plain string column of many rows: encoded once whole; past the bound, its
+        # dictionary is prepared a slice at a time (below).
+        arrays = [pc.dictionary_encode(a) if pa.types.is_string(a.type)
+                  or pa.types.is_large_string(a.type) else a for a in arrays]
+    whole = [None if _big_dictionary(a, n) else _prepared(a) for a in arrays]
+    out = np.empty(n, _U)
+    k, t = np.empty(min(n, STEP), _U), np.empty(min(n, STEP), _U)
+    for outer in range(0, n, ROWS_AT_A_TIME):
+        upto = min(n, outer + ROWS_AT_A_TIME)
+        prepared = [c if c is not None else _prepared(a, outer, upto - outer)
+                    for a, c in zip(arrays, whole, strict=True)]
+        for lo in range(outer, upto, STEP):
+            hi = min(upto, lo + STEP)
+            h = out[lo:hi]
+            h.fill(SEED)
+            for column in prepared:
+                column.apply(h, lo, hi, k[: hi - lo], t[: hi - lo])
+    return out.view(np.int32)
 
 
 def pmod_hash(columns: list[pa.Array | pa.ChunkedArray], shards: np.ndarray | np.int64,
