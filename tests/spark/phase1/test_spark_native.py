@@ -206,6 +206,16 @@ def test_spark_hash_is_sparks_hash(spark: Any, steps: tuple[int, int] | None,
     t = pa.array([r[2] for r in rows], pa.int64())
     assert spark_hash([a, b, t]).tolist() == want
     assert spark_hash([t, a.dictionary_encode()]).tolist() == want_t
+    # Chunked alike (as a flush's concatenated tables are), each chunk with a dictionary
+    # of its own: hashed chunk by chunk, never unified.
+    cuts = [0, 1, 700, 1400, len(rows)]
+
+    def chunked(arr: pa.Array, encode: bool = False) -> pa.ChunkedArray:
+        parts = [arr.slice(lo, hi - lo) for lo, hi in zip(cuts, cuts[1:])]
+        return pa.chunked_array([p.dictionary_encode() for p in parts] if encode else parts)
+
+    assert spark_hash([chunked(a, True), chunked(b), chunked(t)]).tolist() == want
+    assert spark_hash([chunked(t), chunked(a, True)]).tolist() == want_t
 
 
 def test_spark_hash_of_floating_columns_is_sparks_hash(spark: Any) -> None:

@@ -23,6 +23,7 @@ holds it (three chunks, a dictionary each, unified first).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -110,8 +111,10 @@ class _Words(_Column):
 
     def __init__(self, bits: np.ndarray, wide: bool, valid: np.ndarray | None) -> None:
         if wide:
-            v = bits.astype(np.int64, copy=False).view(np.uint64)
-            self.words = [(v & np.uint64(0xFFFFFFFF)).astype(_U), (v >> np.uint64(32)).astype(_U)]
+            # The low and high words as strided views of the bits, no copies.
+            pairs = np.ascontiguousarray(bits, dtype=np.int64).view(_U).reshape(-1, 2)
+            low, high = (0, 1) if sys.byteorder == "little" else (1, 0)
+            self.words = [pairs[:, low], pairs[:, high]]
         else:
             self.words = [bits.astype(np.int32, copy=False).view(_U)]
         self.length = _U(4 * len(self.words))
@@ -218,7 +221,7 @@ class _Strings(_Column):
         ranks = e.rank[idx] if e.blocks else idx
         for words in e.blocks:
             if len(words) == len(e.rank):  # every entry has this block: no selection
-                np.take(words, ranks, out=k)
+                np.take(words, ranks, out=k, mode="clip")  # "raise" buffers the output
                 _mix_h1(h, k, t)
             else:
                 rows = np.flatnonzero(ranks < len(words))
@@ -227,7 +230,7 @@ class _Strings(_Column):
                 h[rows] = sub
         tail = None if self.one_length is not None else self.tail[idx]
         for b in range(e.tails.shape[0]):
-            np.take(e.tails[b], idx, out=k)
+            np.take(e.tails[b], idx, out=k, mode="clip")
             if tail is None:
                 _mix_h1(h, k, t)
             else:
@@ -265,9 +268,23 @@ def _big_dictionary(arr: pa.Array, n: int) -> bool:
             and len(arr.dictionary) > ROWS_AT_A_TIME)
 
 
+def _aligned_chunks(columns: list[pa.Array | pa.ChunkedArray]) -> bool:
+    """Whether every column is chunked, in more than one chunk, at the same rows."""
+    if not columns or not all(isinstance(c, pa.ChunkedArray) for c in columns):
+        return False
+    lengths = [[len(x) for x in c.chunks] for c in columns]
+    return len(lengths[0]) > 1 and all(ls == lengths[0] for ls in lengths)
+
+
 def spark_hash(columns: list[pa.Array | pa.ChunkedArray]) -> np.ndarray:
     """Spark's ``hash(c1, c2, ...)`` of each row, as int32."""
     n = len(columns[0]) if columns else 0
+    if _aligned_chunks(columns):
+        # Chunk by chunk, each with its own dictionaries: combining the chunks first
+        # unified them (a flush of the Druid shape: 6 of its 40 ms).
+        chunks = [[c.chunk(i) for c in columns]
+                  for i in range(columns[0].num_chunks)]
+        return np.concatenate([spark_hash(list(chunk)) for chunk in chunks])
     arrays = []
     for col in columns:
         arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
