@@ -94,7 +94,9 @@ def merge_partitions(parts: Sequence[list[pa.Table]], layout: Layout,
     # 6.9 + 0.5 to combine. (Integer codes, :func:`.rollup.sorted_by`, took 11.8 here: the
     # segment and the hour decide most comparisons before a string does.) Not past 1 GiB:
     # one string chunk holds at most 2 GiB of text.
-    if table.nbytes < COMBINE_MAX_BYTES:
+    # (Buffer sizes: an upper bound of nbytes, whose search for shared buffers over the
+    # batch's hundreds of chunks was 158 of 676 samples of this function.)
+    if table.get_total_buffer_size() < COMBINE_MAX_BYTES:
         table = table.combine_chunks()
     table = table.sort_by([(k, "ascending", "at_start") for k in [_SEGMENT, *layout.keys]])
     counts = np.bincount(table.column(_SEGMENT).to_numpy(), minlength=len(parts))
