@@ -203,7 +203,9 @@ class _Strings(_Column):
             of_values = _valid(dictionary.take(arr.indices.fill_null(0)))
             valid = of_values if valid is None else valid & of_values
         self.base, self.valid = base, valid
-        self.idx = arr.indices.fill_null(0).to_numpy(zero_copy_only=False).astype(np.intp)
+        # The indices as Arrow holds them (no copy without nulls): a prepared column
+        # lives while every other column of the step is mixed.
+        self.idx = arr.indices.fill_null(0).to_numpy(zero_copy_only=False)
         self.entries = _entries(dictionary) if len(dictionary) else None
         if self.entries is not None:
             lengths = self.entries.lengths
