@@ -44,3 +44,22 @@ def test_an_all_null_column_hashes_as_nulls_do(column: pa.Array) -> None:
     mixed = pa.array(["x"] + [None] * 99, pa.string())
     null_hash = sketch.row_hashes([mixed])[1]
     assert (sketch.row_hashes([column]) == null_hash).all()
+
+
+@pytest.mark.parametrize(("alphabet", "longest"), [
+    ("abz9", 0), ("abz9", 5), ("abz9", 15), ("a\u20ac\U0001F600", 3), ("abz9", 300)])
+def test_values_hash_alike_by_length_groups_and_byte_by_byte(
+        alphabet: str, longest: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A value's hash is summed a length at a time (few byte lengths: all but the last
+    case) or a byte at a time (many): the two give the same hashes, so slabs cut either
+    way merge as one HLL."""
+    rng = np.random.default_rng(longest)
+    values = pa.array([None if rng.random() < 0.05 else
+                       "".join(rng.choice(list(alphabet), int(rng.integers(0, longest + 1))))
+                       for _ in range(3000)])
+    lengths = {len(v.encode()) for v in values.to_pylist() if v is not None}
+    assert (len(lengths) <= sketch.LENGTH_GROUPS) == (longest < 300)
+    grouped = [sketch._bytes_hash(v) for v in (values, values.slice(7))]
+    monkeypatch.setattr(sketch, "LENGTH_GROUPS", 0)
+    assert all(np.array_equal(g, sketch._bytes_hash(v))
+               for g, v in zip(grouped, (values, values.slice(7)), strict=True))
