@@ -63,3 +63,27 @@ def test_values_hash_alike_by_length_groups_and_byte_by_byte(
     monkeypatch.setattr(sketch, "LENGTH_GROUPS", 0)
     assert all(np.array_equal(g, sketch._bytes_hash(v))
                for g, v in zip(grouped, (values, values.slice(7)), strict=True))
+
+
+def test_a_slabs_registers_decode_at_once_as_one_at_a_time() -> None:
+    """decode_all reads every chunk's registers of a statistics section in array passes:
+    each as decode_registers reads it (dense, sparse at every count up to the dense
+    threshold, empty: not sketched), also from a sliced array, and the bytes it refuses
+    are the bytes decode_registers refuses."""
+    rng = np.random.default_rng(8)
+    raws = []
+    for k in [0, 1, 5, 100, 681, 682, 683, 700, 2048, *rng.integers(0, 2049, 20).tolist()]:
+        regs = np.zeros(sketch.REGISTERS, np.uint8)
+        regs[rng.choice(sketch.REGISTERS, k, replace=False)] = rng.integers(1, 60, k)
+        raws.append(sketch.encode_registers(regs))
+    arr = pa.array(raws, pa.binary())
+    for values in (arr, arr.slice(3)):
+        got, held = sketch.decode_all(values)
+        want = values.to_pylist()
+        assert held.tolist() == [len(r) > 0 for r in want]
+        assert all(np.array_equal(g, sketch.decode_registers(r)) for g, r in zip(got, want))
+    for bad in (b"\x00" * 4, b"\xff\xff\x01", b"\x00" * 2049):
+        with pytest.raises(ValueError):
+            sketch.decode_registers(bad)
+        with pytest.raises(ValueError):
+            sketch.decode_all(pa.array([raws[1], bad], pa.binary()))

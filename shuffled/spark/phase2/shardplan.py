@@ -143,7 +143,7 @@ def from_stats(table: pa.Table, server: str, sample: Any = None) -> Iterator[Chu
     starts = table.column("chunk_start").to_pylist()
     ends = table.column("chunk_end").to_pylist()
     rows = table.column("rows").to_pylist()
-    hll = table.column("hll").combine_chunks()
+    regs, sketched = sketch.decode_all(table.column("hll").combine_chunks())
     cuts: dict[int, tuple[int, int]] = {}
     if sample is not None and len(sample.chunks):
         if not sample.in_key_order:
@@ -157,15 +157,15 @@ def from_stats(table: pa.Table, server: str, sample: Any = None) -> Iterator[Chu
         cuts = {int(sample.chunks[a]): (int(a), int(b))
                 for a, b in zip(firsts, lasts, strict=True)}
     for i, (start, end, n) in enumerate(zip(starts, ends, rows, strict=True)):
-        raw = hll[i].as_py()
-        # Empty: not sketched (a sketched chunk of rows sets a register at least).
-        regs = sketch.decode_registers(raw) if raw else _NO_REGS
         keys, hashes = _NO_KEYS, _NO_HASHES
         if int(start) in cuts:
             a, b = cuts[int(start)]
             keys, hashes = sample.keys.slice(a, b - a), sample.hashes[a:b]
-        yield ChunkStats(int(start), int(end), int(n), regs, keys, hashes,
-                         frozenset([server]), sample.rate if sample is not None else 1.0)
+        # Empty: not sketched (a sketched chunk of rows sets a register at least). The
+        # rows of one array: a chunk's statistics hold their registers as a view.
+        yield ChunkStats(int(start), int(end), int(n), regs[i] if sketched[i] else _NO_REGS,
+                         keys, hashes, frozenset([server]),
+                         sample.rate if sample is not None else 1.0)
 
 
 def _by_key(st: ChunkStats) -> ChunkStats:
