@@ -59,9 +59,9 @@ Bound = tuple[bytes | None, bytes | None]  # [key_from, key_to): None is unbound
 @dataclass(frozen=True)
 class ChunkStats:
     """One time chunk's statistics merged over slabs: rows shipped, HLL registers of the
-    rolled-up keys (none with ``numShards``: :data:`_NO_REGS`), a bottom-k sample of its distinct rolled-up rows (range: their keys,
-    sorted by key, with their 64-bit hashes; :class:`shuffled.spark.phase1.slabs.KeySample`)
-    and the daemons holding its slabs."""
+    rolled-up keys (none with ``numShards``: :data:`_NO_REGS`), a bottom-k sample of its
+    distinct rolled-up rows (range: their keys, sorted by key, with their 64-bit hashes;
+    :class:`shuffled.spark.phase1.slabs.KeySample`) and the daemons holding its slabs."""
 
     start: int
     end: int
