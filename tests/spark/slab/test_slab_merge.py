@@ -16,7 +16,7 @@ import pyarrow as pa
 from shuffled.slab.keys import KEY_COLUMN, partition_hash_keys
 from shuffled.spark.phase1.slabs import hash_values
 from shuffled.spark.phase2.merge import merge_partitions
-from shuffled.spark.phase2.slabmerge import _distinct, _merged
+from shuffled.spark.phase2.slabmerge import _distinct, _distinct_rows, _merged
 from shuffled.spark.rows.rollup import TIME, Layout
 
 LAYOUT = Layout((("country", "string"), ("city", "string")),
@@ -112,3 +112,29 @@ def test_floating_dimensions_merge_as_the_group_by_does() -> None:
         [want] = merge_partitions([[x.drop_columns([KEY_COLUMN]) for x in p[0]]], layout)
         assert got.num_rows == want.num_rows
         assert sorted(map(str, got.to_pylist())) == sorted(map(str, want.to_pylist()))
+
+
+def _ranged(t: pa.Table) -> pa.Table:
+    """``t`` keyed as a range slab: its partition tuple, which many rows share."""
+    t = t.drop_columns([KEY_COLUMN])
+    return t.append_column(KEY_COLUMN, pa.array(
+        [b"\x01" + (c or "").encode() for c in t.column("country").to_pylist()], pa.binary()))
+
+
+def test_range_rows_whose_keys_all_differ_are_only_sorted(monkeypatch: Any) -> None:
+    """A range key cannot prove a shard's rows distinct, a hash of each row's whole
+    rolled-up key can: a shard whose row hashes never repeat is only sorted; one holding
+    a key twice (two slabs) or two keys under one hash is grouped. Every shard still
+    comes out as its rollup."""
+    one, other = _ranged(_slab(_rows(20, 8))), _ranged(_slab(_rows(15, 9, 3000)))
+    parts = [[one, other], [one, one]]
+    assert _distinct(parts) == [False, False]
+    assert _distinct_rows(parts, LAYOUT, [False, False]) == [True, False]
+    for tables, out in zip(parts, _merged(parts, LAYOUT, lambda t: t), strict=True):
+        assert [tuple(r.values()) for r in out.select(COLUMNS).to_pylist()] == _rollup(tables)
+    # Every row under one hash: nothing is taken as distinct, nothing is lost.
+    monkeypatch.setattr("shuffled.slab.sketch.row_hashes",
+                        lambda cols: np.zeros(len(cols[0]), np.uint64))
+    assert _distinct_rows(parts, LAYOUT, [False, False]) == [False, False]
+    [out, _] = _merged(parts, LAYOUT, lambda t: t)
+    assert out.num_rows == 35
