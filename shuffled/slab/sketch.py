@@ -106,18 +106,24 @@ def _distinct_hash(column: pa.Array) -> np.ndarray:
     return values[idx]
 
 
-def _column_hash(column: pa.Array) -> np.ndarray:
+def _is_distinct(column: pa.Array) -> bool:
+    """Whether :func:`_column_hash` hashes ``column`` a distinct value at a time: strings
+    and bytes, dictionary-encoded or past 64 rows."""
     typ = column.type
     if pa.types.is_dictionary(typ):
-        if pa.types.is_string(typ.value_type) or pa.types.is_binary(typ.value_type) or \
-                pa.types.is_large_string(typ.value_type) or \
-                pa.types.is_large_binary(typ.value_type):
-            return _distinct_hash(column)
-        column = column.dictionary_decode()
-        typ = column.type
-    if (pa.types.is_string(typ) or pa.types.is_binary(typ) or pa.types.is_large_string(typ)
-            or pa.types.is_large_binary(typ)) and len(column) > 64:
+        typ = typ.value_type
+    elif len(column) <= 64:
+        return False
+    return (pa.types.is_string(typ) or pa.types.is_binary(typ) or pa.types.is_large_string(typ)
+            or pa.types.is_large_binary(typ))
+
+
+def _column_hash(column: pa.Array) -> np.ndarray:
+    if _is_distinct(column):
         return _distinct_hash(column)
+    if pa.types.is_dictionary(column.type):  # of other values than strings
+        column = column.dictionary_decode()
+    typ = column.type
     if pa.types.is_integer(typ) or pa.types.is_timestamp(typ) or pa.types.is_date(typ):
         values = pc.cast(column, pa.int64()) if not pa.types.is_int64(typ) else column
         raw = np.asarray(values.fill_null(-0x7FFF_FFFF_FFFF_FFF1)).view(_U64)
@@ -142,17 +148,6 @@ def _mix_into(h: np.ndarray, t: np.ndarray) -> None:
         np.multiply(h, factor, out=h)
     np.right_shift(h, _U64(31), out=t)
     np.bitwise_xor(h, t, out=h)
-
-
-def _is_distinct(column: pa.Array) -> bool:
-    """Whether :func:`_column_hash` hashes ``column`` a distinct value at a time."""
-    typ = column.type
-    if pa.types.is_dictionary(typ):
-        typ = typ.value_type
-    elif len(column) <= 64:
-        return False
-    return (pa.types.is_string(typ) or pa.types.is_binary(typ) or pa.types.is_large_string(typ)
-            or pa.types.is_large_binary(typ))
 
 
 def row_hashes(columns: Sequence[pa.Array | pa.ChunkedArray]) -> np.ndarray:
