@@ -12,6 +12,7 @@ at its end (:mod:`.durable`). Runs on executors: shuffled.client/protocol + pyar
 
 from __future__ import annotations
 
+import enum
 import os
 import time
 from collections import deque
@@ -21,6 +22,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from shuffled.client import ShuffleClient
@@ -66,16 +68,32 @@ def batches(assignments: Iterable[Assignment], partitions: int = BATCH_PARTITION
 merge_partition = merge_in_memory  # all partials of one partition -> its segment's rows
 
 
+class Repeats(enum.Enum):
+    """What a merge knows of a key repeating within a part (a partition's tables)."""
+
+    #: Anything: the rows are grouped, then sorted.
+    ANY = "any"
+    #: No key repeats (rolled-up rows whose keys' hashes differ, :mod:`.slabmerge`): the
+    #: rows are only sorted. The group-by was 60% of merging such rows.
+    NONE = "none"
+    #: Few keys repeat (each table rolled up on its own, like a slab's run of a shard):
+    #: the rows are sorted, and only runs of equal keys, which the sort puts side by
+    #: side, are grouped. A key type the run check cannot compare as the group-by does
+    #: (floats, lists) groups everything, as ``ANY``.
+    RARE = "rare"
+
+
 def merge_partitions(parts: Sequence[list[pa.Table]], layout: Layout,
                      finish: Callable[[pa.Table], pa.Table] | None = None,
-                     distinct: bool = False) -> list[pa.Table]:
+                     repeats: Repeats = Repeats.ANY) -> list[pa.Table]:
     """:func:`merge_partition` of each of ``parts``, with one group-by and one sort for
     them all: Acero's per-call cost (~0.3 ms) was most of merging a small partition.
     ``finish`` (e.g. :func:`_segment_table`) is applied to the merged rows of them all
-    before they are cut, once per batch instead of once per segment. ``distinct``: no two
-    rows of a part share a key (rolled-up rows whose keys' hashes differ, :mod:`.slabmerge`),
-    so they are only sorted: the group-by was 60% of merging such rows."""
-    if len(parts) == 1 and not distinct:
+    before they are cut, once per batch instead of once per segment. ``repeats``: what is
+    known of keys repeating within a part (:class:`Repeats`)."""
+    if repeats is Repeats.RARE and not runs_comparable(layout):
+        repeats = Repeats.ANY
+    if len(parts) == 1 and repeats is Repeats.ANY:
         merged = merge_partition(parts[0], layout)
         return [finish(merged) if finish else merged]
     schema = layout.schema()
@@ -87,7 +105,7 @@ def merge_partitions(parts: Sequence[list[pa.Table]], layout: Layout,
     rows = [sum(t.num_rows for t in tables) for tables in parts]
     seg = np.repeat(np.arange(len(parts), dtype=np.int32), rows)
     table = table.add_column(0, _SEGMENT, pa.array(seg))
-    if not distinct:
+    if repeats is Repeats.ANY:
         table = combine(table, layout, [_SEGMENT])
     # One chunk a column first: the batch is a table of each of its shards' slabs (~250
     # chunks), and Arrow's sort of a real batch of 52,000 rows took 9.7 ms chunked against
@@ -98,13 +116,68 @@ def merge_partitions(parts: Sequence[list[pa.Table]], layout: Layout,
     # batch's hundreds of chunks was 158 of 676 samples of this function.)
     if table.get_total_buffer_size() < COMBINE_MAX_BYTES:
         table = table.combine_chunks()
-    table = table.sort_by([(k, "ascending", "at_start") for k in [_SEGMENT, *layout.keys]])
+    order = [(k, "ascending", "at_start") for k in [_SEGMENT, *layout.keys]]
+    table = table.sort_by(order)
+    if repeats is Repeats.RARE:
+        table = _fold_runs(table, layout, order)
     counts = np.bincount(table.column(_SEGMENT).to_numpy(), minlength=len(parts))
     table = table.drop_columns([_SEGMENT])
     if finish is not None:
         table = finish(table)
     starts = np.concatenate([[0], np.cumsum(counts)])
     return [table.slice(int(starts[n]), int(counts[n])) for n in range(len(parts))]
+
+
+def runs_comparable(layout: Layout) -> bool:
+    """Whether :func:`_same_as_before` finds the layout's keys equal exactly as the
+    group-by does: integers, times and strings. Floats do not (the group-by keeps -0.0
+    and 0.0 apart, and NaNs of other bits), nor lists."""
+    return all(pa.types.is_integer(f.type) or pa.types.is_timestamp(f.type)
+               or pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
+               for f in layout.schema() if f.name in layout.keys)
+
+
+def _same_as_before(table: pa.Table, keys: Sequence[str]) -> np.ndarray:
+    """Per row of ``table`` but the first, whether its ``keys`` all equal the row
+    before's (two nulls equal, as the group-by takes them)."""
+    n = table.num_rows
+    same = np.ones(max(n - 1, 0), bool)
+    for k in keys:
+        if not same.any():
+            break
+        col = table.column(k)
+        now, before = col.slice(1), col.slice(0, n - 1)
+        eq = pc.fill_null(pc.equal(now, before), False)
+        if col.null_count:
+            eq = pc.or_(eq, pc.and_(pc.is_null(now), pc.is_null(before)))
+        same &= eq.to_numpy(zero_copy_only=False)
+    return same
+
+
+def _fold_runs(table: pa.Table, layout: Layout, order: list[tuple[str, str, str]],
+               ) -> pa.Table:
+    """``table`` sorted by ``order`` with each run of rows of equal keys rolled up into
+    one, in the run's place: only those rows are grouped (most parts have none; a slab
+    shard of the Druid shape, a key in ~30,000). The rest are only sorted."""
+    same = _same_as_before(table, [_SEGMENT, *layout.keys])
+    if not same.any():
+        return table
+    n = table.num_rows
+    in_run = np.zeros(n, bool)
+    in_run[1:] |= same
+    in_run[:-1] |= same
+    first = in_run.copy()
+    first[1:] &= ~same
+    # The run's keys, distinct from every other run's, sort the grouped rows as the runs.
+    grouped = combine(table.filter(pa.array(in_run)), layout, [_SEGMENT]).sort_by(order)
+    kept = np.flatnonzero(~in_run | first)
+    starts = np.flatnonzero(first[kept])
+    if len(starts) != grouped.num_rows:  # not one group a run: group them all instead
+        return combine(table, layout, [_SEGMENT]).sort_by(order)
+    take = kept.astype(np.int64)
+    take[starts] = n + np.arange(len(starts), dtype=np.int64)
+    grouped = grouped.select(table.column_names).cast(table.schema)
+    return pa.concat_tables([table, grouped]).take(pa.array(take))
 
 
 def _segment_table(table: pa.Table, multi_value: Sequence[str] = (),

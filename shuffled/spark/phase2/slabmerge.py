@@ -28,11 +28,10 @@ import pyarrow.compute as pc
 
 from shuffled.client import ShuffleClient, daemon_failed
 from shuffled.protocol import Interval
-from shuffled.slab import sketch
 from shuffled.slab.keys import KEY_COLUMN, key_ints, split_range
 from shuffled.spark.phase2.durable import sync_files
 from shuffled.spark.phase2.merge import (
-    SegmentSink, _segment_table, _write, merge_partitions, read_ahead,
+    Repeats, SegmentSink, _segment_table, _write, merge_partitions, read_ahead, runs_comparable,
 )
 from shuffled.spark.phase2.plan import Phase2Config
 from shuffled.spark.phase2.publish import segment_name
@@ -430,67 +429,25 @@ def make_phase2_slabs(cfg: Phase2Config, slabs_on: dict[str, int],
 def _merged(parts: list[list[pa.Table]], layout: Layout,
             finish: Callable[[pa.Table], pa.Table]) -> list[pa.Table]:
     """:func:`.merge.merge_partitions` of a batch's shards (their tables as read, with
-    ``__key``, which it drops in selecting the layout's columns), those whose rows' key
-    hashes all differ only sorted (``distinct``): a group key's rows share its hash, so
-    no two of their rows can roll up together."""
+    ``__key``, which it drops in selecting the layout's columns). Those whose rows' key
+    hashes all differ are only sorted: a group key's rows share its hash, so no two of
+    their rows can roll up together. The others (range keys, a hash twice) hold each
+    slab's run rolled up on its own, so a key repeats only across slabs, and rarely: they
+    are sorted, and only the runs of equal keys the sort puts side by side are grouped
+    (:attr:`.merge.Repeats.RARE`). Where every key compares as the group-by does (no
+    floats, no lists) that is done for all of them: proving hashed shards distinct first
+    (:func:`_distinct`) cost more than finding their runs."""
+    if runs_comparable(layout):
+        return merge_partitions(parts, layout, finish, Repeats.RARE)
     alone = _distinct(parts)
-    if not all(alone):
-        alone = _distinct_rows(parts, layout, alone)
-    if not any(alone):
-        return merge_partitions(parts, layout, finish)
     out: list[pa.Table | None] = [None] * len(parts)
-    for flag in (True, False):
+    for flag, repeats in ((True, Repeats.NONE), (False, Repeats.RARE)):
         at = [n for n, a in enumerate(alone) if a is flag]
         if at:
             for n, t in zip(at, merge_partitions([parts[n] for n in at], layout, finish,
-                                                 distinct=flag), strict=True):
+                                                 repeats), strict=True):
                 out[n] = t
     return [t for t in out if t is not None]
-
-
-def _hashable(typ: pa.DataType) -> bool:
-    """A key type :func:`_distinct_rows` checks: integers, times and strings, whose equal
-    values hash alike in :func:`sketch.row_hashes` as the group-by compares them. Floats
-    and lists are left to the group-by."""
-    if pa.types.is_dictionary(typ):
-        typ = typ.value_type
-    return (pa.types.is_integer(typ) or pa.types.is_timestamp(typ) or pa.types.is_string(typ)
-            or pa.types.is_large_string(typ))
-
-
-def _distinct_rows(parts: Sequence[Sequence[pa.Table]], layout: Layout,
-                   known: list[bool]) -> list[bool]:
-    """``known`` (:func:`_distinct`), with the parts it could not prove distinct checked by
-    a 64-bit hash of each row's rolled-up key (:func:`sketch.row_hashes`): a part none of
-    whose hashes repeat has no two rows that roll up together, so it is only sorted. For
-    range keys (a partition tuple many rows share) the group-by was two thirds of a merge
-    (52,000 rows of the Druid shape: 25.4 ms against 8.1 sorted only; the hashes 8.8).
-    A hash two different keys share leaves their part grouped, as before."""
-    todo = [n for n, k in enumerate(known) if not k and parts[n]]
-    if not todo:
-        return known
-    tables = [t.select(layout.keys) for n in todo for t in parts[n]]
-    schema = tables[0].schema
-    if not all(_hashable(f.type) for f in schema) or \
-            not all(t.schema.equals(schema) for t in tables):
-        return known
-    keys = pa.concat_tables(tables)
-    if not keys.num_rows:
-        return known
-    h = sketch.row_hashes([keys.column(c) for c in layout.keys])
-    out = list(known)
-    ordered = np.sort(h)
-    if not bool((ordered[1:] == ordered[:-1]).any()):  # the usual case: none repeats
-        for n in todo:
-            out[n] = True
-        return out
-    part = np.repeat(np.arange(len(todo)), [sum(t.num_rows for t in parts[n]) for n in todo])
-    order = np.lexsort((h, part))
-    hs, ps = h[order], part[order]
-    twice = set(ps[1:][(hs[1:] == hs[:-1]) & (ps[1:] == ps[:-1])].tolist())
-    for i, n in enumerate(todo):
-        out[n] = i not in twice
-    return out
 
 
 def _keyless(table: pa.Table) -> pa.Table:

@@ -2,9 +2,9 @@
 slabs, each rolled up on its own, so a group key can arrive once per slab and must come out
 once, its metrics combined (Druid's perfect rollup: one row per time and dimension values,
 https://druid.apache.org/docs/latest/ingestion/rollup). Rows whose key hashes all differ
-cannot share a key and are only sorted; the others are grouped. Either way each shard's
-rows must equal a plain dictionary rollup of its input, sorted by time then dimensions with
-nulls first (as Druid sorts a segment)."""
+cannot share a key and are only sorted; the others are sorted, and their runs of equal keys
+grouped. Either way each shard's rows must equal a plain dictionary rollup of its input,
+sorted by time then dimensions with nulls first (as Druid sorts a segment)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,14 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shuffled.slab.keys import KEY_COLUMN, partition_hash_keys
 from shuffled.spark.phase1.slabs import hash_values
 from shuffled.spark.phase2.merge import merge_partitions
-from shuffled.spark.phase2.slabmerge import _distinct, _distinct_rows, _merged
-from shuffled.spark.rows.rollup import TIME, Layout
+from shuffled.spark.phase2.slabmerge import _distinct, _merged
+from shuffled.spark.rows.rollup import TIME, Layout, combine
 
 LAYOUT = Layout((("country", "string"), ("city", "string")),
                 (("count", "count", "sum", "long", None), ("clicks", "sum", "sum", "long", "c"),
@@ -121,20 +123,60 @@ def _ranged(t: pa.Table) -> pa.Table:
         [b"\x01" + (c or "").encode() for c in t.column("country").to_pylist()], pa.binary()))
 
 
-def test_range_rows_whose_keys_all_differ_are_only_sorted(monkeypatch: Any) -> None:
-    """A range key cannot prove a shard's rows distinct, a hash of each row's whole
-    rolled-up key can: a shard whose row hashes never repeat is only sorted; one holding
-    a key twice (two slabs) or two keys under one hash is grouped. Every shard still
-    comes out as its rollup."""
+def test_range_rows_are_sorted_and_only_their_repeats_grouped(monkeypatch: Any) -> None:
+    """A range key cannot prove a shard's rows distinct. Each slab's run is rolled up on
+    its own, so a key repeats only across slabs: the rows are sorted, and the group-by
+    sees only the runs of equal keys the sort puts side by side. Every shard still comes
+    out as its rollup."""
     one, other = _ranged(_slab(_rows(20, 8))), _ranged(_slab(_rows(15, 9, 3000)))
     parts = [[one, other], [one, one]]
     assert _distinct(parts) == [False, False]
-    assert _distinct_rows(parts, LAYOUT, [False, False]) == [True, False]
+    seen = _grouped_rows(monkeypatch)
     for tables, out in zip(parts, _merged(parts, LAYOUT, lambda t: t), strict=True):
         assert [tuple(r.values()) for r in out.select(COLUMNS).to_pylist()] == _rollup(tables)
-    # Every row under one hash: nothing is taken as distinct, nothing is lost.
-    monkeypatch.setattr("shuffled.slab.sketch.row_hashes",
-                        lambda cols: np.zeros(len(cols[0]), np.uint64))
-    assert _distinct_rows(parts, LAYOUT, [False, False]) == [False, False]
-    [out, _] = _merged(parts, LAYOUT, lambda t: t)
-    assert out.num_rows == 35
+    assert seen == [40]  # the 20 keys of [one, one], twice each; none of [one, other]
+
+
+def _grouped_rows(monkeypatch: Any) -> list[int]:
+    """The rows of each group-by the merge runs, as they run."""
+    seen: list[int] = []
+
+    def counted(table: pa.Table, *args: Any, **kwargs: Any) -> pa.Table:
+        seen.append(table.num_rows)
+        return combine(table, *args, **kwargs)
+
+    monkeypatch.setattr("shuffled.spark.phase2.merge.combine", counted)
+    return seen
+
+
+def test_runs_across_shards_are_not_folded(monkeypatch: Any) -> None:
+    """Two shards of a batch holding the same key each keep their row, and nothing is
+    grouped: a run is of equal keys within one shard."""
+    a = _ranged(_slab(_rows(1, 10)))  # its last row beside the next shard's first
+    parts = [[a], [a], [a, _ranged(_slab(_rows(3, 11, 500)))]]
+    seen = _grouped_rows(monkeypatch)
+    merged = _merged(parts, LAYOUT, lambda t: t)
+    for tables, out in zip(parts, merged, strict=True):
+        assert [tuple(r.values()) for r in out.select(COLUMNS).to_pylist()] == _rollup(tables)
+    assert seen == []
+
+
+_KEYS = st.tuples(st.sampled_from([0, 3600_000]), st.sampled_from(["a", "b", None]),
+                  st.sampled_from(["x", "y", "z", None]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.lists(_KEYS, max_size=8, unique=True), min_size=1, max_size=3),
+                min_size=1, max_size=4),
+       st.integers(0, 2**32 - 1))
+def test_folding_runs_gives_the_rollup(shards: list[list[list[tuple[Any, ...]]]],
+                                       seed: int) -> None:
+    """Any batch of range shards (each slab's keys distinct, as a rolled-up slab's are,
+    repeating across slabs and shards, nulls among them) merges to the reference rollup:
+    one row per time and dimension values, its metrics summed or maxed."""
+    rng = np.random.default_rng(seed)
+    parts = [[_ranged(_slab([(*k, int(rng.integers(1, 4)), int(rng.integers(0, 9)),
+                              int(rng.integers(0, 99))) for k in keys]))
+              for keys in slabs] for slabs in shards]
+    for tables, out in zip(parts, _merged(parts, LAYOUT, lambda t: t), strict=True):
+        assert [tuple(r.values()) for r in out.select(COLUMNS).to_pylist()] == _rollup(tables)
