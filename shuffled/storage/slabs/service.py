@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from shuffled.slab import wire
 from shuffled.storage.disk import Disk
 from shuffled.storage.ondisk import layout
 from shuffled.storage.tasks.book import TaskBook
-from shuffled.storage.catalog import Catalog, as_os_error
+from shuffled.storage.catalog import Catalog
 from shuffled.storage.tasks.inflight import Uploads
 from shuffled.storage.location import Location
 from shuffled.storage.placement.roundrobin import RoundRobin
@@ -237,13 +236,14 @@ class Slabs:
             upload.done.set()
 
     def _commit(self, index: int, fd: int, tmp: Path, final: Path, row: SlabRow) -> None:
-        """Writer thread: sync and rename the file, then its row (autocommit, synced)."""
+        """Writer thread: sync and rename the file, then its row (not synced: the file is
+        the source of truth, :meth:`Catalog.insert_slab`)."""
         files.publish(fd, tmp, final, self.settings.fsync)
         try:
-            rows.insert(self.disks[index].catalog.writer, row)
-        except sqlite3.Error as exc:
+            self.disks[index].catalog.insert_slab(row)
+        except OSError:
             os.unlink(final)  # no row, no file: the upload failed as a whole
-            raise as_os_error(exc) from exc
+            raise
 
     def _count(self, sup: str, loc: Location, size: int, count: int) -> None:
         entry = self.book.ensure(sup)
