@@ -429,19 +429,18 @@ def make_phase2_slabs(cfg: Phase2Config, slabs_on: dict[str, int],
 def _merged(parts: list[list[pa.Table]], layout: Layout,
             finish: Callable[[pa.Table], pa.Table]) -> list[pa.Table]:
     """:func:`.merge.merge_partitions` of a batch's shards (their tables as read, with
-    ``__key``, which it drops in selecting the layout's columns). Those whose rows' key
-    hashes all differ are only sorted: a group key's rows share its hash, so no two of
-    their rows can roll up together. The others (range keys, a hash twice) hold each
-    slab's run rolled up on its own, so a key repeats only across slabs, and rarely: they
-    are sorted, and only the runs of equal keys the sort puts side by side are grouped
-    (:attr:`.merge.Repeats.RARE`). Where every key compares as the group-by does (no
-    floats, no lists) that is done for all of them: proving hashed shards distinct first
-    (:func:`_distinct`) cost more than finding their runs."""
+    ``__key``, which it drops in selecting the layout's columns). A shard holds each
+    slab's run rolled up on its own, so a key repeats only across slabs, and rarely: the
+    shards are sorted, and only the runs of equal keys the sort puts side by side are
+    grouped (:attr:`.merge.Repeats.RARE`). That needs keys that compare as the group-by
+    does (no floats, no lists). Otherwise the shards whose ``__key`` hashes all differ
+    are only sorted (a group key's rows share its hash, :func:`_distinct`), and the
+    others grouped. (Proving hashed shards distinct first cost more than finding runs.)"""
     if runs_comparable(layout):
         return merge_partitions(parts, layout, finish, Repeats.RARE)
     alone = _distinct(parts)
     out: list[pa.Table | None] = [None] * len(parts)
-    for flag, repeats in ((True, Repeats.NONE), (False, Repeats.RARE)):
+    for flag, repeats in ((True, Repeats.NONE), (False, Repeats.ANY)):
         at = [n for n, a in enumerate(alone) if a is flag]
         if at:
             for n, t in zip(at, merge_partitions([parts[n] for n in at], layout, finish,

@@ -180,3 +180,30 @@ def test_folding_runs_gives_the_rollup(shards: list[list[list[tuple[Any, ...]]]]
               for keys in slabs] for slabs in shards]
     for tables, out in zip(parts, _merged(parts, LAYOUT, lambda t: t), strict=True):
         assert [tuple(r.values()) for r in out.select(COLUMNS).to_pylist()] == _rollup(tables)
+
+
+def test_folded_runs_keep_first_and_last_by_their_times() -> None:
+    """A run folded in place combines first/last metrics as Druid's longFirst/longLast
+    do (https://druid.apache.org/docs/latest/querying/aggregations#first-and-last-
+    aggregators): the value with the earliest, or latest, time of its rows."""
+    layout = Layout((("d", "string"),),
+                    (("v", "longLast", "last", "long", "v"), ("f", "longFirst", "first", "long", "f")))
+    times = iter(range(1000, 0, -7))  # every row a time of its own: no ties to break
+
+    def slab(keys: list[str | None]) -> pa.Table:
+        rows = [{TIME: 0, "d": k, "v": i, "f": i, layout.hidden[0]: next(times),
+                 layout.hidden[1]: next(times)} for i, k in enumerate(keys)]
+        t = pa.Table.from_pylist(rows, layout.schema())
+        return t.append_column(KEY_COLUMN, pa.array([b"\x01" + (k or "").encode()
+                                                     for k in keys], pa.binary()))
+
+    parts = [[slab(["a", "b", None]), slab(["b", "c"]), slab([None, "b"])]]
+    [out] = _merged(parts, layout, lambda t: t)
+    want: dict[str | None, dict[str, tuple[int, int]]] = {}
+    for t in parts[0]:
+        for r in t.to_pylist():
+            got = want.setdefault(r["d"], {"v": (-1, 0), "f": (1 << 40, 0)})
+            got["v"] = max(got["v"], (r[layout.hidden[0]], r["v"]))
+            got["f"] = min(got["f"], (r[layout.hidden[1]], r["f"]))
+    assert [(r["d"], r["v"], r["f"]) for r in out.to_pylist()] == [
+        (k, want[k]["v"][1], want[k]["f"][1]) for k in [None, "a", "b", "c"]]
