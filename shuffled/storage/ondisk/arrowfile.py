@@ -188,6 +188,7 @@ class SchemaMessage:
     data: bytes
     crc: int
     has_dictionaries: bool
+    shape: ipcshape.Shape  # what its batches must carry (:class:`.ipcshape.Walker`)
 
     @classmethod
     def parse(cls, data: bytes) -> SchemaMessage:
@@ -211,7 +212,8 @@ class SchemaMessage:
             schema = pa.ipc.read_schema(pa.py_buffer(data))
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OSError) as exc:
             raise InvalidBody(f"schema frame is not an Arrow schema message: {exc}") from exc
-        return cls(bytes(data), crc32c(data), schema_has_dictionaries(schema))
+        return cls(bytes(data), crc32c(data), schema_has_dictionaries(schema),
+                   ipcshape.Shape.of(schema))
 
     def stream_crc(self, body_crc: int, body_len: int) -> int:
         """CRC32C of the stream ``schema message + body + end-of-stream marker``."""
@@ -271,7 +273,7 @@ def validate_bodies(schema: SchemaMessage, bodies: Sequence[memoryview],
         try:
             reader = pa.ipc.open_stream(source)
             ipcshape.Walker(memoryview(joined), len(schema.data), len(joined) - len(EOS),
-                            reader.schema).all()
+                            reader.schema, schema.shape).all()
             while len(out) < len(bodies):
                 at = ends[len(out)]
                 if source.tell() == at:  # a body without record batches

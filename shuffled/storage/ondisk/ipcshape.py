@@ -131,6 +131,19 @@ def layout(schema: pa.Schema) -> Layout:
     return Layout(nodes, buffers)
 
 
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """A schema's layouts, as :class:`Walker` holds batches to them: its record batches'
+    and, per dictionary id, its dictionary batches'."""
+
+    batch: Layout
+    dictionaries: dict[int, Layout]
+
+    @classmethod
+    def of(cls, schema: pa.Schema) -> Shape:
+        return cls(layout(schema), dictionary_layouts(schema))
+
+
 def dictionary_layouts(schema: pa.Schema) -> dict[int, Layout]:
     """Per dictionary id, the layout of its dictionary batches (one column of the value
     type). Ids are given in schema order, depth first, as pyarrow's writer numbers them."""
@@ -192,12 +205,16 @@ class Walker:
     following it touches the same pages at the same time. Stops quietly where the bytes
     stop looking like messages: the Arrow reader refuses those with its own words."""
 
-    def __init__(self, data: memoryview, start: int, end: int, schema: pa.Schema) -> None:
+    def __init__(self, data: memoryview, start: int, end: int, schema: pa.Schema,
+                 shape: Shape | None = None) -> None:
+        # ``shape``: the schema's, worked out already (a schema message's, remembered
+        # with it: working it out was half of checking a 64 KiB single PUT).
         self.data = data
         self.at = start
         self.end = end
-        self.batch = layout(schema)
-        self.dictionaries = dictionary_layouts(schema)
+        shape = shape or Shape.of(schema)
+        self.batch = shape.batch
+        self.dictionaries = shape.dictionaries
 
     def next_batch(self) -> None:
         """Check the messages up to and including the next record batch."""
