@@ -124,6 +124,8 @@ def _column_hash(column: pa.Array) -> np.ndarray:
     if pa.types.is_dictionary(column.type):  # of other values than strings
         column = column.dictionary_decode()
     typ = column.type
+    if pa.types.is_date32(typ):  # days: Arrow casts them to int32, not to int64
+        column, typ = pc.cast(column, pa.int32()), pa.int32()
     if pa.types.is_integer(typ) or pa.types.is_timestamp(typ) or pa.types.is_date(typ):
         values = pc.cast(column, pa.int64()) if not pa.types.is_int64(typ) else column
         raw = np.asarray(values.fill_null(-0x7FFF_FFFF_FFFF_FFF1)).view(_U64)

@@ -87,3 +87,15 @@ def test_a_slabs_registers_decode_at_once_as_one_at_a_time() -> None:
             sketch.decode_registers(bad)
         with pytest.raises(ValueError):
             sketch.decode_all(pa.array([raws[1], bad], pa.binary()))
+
+
+def test_a_date_column_hashes_as_its_day_numbers() -> None:
+    """date32 is days since the epoch (Arrow's Schema.fbs): Arrow casts it to int32 but not
+    to int64 directly, which the hash refused. Each date now hashes as its day number."""
+    import datetime
+
+    days = [datetime.date(2020, 1, 1), None, datetime.date(1969, 12, 31), datetime.date(2020, 1, 1)]
+    as_dates = sketch.row_hashes([pa.array(days, pa.date32())])
+    as_ints = sketch.row_hashes([pa.array([18262, None, -1, 18262], pa.int32())])
+    assert (as_dates == as_ints).all()
+    assert as_dates[0] == as_dates[3] and len({int(h) for h in as_dates}) == 3
