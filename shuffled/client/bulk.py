@@ -14,6 +14,7 @@ batch is sent again in format 1 (whole streams), and this client keeps to format
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -218,6 +219,33 @@ def _answer(resp: http.client.HTTPResponse) -> dict[str, Any] | None:
     if not isinstance(value, dict) or not isinstance(value.get("partials"), list):
         raise BadResponse(f"bulk upload answer is not a batch result: {raw[:100]!r}")
     return value
+
+
+#: Partials one bulk upload carries at most: the daemon's default ``max_bulk_partials``
+#: (it holds each partial of an upload until it answers). More go as several uploads.
+BULK_PARTIALS = 10_000
+
+
+def upload_all(transport: Transport, path: str, sup: str,
+               partials: Iterable[tuple[PartialKey, Body]], put_one: PutOne,
+               schema: bytes | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+    """:func:`upload` of ``partials`` in batches of at most ``limit`` (default
+    :data:`BULK_PARTIALS`), one request each, in order; the answers of them all. A list or
+    tuple is cut into lists; any other iterable stays lazy."""
+    limit = limit or BULK_PARTIALS
+    chunks: Iterator[Iterable[tuple[PartialKey, Body]]]
+    if isinstance(partials, (list, tuple)):
+        chunks = (partials[at: at + limit] for at in range(0, len(partials), limit))
+    else:
+        source = iter(partials)
+        chunks = (itertools.islice(source, limit) for _ in itertools.count())
+    out: list[dict[str, Any]] = []
+    for chunk in chunks:
+        batch = Batch(sup, chunk, schema=schema)
+        if batch.empty():
+            break
+        out.extend(upload(transport, path, batch, put_one))
+    return out
 
 
 def upload(transport: Transport, path: str, batch: Batch, put_one: PutOne) -> list[dict[str, Any]]:

@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from shuffled.client import pages, partitions, slabs, supervisor, tasks
 from shuffled.client.answers import json_dict
-from shuffled.client.bulk import Batch
-from shuffled.client.bulk import upload as bulk_upload
+from shuffled.client.bulk import upload_all
 from shuffled.client.digest import check_crc, crc32c_of, crc_from_json
 from shuffled.client.download import (
     BytesSink,
@@ -113,8 +112,10 @@ class ShuffleClient:
         partials: Iterable[tuple[PartialKey, bytes | bytearray | memoryview]],
     ) -> list[dict[str, Any]]:
         """Store many partial segments of one supervisor task with ONE streamed request
-        (``POST /tasks/{sup}/partials``, docs/bulk-upload.md); returns the server's answer
-        per partial, in input order (``status`` created/replaced, ``crc32c``, ``bytes``...).
+        (``POST /tasks/{sup}/partials``, docs/bulk-upload.md) per
+        :data:`~shuffled.client.bulk.BULK_PARTIALS` of them (the daemon's default
+        ``max_bulk_partials``); returns the server's answer per partial, in input order
+        (``status`` created/replaced, ``crc32c``, ``bytes``...).
 
         ``partials`` is consumed lazily: each frame goes on the wire as soon as it is
         produced, while the caller makes the next one (a list or tuple is sent in ~1 MiB
@@ -129,10 +130,8 @@ class ShuffleClient:
         without the route (404/405) gets one PUT per partial instead.
         """
         sup = validate_id(supervisor_task_id, "supervisorTaskId")
-        batch = Batch(sup, partials)
-        if batch.empty():
-            return []
-        return bulk_upload(self._http, f"{task_path(sup)}/partials", batch, self.put_partial)
+        return upload_all(self._http, f"{task_path(sup)}/partials", sup, partials,
+                          self.put_partial)
 
     def put_flush(self, supervisor_task_id: str, schema: bytes,
                   bodies: Iterable[tuple[PartialKey, bytes | bytearray | memoryview]],
@@ -144,10 +143,8 @@ class ShuffleClient:
         ``crc32c`` describe and every read gives back. Sent in bulk format 2 without
         re-assembling them (docs/bulk-upload.md)."""
         sup = validate_id(supervisor_task_id, "supervisorTaskId")
-        batch = Batch(sup, bodies, schema=schema)
-        if batch.empty():
-            return []
-        return bulk_upload(self._http, f"{task_path(sup)}/partials", batch, self.put_partial)
+        return upload_all(self._http, f"{task_path(sup)}/partials", sup, bodies,
+                          self.put_partial, schema=schema)
 
     def get_partial(self, key: PartialKey) -> bytes:
         """The partial segment stored under ``key``, byte for byte, CRC32C-verified.

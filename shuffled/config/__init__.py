@@ -98,6 +98,9 @@ FIELDS: tuple[Field, ...] = (
     Field("max_lost_marks_bytes", parse_size,
           "memory the lost-daemon verdicts of every task may take (PUT .../lost past it: "
           "503 until older ones lapse)", "--max-lost-marks-bytes", "SIZE"),
+    Field("max_bulk_partials", parse_positive_int,
+          "partial segments one bulk upload may send (413 past it; each is held, ~1.5 KB, "
+          "until the upload answers)", "--max-bulk-partials", "N"),
     Field("max_bulk_schema_bytes", parse_size,
           "bytes of SCHEMA frames one bulk upload (format 2) may send (413 past it)",
           "--max-bulk-schema-bytes", "SIZE"),
@@ -183,6 +186,7 @@ class Settings:
     max_concurrent_downloads: int = 256
     upload_idle_timeout: float = 60.0
     max_lost_marks_bytes: int = 4 << 20
+    max_bulk_partials: int = 10_000
     max_bulk_schema_bytes: int = 4 << 20
     max_slab_index_bytes: int = 16 << 20
     max_slab_batch_bytes: int = 64 << 20

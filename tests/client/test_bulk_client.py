@@ -282,3 +282,20 @@ async def test_falls_back_to_puts_on_an_older_daemon(settings) -> None:
     for k, body in items:
         assert await get(daemon, k) == (200, body)
     await daemon.close()
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_more_partials_than_an_upload_may_carry_go_as_several(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lazy: bool) -> None:
+    """A daemon takes at most ``max_bulk_partials`` partials an upload (413 past it): the
+    client sends at most :data:`BULK_PARTIALS` an upload, so 250 partials against a bound
+    of 100 go as three uploads, answered in order, from a list or a generator alike."""
+    monkeypatch.setattr("shuffled.client.bulk.BULK_PARTIALS", 100)
+    body = arrow_bytes(sample_table(3, seed=1))
+    items = [(key(f"s{i:03d}", "many"), body) for i in range(250)]
+    with EmbeddedDaemon([tmp_path / "a"], free_space_reserve=0, max_bulk_partials=100) as url:
+        with ShuffleClient(url) as client:
+            answers = client.put_partials("many", iter(items) if lazy else items)
+            assert [a["subTaskId"] for a in answers] == [k.sub_task_id for k, _ in items]
+            assert {a["status"] for a in answers} == {"created"}
+            assert held(client, "many") == 250

@@ -187,3 +187,35 @@ def test_lost_verdicts_are_bounded_in_bytes(tmp_path: Path) -> None:
         assert statuses[:4] == [200] * 4 and set(statuses[4:]) == {503}, statuses
         status, _, body = http_get(f"{daemon.url}{PREFIX}/tasks/t0/lost")
         assert status == 200 and len(json.loads(body)["lost"]) == 1000
+
+
+def _many_partials(count: int, start: int = 0) -> bytes:
+    """One bulk upload (format 2) of ``count`` tiny partials under one schema."""
+    from shuffled.crc import crc32c
+    from shuffled.protocol import Interval, PartialKey
+
+    messages = _messages(arrow_bytes(pa.table({"x": pa.array([1, 2], pa.int64())})))
+    schema, body = messages[0], b"".join(messages[1:])
+    crc, day = crc32c(body), Interval.parse("2018-01-01", "2018-01-02")
+    frames = [framing2.encode_schema(0, len(schema)), schema]
+    for i in range(start, start + count):
+        key = PartialKey("many", f"s{i:07d}", day, 0)
+        frames += [framing2.encode_partial(key, 0, len(body), crc), body]
+    return b"".join(frames) + framing2.encode_end(count)
+
+
+def test_partials_of_one_bulk_upload_are_bounded(tmp_path: Path) -> None:
+    """Each partial of a bulk upload is held (its key, record and answer, ~1.5 KB) until
+    the request answers: 200,000 tiny ones held about 300 MiB, whatever the bytes. Past
+    ``max_bulk_partials`` the request is refused (413); those before it are stored."""
+    with DaemonProcess([tmp_path / "a"], "--max-bulk-partials", "1000",
+                       log_path=tmp_path / "daemon.log") as daemon:
+        before = _hwm_kib(daemon.pid)
+        status, answer = _post_bulk(daemon.url, "many", _many_partials(200_000))
+        assert status == 413 and answer["code"] == "too_large", answer
+        assert "max_bulk_partials" in answer["error"]
+        assert answer["complete"] is False and answer["stored"] == 1000, answer["stored"]
+        assert (_hwm_kib(daemon.pid) - before) / 1024 < 32
+        # up to the bound, a batch is taken as ever
+        status, answer = _post_bulk(daemon.url, "many", _many_partials(1000, 5000))
+        assert status == 200 and answer["stored"] == 1000
