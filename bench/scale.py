@@ -1,7 +1,8 @@
 """Comparison 6: one daemon holding a million partial segments: memory, restart, paged listing.
 
 The partials are put through the daemon itself, the way phase 1 stores them: tiny Arrow
-streams (two rows) sent with ``ShuffleClient.put_partials`` in batches of ``scale_batch``
+streams (two rows) sent with ``ShuffleClient.put_partials`` in calls of ``scale_batch``
+(which the client sends as uploads of at most ``shuffled.client.bulk.BULK_PARTIALS``)
 from ``scale_threads`` client threads, to a daemon with ``--fsync false`` (durability is
 not what is measured here, and the fill is bounded by ``scale_fill_seconds``: when the
 machine cannot reach ``scale_partials`` in that time the run says so and measures at the
