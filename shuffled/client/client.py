@@ -113,7 +113,7 @@ class ShuffleClient:
     ) -> list[dict[str, Any]]:
         """Store many partial segments of one supervisor task with ONE streamed request
         (``POST /tasks/{sup}/partials``, docs/bulk-upload.md) per
-        :data:`~shuffled.client.bulk.BULK_PARTIALS` of them (the daemon's default
+        :data:`~shuffled.client.bulk.BULK_PARTIALS` of them (2,000, under the daemon's
         ``max_bulk_partials``); returns the server's answer per partial, in input order
         (``status`` created/replaced, ``crc32c``, ``bytes``...).
 
