@@ -9,6 +9,8 @@ power-of-two steps (below).
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
+from typing import Any
 
 import crc32c as _crc32c
 
@@ -63,6 +65,44 @@ def _shift(k: int) -> _Tables:
                     images = [_apply(half, _apply(half, 1 << i)) for i in range(32)]
                 _SHIFTS.append(_tables(images))
     return _SHIFTS[k]
+
+
+def combine_all(crc: int, crcs: Sequence[int], lengths: Sequence[int]) -> int:
+    """``combine(...combine(combine(crc, crcs[0], lengths[0]), crcs[1], lengths[1])...)``
+    in array passes. Shifting is linear, so the result is ``L_T(crc)`` XOR each
+    ``L_R(crcs[i])``, T being every length and R the lengths after i: each shift is
+    applied to every CRC at once, one table step per bit of the longest. An aggregate GET
+    of 1,000 partials folded them one ``combine`` each: 3.5 ms before its first byte."""
+    import numpy as np  # not at import: the client and the CLI load this module too
+
+    n = np.asarray(lengths, np.int64)
+    if not len(n):
+        return crc
+    c = np.where(n > 0, np.asarray(crcs, np.uint32), np.uint32(0))  # as combine: none
+    n = np.maximum(n, 0)
+    after = np.cumsum(n[::-1])[::-1] - n
+    values = np.append(c, np.uint32(crc))
+    shifts = np.append(after, n.sum())
+    for k in range(int(shifts.max()).bit_length()):
+        sel = np.flatnonzero((shifts >> k) & 1)
+        if not len(sel):
+            continue
+        t = _array_tables(k)
+        v = values[sel]
+        values[sel] = t[0][v & 255] ^ t[1][(v >> 8) & 255] ^ t[2][(v >> 16) & 255] ^ t[3][v >> 24]
+    return int(np.bitwise_xor.reduce(values))
+
+
+_ARRAY_TABLES: list[Any] = []
+
+
+def _array_tables(k: int) -> Any:
+    """:func:`_shift` ``(k)`` as a (4, 256) uint32 array (built once per level)."""
+    import numpy as np
+
+    while len(_ARRAY_TABLES) <= k:
+        _ARRAY_TABLES.append(np.array(_shift(len(_ARRAY_TABLES)), np.uint32))
+    return _ARRAY_TABLES[k]
 
 
 def combine(crc1: int, crc2: int, len2: int) -> int:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 
 import pytest
 
 from shuffled import crc
+from shuffled.crc import combine, combine_all, crc32c
 
 
 @pytest.mark.parametrize("len2", [1, 7, 8, 1000, 65_236, crc.HW_SHIFT_MAX - 1,
@@ -64,3 +66,21 @@ def test_tables_built_by_threads_at_once_stay_right() -> None:
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["32"]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_combine_all_is_the_stream_of_its_parts(seed: int) -> None:
+    """``combine_all`` folds many CRCs at once: the CRC of the concatenation itself
+    (computed over the bytes, not from combine), with empty parts and lengths on both
+    sides of the hardware path's 512 bytes among them."""
+    rng = random.Random(seed)
+    head = rng.randbytes(rng.randrange(0, 300))
+    parts = [rng.randbytes(rng.choice([0, 1, 7, 511, 512, 513, 4096, rng.randrange(0, 70_000)]))
+             for _ in range(rng.randrange(0, 60))]
+    got = combine_all(crc32c(head), [crc32c(p) for p in parts], [len(p) for p in parts])
+    assert got == crc32c(head + b"".join(parts))
+
+
+def test_combine_all_ignores_an_empty_parts_crc_as_combine_does() -> None:
+    assert combine_all(7, [0xDEADBEEF, 5], [0, 3]) == combine(combine(7, 0xDEADBEEF, 0), 5, 3)
+    assert combine_all(7, [], []) == 7

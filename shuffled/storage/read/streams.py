@@ -26,7 +26,7 @@ from typing import IO, Any, NamedTuple
 
 import pyarrow as pa
 
-from shuffled.crc import combine, crc32c
+from shuffled.crc import combine, combine_all, crc32c
 from shuffled.errors import Conflict, CorruptData
 from shuffled.protocol import crc_hex
 from shuffled.storage.ondisk.arrowfile import EOS, EOS_CRC
@@ -84,12 +84,12 @@ def fast_plan(metas: Sequence[PartialMeta]) -> FastPlan | None:
            or m.schema_len != first.schema_len for m in metas):
         return None
     pieces = [Piece(0, first.schema_at, first.schema_len)]
-    crc, length = first.schema_crc, first.schema_len
+    lengths = [m.body_len for m in metas]
     # The current run of adjacent bodies (same pack file, each starting where the last
     # ended), kept in locals: this loop runs once per partial of every aggregate GET.
     run_file, run_at, run_end, run_path = -1, 0, -1, None
     for i, meta in enumerate(metas):
-        body_len = meta.body_len
+        body_len = lengths[i]
         path = meta.path
         if run_end == meta.offset and (path is run_path or path == run_path):
             run_end += body_len
@@ -97,12 +97,13 @@ def fast_plan(metas: Sequence[PartialMeta]) -> FastPlan | None:
             if run_file >= 0:
                 pieces.append(Piece(run_file, run_at, run_end - run_at))
             run_file, run_at, run_end, run_path = i, meta.offset, meta.offset + body_len, path
-        crc = combine(crc, meta.body_crc, body_len)
-        length += body_len
     if run_file >= 0:
         pieces.append(Piece(run_file, run_at, run_end - run_at))
-    return FastPlan(pieces, length + len(EOS), combine(crc, EOS_CRC, len(EOS)),
-                    sum(m.rows for m in metas))
+    # The stream's CRC from the stored ones, all bodies at once (a combine per partial
+    # was 909 of 4,970 samples of an aggregate GET of 1,000 partials).
+    crc = combine_all(first.schema_crc, [m.body_crc for m in metas], lengths)
+    return FastPlan(pieces, first.schema_len + sum(lengths) + len(EOS),
+                    combine(crc, EOS_CRC, len(EOS)), sum(m.rows for m in metas))
 
 
 def crc_of(fd: int, offset: int, length: int, crc: int = 0) -> tuple[int, int]:
