@@ -94,14 +94,18 @@ def combine_all(crc: int, crcs: Sequence[int], lengths: Sequence[int]) -> int:
 
 
 _ARRAY_TABLES: list[Any] = []
+_ARRAY_GROWING = threading.Lock()  # not _GROWING: _shift takes that one itself
 
 
 def _array_tables(k: int) -> Any:
-    """:func:`_shift` ``(k)`` as a (4, 256) uint32 array (built once per level)."""
-    import numpy as np
+    """:func:`_shift` ``(k)`` as a (4, 256) uint32 array, built once per level; appended
+    under a lock for the reason :func:`_shift` gives."""
+    if len(_ARRAY_TABLES) <= k:
+        import numpy as np
 
-    while len(_ARRAY_TABLES) <= k:
-        _ARRAY_TABLES.append(np.array(_shift(len(_ARRAY_TABLES)), np.uint32))
+        with _ARRAY_GROWING:
+            while len(_ARRAY_TABLES) <= k:
+                _ARRAY_TABLES.append(np.array(_shift(len(_ARRAY_TABLES)), np.uint32))
     return _ARRAY_TABLES[k]
 
 

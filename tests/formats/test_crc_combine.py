@@ -84,3 +84,26 @@ def test_combine_all_is_the_stream_of_its_parts(seed: int) -> None:
 def test_combine_all_ignores_an_empty_parts_crc_as_combine_does() -> None:
     assert combine_all(7, [0xDEADBEEF, 5], [0, 3]) == combine(combine(7, 0xDEADBEEF, 0), 5, 3)
     assert combine_all(7, [], []) == 7
+
+
+_THREADED_ALL = """
+import os, sys
+from concurrent.futures import ThreadPoolExecutor
+from shuffled import crc
+parts = [os.urandom(n) for n in (70_000, 3, 1 << 20, 513, 40_000)]
+want = crc.crc32c(b"".join(parts))
+crcs, lens = [crc.crc32c(p) for p in parts[1:]], [len(p) for p in parts[1:]]
+sys.setswitchinterval(1e-6)  # threads switch inside a level's build, not only between
+with ThreadPoolExecutor(8) as pool:
+    got = list(pool.map(lambda _: crc.combine_all(crc.crc32c(parts[0]), crcs, lens),
+                        range(32)))
+print(sum(g == want for g in got))
+"""
+
+
+def test_array_tables_built_by_threads_at_once_stay_right() -> None:
+    """``combine_all``'s array tables grow as the shift tables do, from any thread."""
+    done = subprocess.run([sys.executable, "-c", _THREADED_ALL], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["32"]
