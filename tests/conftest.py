@@ -70,6 +70,25 @@ def packed_size(bodies: Iterable[bytes], packs: int = 1) -> int:
     return total + packs * sum(schemas.values())
 
 
+def pack_records(pack: Path) -> list[Any]:
+    """The commit records in a pack file (storage format 5), read with its location's key:
+    ``shuffled.storage.ondisk.commits.Record``s, in file order."""
+    from shuffled.storage.ondisk import commits
+
+    root = pack.parent.parent
+    key = commits.key_path(root).read_bytes()
+    fd = os.open(pack, os.O_RDONLY)
+    try:
+        return commits.scan(fd, 0, os.fstat(fd).st_size, key, pack.parent.name, int(pack.stem))
+    finally:
+        os.close(fd)
+
+
+def data_size(pack: Path) -> int:
+    """A pack file's length but its commit records: what :func:`packed_size` counts."""
+    return pack.stat().st_size - sum(r.end - r.at for r in pack_records(pack))
+
+
 def committed_bytes(root: Path, sup: str) -> int:
     """Bytes the committed partials of ``sup`` take in a location's packs (catalog): each
     body, and each schema message they refer to once. A pack holding more has a refused

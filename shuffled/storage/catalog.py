@@ -159,9 +159,20 @@ class Catalog:
     # -- writes (writer thread) ----------------------------------------------------------
 
     @_disk_errors
-    def commit(self, rows: Sequence[Row]) -> list[int | None]:
+    def commit(self, rows: Sequence[Row], *, recorded: bool = False) -> list[int | None]:
         """Insert or replace ``rows`` in one transaction; per row the size of the partial
-        it replaced (None if new). Durable on return when fsync is on."""
+        it replaced (None if new). Durable on return when fsync is on, unless ``recorded``:
+        their packs hold synced commit records naming them (storage.ondisk.commits), the
+        truth a lagging catalog is brought up to date from at start, so the transaction
+        does not wait for the WAL's fsync (``synchronous=NORMAL`` for it alone). The next
+        synced transaction carries it to disk anyway."""
+        if recorded and self.fsync:
+            conn = self.writer
+            conn.execute("PRAGMA synchronous=NORMAL")
+            try:
+                return self.commit(rows)
+            finally:
+                conn.execute("PRAGMA synchronous=FULL")
         conn = self.writer
         old: list[int | None] = [None] * len(rows)
         with _transaction(conn):
@@ -239,6 +250,22 @@ class Catalog:
         return cur.rowcount
 
     @_disk_errors
+    def restore(self, rows: Sequence[Row]) -> int:
+        """Rows read back from commit records at start: each inserted unless this key is
+        held at the same or a newer generation (one transaction, synced); the number
+        inserted."""
+        conn = self.writer
+        restored = 0
+        with _transaction(conn):
+            for row in rows:
+                held = conn.execute(f"SELECT generation FROM partials WHERE {_KEY} AND sub = ?",
+                                    row.key).fetchone()
+                if held is None or held[0] < row.generation:
+                    conn.execute(_INSERT, row)
+                    restored += 1
+        return restored
+
+    @_disk_errors
     def insert_many(self, rows: Iterable[Row]) -> None:
         """Bulk insert in one transaction (migration)."""
         conn = self.writer
@@ -246,6 +273,12 @@ class Catalog:
             conn.executemany(_INSERT, rows)
 
     # -- recovery (writer thread, before serving) ----------------------------------------
+
+    @_disk_errors
+    def make_durable(self) -> None:
+        """Checkpoint the WAL into the database, syncing both (with fsync on): every
+        committed row is then durable, those of ``recorded`` commits included."""
+        self.writer.execute("PRAGMA wal_checkpoint(FULL)").fetchall()
 
     def pack_tail(self, sup: str, pack: int) -> tuple[int, int, int] | None:
         """The last body of one pack: (offset, length, CRC32C), or None if it holds none

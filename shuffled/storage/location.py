@@ -35,6 +35,8 @@ class Location:
         self.healthy = True
         self.full = False  # out of service for want of space (not a failing disk)
         self.probed_at = 0.0  # when a placement last probed it (monotonic)
+        # Signs the commit records of its packs (storage.ondisk.commits); read at start.
+        self.commit_key = b""
         self.last_error: str | None = None
         self._lock_fd: int | None = None
 

@@ -29,7 +29,9 @@ from shuffled.errors import (
 from shuffled.protocol import PartialKey
 from shuffled.server import make_app
 from shuffled.server.embedded import EmbeddedDaemon
-from tests.conftest import PREFIX, arrow_bytes, pack_files, packed_size, sample_table
+from tests.conftest import (
+    PREFIX, arrow_bytes, data_size, pack_files, packed_size, sample_table,
+)
 from tests.helpers.bulk import frames_of, get, key, partials
 from tests.helpers.clients import FAST, in_thread
 
@@ -186,7 +188,7 @@ def test_a_batch_whose_answer_was_cut_is_sent_again(tmp_path: Path) -> None:
         finally:
             proxy.close()
         packs = pack_files(tmp_path / "a", "resend")  # the first try's bytes stay until the
-        assert sum(p.stat().st_size for p in packs) == packed_size(  # task goes
+        assert sum(data_size(p) for p in packs) == packed_size(  # task goes
             [b for _, b in items] * 2, len(packs))
 
 

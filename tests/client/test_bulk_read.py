@@ -27,7 +27,7 @@ from shuffled.protocol import Interval, PartialKey, PartitionKey
 from shuffled.server import make_app
 from shuffled.server.embedded import EmbeddedDaemon
 from shuffled.server.routes.partitions import MAX_PARTITIONS
-from tests.conftest import PREFIX, arrow_bytes, pack_files, sample_table
+from tests.conftest import PREFIX, arrow_bytes, pack_files, pack_records, sample_table
 from tests.helpers.clients import FAST, in_thread
 from tests.helpers.cutting_proxy import CuttingProxy
 
@@ -169,7 +169,9 @@ def test_a_corrupt_partial_is_named(tmp_path: Path) -> None:
         _store(client, "r", 2)
         (pack,) = pack_files(tmp_path / "a", "r")
         data = bytearray(pack.read_bytes())
-        data[len(data) - 40] ^= 0xFF  # inside the body of the last partial (day 1, s1)
+        last = max(pack_records(pack)[-1].rows, key=lambda r: r.offset)  # written last
+        assert last.sub == "s1" and last.start == _key(1).interval.start  # day 1, s1
+        data[last.offset + 20] ^= 0xFF  # inside its body
         pack.write_bytes(bytes(data))
         assert client.get_partitions("r", [(_key(0), None)])  # day 0 is intact
         with pytest.raises(DigestMismatch) as caught:

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from shuffled.crc import crc32c
 from shuffled.protocol import format_crc32c
 from shuffled.server.state import STATE, DaemonState
-from tests.conftest import DAY, PREFIX, arrow_bytes, sample_table
+from tests.conftest import DAY, PREFIX, arrow_bytes, data_size, sample_table
 from tests.helpers.clock import Clock
 
 ARROW = {"Content-Type": "application/vnd.apache.arrow.stream"}
@@ -165,9 +165,12 @@ async def test_location_gauges_used_capacity_health(start_daemon, make_settings,
         parts[info["location"]] += 1
     m = await scrape(client)
     for path in (str(a), str(b)):
-        # What its packs hold: each stream but its end marker, its schema message once.
-        on_disk = sum(f.stat().st_size for f in Path(path).glob("*/*.pack"))
-        assert m("shuffled_location_used_bytes", location=path) == on_disk < used[path]
+        # What its packs hold: each stream but its end marker, its schema message once, and
+        # the commit records naming them.
+        packs = list(Path(path).glob("*/*.pack"))
+        on_disk = sum(f.stat().st_size for f in packs)
+        assert m("shuffled_location_used_bytes", location=path) == on_disk
+        assert sum(data_size(f) for f in packs) < used[path]
         assert m("shuffled_location_partials", location=path) == parts[path]
         assert m("shuffled_location_healthy", location=path) == 1
         assert m("shuffled_location_free_bytes", location=path) > 0

@@ -11,7 +11,7 @@ from aiohttp.test_utils import TestClient
 from shuffled.crc import crc32c
 from shuffled.protocol import format_crc32c
 from tests.conftest import (
-    DAY, PREFIX, arrow_bytes, catalog_rows, files_under, packed_size, sample_table,
+    DAY, PREFIX, arrow_bytes, catalog_rows, data_size, files_under, packed_size, sample_table,
 )
 from tests.helpers.clock import Clock
 
@@ -79,7 +79,7 @@ async def test_replace_is_atomic_and_keeps_one_file(daemon: TestClient, settings
     # (a reader that looked it up first reads them whole) until the task is deleted.
     files = [p for loc in settings.locations for p in files_under(loc.path)]
     assert files and all(p.suffix == ".pack" for p in files)
-    assert sum(p.stat().st_size for p in files) == packed_size([first, second], len(files))
+    assert sum(data_size(p) for p in files) == packed_size([first, second], len(files))
     listing = await (await daemon.get(f"{PREFIX}/tasks/sup")).json()
     assert listing["files"] == 1 and listing["bytes"] == len(second)
     # One partial's worth of committed data: the catalogs hold one row for the key, the new
@@ -216,7 +216,9 @@ async def test_every_answer_names_its_request_id(daemon: TestClient) -> None:
 async def test_round_robin_then_507_when_full(start_daemon, make_settings, tmp_path) -> None:
     body = arrow_bytes(sample_table(50))
     size = len(body)
-    settings = make_settings([f"{tmp_path / 'a'}:{size * 2}", f"{tmp_path / 'b'}:{size * 2}"])
+    # Room for two partials a location, and their commit records (~130 bytes each).
+    room = size * 2 + 300
+    settings = make_settings([f"{tmp_path / 'a'}:{room}", f"{tmp_path / 'b'}:{room}"])
     client = await start_daemon(settings)
     for i in range(4):
         status, info = await put(client, body, sub=f"s{i}")

@@ -24,7 +24,7 @@ import crc32c
 import pyarrow as pa
 import pytest
 
-from tests.conftest import packed_size
+from tests.conftest import data_size, packed_size
 from tests.helpers.procs import first_line
 
 PREFIX = "/druid/worker/v1/shuffle"
@@ -465,7 +465,7 @@ def test_put_replaces_same_key(daemon):
     ours = [Path(f) for f in snapshot(daemon) if Path(f).is_file() and sup in Path(f).parts]
     assert all(p.suffix == ".pack" for p in ours) and all(Path(f) in ours for f in after_files)
     # (storage format 3: each stream but its end marker, the schema message once per pack)
-    assert sum(p.stat().st_size for p in ours) == packed_size([b1, b2], len(ours)), \
+    assert sum(data_size(p) for p in ours) == packed_size([b1, b2], len(ours)), \
         "replacing left extra bytes"
 
 

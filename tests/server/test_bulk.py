@@ -28,7 +28,8 @@ from shuffled.server.embedded import EmbeddedDaemon
 from shuffled.server.state import STATE
 from shuffled.storage.write.upload import SMALL
 from tests.conftest import (
-    DAY, PREFIX, arrow_bytes, committed_bytes, files_under, pack_files, sample_table,
+    DAY, PREFIX, arrow_bytes, committed_bytes, data_size, files_under, pack_files,
+    sample_table,
 )
 from tests.helpers.bulk import MEDIA, get, key, partials, post
 
@@ -65,7 +66,7 @@ async def test_a_batch_stores_every_partial_readable_alone_and_together(daemon: 
     assert all(p.suffix == ".pack" for p in on_disk)
     # Packs hold the committed partials' bytes and nothing else (format 3: schema messages
     # once per pack, bodies, no end markers).
-    assert sum(p.stat().st_size for p in on_disk) == sum(
+    assert sum(data_size(p) for p in on_disk) == sum(
         committed_bytes(loc.path, "sup") for loc in settings.locations) < sum(
         len(b) for _, b in items)
 
@@ -105,7 +106,7 @@ async def test_a_batch_cut_anywhere_is_never_complete_and_leaves_whole_partials_
             else:
                 assert code == 404, (cut, i, code)
         packs = [p for loc in settings.locations for p in pack_files(loc.path, sup)]
-        assert sum(p.stat().st_size for p in packs) == sum(
+        assert sum(data_size(p) for p in packs) == sum(
             committed_bytes(loc.path, sup) for loc in settings.locations)
 
 
@@ -134,7 +135,7 @@ def test_a_connection_dropped_mid_batch_stores_nothing_partial(tmp_path: Path) -
             for k, b in items[:2]:
                 if (k.sub_task_id, k.partition_id, k.interval.start_iso) in subs:
                     assert client.get_partial(k) == b
-        assert sum(p.stat().st_size for p in pack_files(tmp_path / "a", "drop")) == (
+        assert sum(data_size(p) for p in pack_files(tmp_path / "a", "drop")) == (
             committed_bytes(tmp_path / "a", "drop"))
 
 
@@ -224,7 +225,7 @@ async def test_large_bodies_stream_and_a_refused_one_is_skipped(daemon: TestClie
     assert (await get(daemon, damaged))[0] == 404
     assert await get(daemon, after) == (200, small)
     packs = [p for loc in settings.locations for p in pack_files(loc.path, "big")]
-    assert sum(p.stat().st_size for p in packs) == sum(
+    assert sum(data_size(p) for p in packs) == sum(
         committed_bytes(loc.path, "big") for loc in settings.locations) < len(ok_body) + len(small)
 
 
@@ -239,7 +240,7 @@ async def test_a_batch_cut_inside_a_large_body_keeps_nothing_of_it(daemon: TestC
     assert (await get(daemon, key("b", "bigcut")))[0] == 404
     assert await get(daemon, key("a", "bigcut")) == (200, small)
     packs = [p for loc in settings.locations for p in pack_files(loc.path, "bigcut")]
-    assert sum(p.stat().st_size for p in packs) == len(small) - 8  # no end marker stored
+    assert sum(data_size(p) for p in packs) == len(small) - 8  # no end marker stored
 
 
 async def test_too_large_partials_are_rejected_and_the_batch_goes_on(start_daemon,

@@ -22,7 +22,9 @@ from shuffled.protocol import PartitionKey
 from shuffled.server.state import STATE
 from shuffled.storage import fast_plan
 from shuffled.storage.ondisk.arrowfile import EOS, SchemaMessage, validate_bodies
-from tests.conftest import PREFIX, committed_bytes, pack_files, sample_table
+from tests.conftest import (
+    PREFIX, committed_bytes, data_size, pack_files, pack_records, sample_table,
+)
 from tests.helpers.bulk import INTERVAL, MEDIA, frames_of, get, key, post
 
 
@@ -76,9 +78,13 @@ async def test_a_flush_is_stored_contiguously_and_read_back_whole(daemon: TestCl
         whole = head + body + EOS
         assert (item["bytes"], item["crc32c"]) == (len(whole), f"{crc32c(whole):08x}")
         assert await get(daemon, k) == (200, whole)
-    # Storage format 3: the schema message once, the ten bodies back to back.
+    # Storage format 3: the schema message once, the ten bodies back to back; then (format
+    # 5) the one commit record naming the ten.
     (pack,) = [p for loc in settings.locations for p in pack_files(loc.path, "flush")]
-    assert pack.read_bytes() == head + b"".join(bodies)
+    stored = head + b"".join(bodies)
+    (record,) = pack_records(pack)
+    assert pack.read_bytes()[: record.at] == stored and record.at == len(stored)
+    assert record.end == pack.stat().st_size and len(record.rows) == 10
     store = daemon.app[STATE].store
     metas = store.partition(PartitionKey("flush", INTERVAL, 0))
     plan = fast_plan(metas)
@@ -101,7 +107,7 @@ async def test_a_bad_body_is_refused_alone_and_leaves_nothing(daemon: TestClient
     assert answer["partials"][1]["error"]["code"] == "invalid_body"
     assert (await get(daemon, items[1][0]))[0] == 404
     packs = [p for loc in settings.locations for p in pack_files(loc.path, "bad")]
-    assert sum(p.stat().st_size for p in packs) == sum(
+    assert sum(data_size(p) for p in packs) == sum(
         committed_bytes(loc.path, "bad") for loc in settings.locations)
 
 

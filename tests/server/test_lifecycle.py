@@ -16,7 +16,7 @@ from pathlib import Path
 from shuffled.crc import crc32c
 from shuffled.protocol import format_crc32c
 from tests.conftest import (
-    DAY, PREFIX, arrow_bytes, catalog_rows, committed_bytes, files_under, pack_files,
+    DAY, PREFIX, arrow_bytes, catalog_rows, committed_bytes, data_size, files_under, pack_files,
     sample_table, stored_stream,
 )
 
@@ -86,7 +86,7 @@ def test_sigterm_finishes_in_flight_upload_refuses_new_and_exits_0(tmp_path: Pat
     (row,) = catalog_rows(tmp_path / "loc", "sup")
     packs = pack_files(tmp_path / "loc")
     assert len(packs) == 1 and row[7] == len(body)
-    assert packs[0].stat().st_size == len(body) - 8  # the stream but its end-of-stream marker
+    assert data_size(packs[0]) == len(body) - 8  # the stream but its end-of-stream marker
     assert stored_stream(tmp_path / "loc", "sup", row) == body
 
 
@@ -125,7 +125,7 @@ async def test_uploads_beyond_the_limit_get_503_and_nothing_is_kept(start_daemon
     names = sorted(r[0] for loc in settings.locations for r in catalog_rows(loc.path, "sup"))
     assert names == ["extra", "slow0", "slow1"]
     # The refused upload left no bytes: the packs hold exactly the three stored bodies.
-    assert sum(p.stat().st_size for loc in settings.locations
+    assert sum(data_size(p) for loc in settings.locations
                for p in files_under(loc.path)) == sum(
         committed_bytes(loc.path, "sup") for loc in settings.locations)
 
@@ -155,6 +155,6 @@ async def test_a_stalled_upload_is_abandoned_with_408_and_frees_its_slot(
     assert accepted.status == 201
     names = [r[0] for loc in settings.locations for r in catalog_rows(loc.path, "sup")]
     assert names == ["next"]  # nothing of the stalled upload...
-    assert sum(p.stat().st_size for loc in settings.locations  # ...not even its bytes
+    assert sum(data_size(p) for loc in settings.locations  # ...not even its bytes
                for p in files_under(loc.path)) == len(body) - 8  # (no end marker stored)
     assert not [p for loc in settings.locations for p in (loc.path / ".tmp").iterdir()]

@@ -38,7 +38,8 @@ from shuffled.slab import build
 from shuffled.slab.keys import KEY_COLUMN
 from shuffled.tokens import Scope, mint
 from tests.conftest import (
-    DAY, PREFIX, arrow_bytes, catalog_rows, committed_bytes, files_under, pack_files, sample_table,
+    DAY, PREFIX, arrow_bytes, catalog_rows, committed_bytes, data_size, files_under,
+    pack_files, sample_table,
 )
 from tests.helpers.slabs import HOUR, make_slab, rows_table
 
@@ -439,7 +440,7 @@ class StoreMachine(RuleBasedStateMachine):
             # since the task's last delete (no bytes of refused or cut uploads); a deleted
             # task has no directory left.
             for sup in SUP_NAMES:
-                packed = sum(p.stat().st_size for loc in self.locations
+                packed = sum(data_size(p) for loc in self.locations
                              for p in pack_files(loc, sup))
                 live = sum(committed_bytes(loc, sup) for loc in self.locations)
                 assert live <= packed <= self.written.get(sup, 0)

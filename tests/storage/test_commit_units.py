@@ -55,7 +55,7 @@ class FakeCatalog:
     entered: threading.Event = field(default_factory=threading.Event)
     fail: OSError | None = None
 
-    def commit(self, rows: list[tuple[Any, ...]]) -> list[int | None]:
+    def commit(self, rows: list[tuple[Any, ...]], *, recorded: bool = False) -> list[int | None]:
         self.entered.set()
         if self.gate is not None:
             assert self.gate.wait(10)

@@ -19,7 +19,8 @@ from shuffled.protocol import format_crc32c
 from shuffled.storage import Store
 from shuffled.storage.ondisk import arrowfile
 from tests.conftest import (
-    DAY, PREFIX, arrow_bytes, catalog_rows, files_under, pack_files, sample_table,
+    DAY, PREFIX, arrow_bytes, catalog_rows, data_size, files_under, pack_files, pack_records,
+    sample_table,
 )
 
 
@@ -65,7 +66,7 @@ async def test_fifty_concurrent_uploads_then_every_file_verifies(daemon: TestCli
     # stream but its schema message and end-of-stream marker, and the (one) schema message
     # once per pack.
     head = arrowfile.inspect_bytes(bodies[("s20", 2)][0]).schema_len
-    assert sum(p.stat().st_size for p in on_disk) == sum(
+    assert sum(data_size(p) for p in on_disk) == sum(
         len(b) - head - 8 for bs in bodies.values() for b in bs) + head * len(on_disk)
 
 
@@ -105,7 +106,8 @@ async def test_restart_cleans_crash_leftovers(start_daemon, settings) -> None:
     # What a crash can leave: a half-written upload past a pack's committed end, a pack
     # created for an upload that never committed, a stray temp file.
     (pack,) = pack_files(loc0, "sup")
-    committed = pack.stat().st_size
+    committed = pack.stat().st_size  # its last body, and the commit record naming it
+    assert pack_records(pack)[-1].end == committed
     with open(pack, "ab") as fh:
         fh.write(body[: len(body) // 2])
     orphan = pack.with_name("999.pack")

@@ -32,8 +32,8 @@ from shuffled.crc import crc32c
 from shuffled.errors import ShuffleError
 from shuffled.protocol import Interval, PartialKey, PartitionKey, format_crc32c
 from tests.conftest import (
-    DAY, PREFIX, arrow_bytes, catalog_rows, committed_bytes, files_under, pack_files,
-    packed_size, sample_table,
+    DAY, PREFIX, arrow_bytes, catalog_rows, committed_bytes, data_size, files_under,
+    pack_files, packed_size, sample_table,
 )
 from tests.helpers.procs import DaemonProcess, http_get, metric_value, wait_for
 
@@ -58,6 +58,13 @@ def namespaces(tmp_path_factory: pytest.TempPathFactory) -> None:
     if not _mount_namespaces_work(tmp_path_factory.mktemp("ns")):
         pytest.skip("needs mount namespaces (root or CAP_SYS_ADMIN) for a real read-only or "
                     "full file system")
+
+
+# Each pack's length but its commit records, printed a line each (run in the namespace).
+_DATA_SIZES = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r}); "
+               "from pathlib import Path; "
+               "from tests.conftest import data_size; "
+               "print(*(data_size(p) for p in Path(sys.argv[1]).glob('*/*.pack')), sep='\\n')")
 
 
 def in_ns(pid: int, *cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -171,7 +178,7 @@ def test_read_only_location_is_taken_out_then_returns(start_ns_daemon: Any,
         assert all(p.suffix == ".pack" for p in files_under(loc))
     # The packs hold exactly the partials stored (each key once), nothing of a failed write.
     stored = {**before, **during, **after}
-    assert sum(p.stat().st_size for loc in (a, b) for p in pack_files(loc, "sup")) == sum(
+    assert sum(data_size(p) for loc in (a, b) for p in pack_files(loc, "sup")) == sum(
         committed_bytes(loc, "sup") for loc in (a, b))
     assert sorted(r[0] for loc in (a, b) for r in catalog_rows(loc, "sup")) == sorted(stored)
 
@@ -230,12 +237,12 @@ def test_full_location_is_taken_out_then_returns(start_ns_daemon: Any, tmp_path:
         assert in_ns(daemon.pid, "find", f"{a}/.tmp", "-type", "f").stdout == ""
         # Nothing of the upload the full disk refused is left in a's packs: they hold the
         # partials stored on a, byte for byte their sizes.
-        packed = in_ns(daemon.pid, "find", str(a), "-name", "*.pack", "-printf", "%s\n").stdout
+        packed = in_ns(daemon.pid, sys.executable, "-c", _DATA_SIZES, str(a)).stdout
         stored = {**before, **during, **after}
         assert sum(int(n) for n in packed.split()) == packed_size(
             [body for body, where in stored.values() if where == str(a)], len(packed.split()))
     assert daemon.stop() == 0
-    assert sum(p.stat().st_size for p in pack_files(b, "sup")) == sum(
+    assert sum(data_size(p) for p in pack_files(b, "sup")) == sum(
         committed_bytes(loc, "sup") for loc in (b,))
 
 

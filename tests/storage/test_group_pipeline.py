@@ -35,7 +35,7 @@ class FakeCatalog:
     def __init__(self, events: Events, lock: threading.Lock) -> None:
         self.events, self.lock = events, lock
 
-    def commit(self, rows: list[Any]) -> list[int | None]:
+    def commit(self, rows: list[Any], *, recorded: bool = False) -> list[int | None]:
         with self.lock:
             self.events.append(("begin", ",".join(r.key for r in rows)))
         time.sleep(0.05)  # long enough for the next group's sync to run meanwhile

@@ -43,7 +43,8 @@ def test_a_format_3_location_is_refused_then_migrated_in_place(tmp_path: Path) -
 
     done = _run("migrate", "--location", str(loc))
     assert done.returncode == 0 and "format 3 -> 4" in done.stdout, done
-    assert layout.read_format(loc) == 4
+    assert "format 4 -> 5" in done.stdout, done
+    assert layout.read_format(loc) == 5
     assert {p.name: p.read_bytes() for p in pack_files(loc)} == packs_before  # nothing moved
 
     with DaemonProcess([loc], log_path=tmp_path / "d.log") as daemon, \
@@ -52,7 +53,7 @@ def test_a_format_3_location_is_refused_then_migrated_in_place(tmp_path: Path) -
             body = client.get_partial(k)
             assert (len(body), zlib.crc32(body)) == (facts["bytes"], facts["crc32"]), k
         assert client.task_state("task1")["state"] == "sealed"  # the seal is kept
-        # A format-4 location: it takes slabs beside the partials it kept.
+        # A format-5 location: it takes slabs beside the partials it kept.
         rows = rows_table(300)
         client.put_slab("task3", make_slab(rows))
         client.seal("task3", ["sub0"])

@@ -21,6 +21,7 @@ import base64
 import json
 import os
 import random
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -48,7 +49,8 @@ from shuffled.storage.lifecycle import migrate
 from shuffled.storage.ondisk import arrowfile, layout
 from shuffled.storage.lifecycle.migrate import migrate_location
 from tests.conftest import (
-    DAY, PREFIX, arrow_bytes, catalog_rows, files_under, pack_files, packed_size, sample_table,
+    DAY, PREFIX, arrow_bytes, catalog_rows, data_size, files_under, pack_files, pack_records,
+    packed_size, sample_table,
     stored_stream,
 )
 from tests.helpers.procs import DaemonProcess, http_get
@@ -97,9 +99,14 @@ def pack_ends(loc: Path, sup: str) -> dict[int, int]:
 
 
 def assert_packs_end_at_their_last_partial(loc: Path, sup: str) -> None:
-    """Every pack of ``sup`` holds committed partials and no byte past the last one."""
+    """Every pack of ``sup`` holds committed partials and no byte past the last one, but
+    the commit record naming it (storage format 5; a restart cuts that off too)."""
     ends = pack_ends(loc, sup)
     on_disk = {int(p.stem): p.stat().st_size for p in pack_files(loc, sup)}
+    for p in pack_files(loc, sup):
+        records = pack_records(p)
+        if records and records[-1].end > ends.get(int(p.stem), 0):
+            ends[int(p.stem)] = records[-1].end
     assert on_disk == ends, (loc, on_disk, ends)
 
 
@@ -127,9 +134,12 @@ def test_a_torn_pack_tail_is_cut_at_restart(tmp_path: Path, tail: str) -> None:
         for sub, body in bodies.items():
             client.put_partial(key(sub), body)
     (pack,) = pack_files(loc, "sup")  # one upload at a time: one pack, reused
-    committed = pack.stat().st_size
     rows = catalog_rows(loc, "sup")
-    assert committed == packed_size(bodies.values()) == max(r[9] for r in rows)
+    committed = pack.stat().st_size
+    assert data_size(pack) == packed_size(bodies.values())
+    # After each body, the commit record naming it (storage format 5).
+    assert [r.at for r in pack_records(pack)] == sorted(r[9] for r in rows)
+    assert pack_records(pack)[-1].end == committed
     # What a crash mid-append leaves past the committed end.
     other = arrow_bytes(sample_table(700, seed=99))
     extra = {"garbage": os.urandom(5000), "half_a_partial": other[: len(other) // 2],
@@ -178,7 +188,9 @@ def test_a_last_partial_failing_its_crc_is_dropped_at_restart(tmp_path: Path) ->
                                   + urllib.parse.urlencode(key("x").query()))
         assert status == 200 and table_of(agg).equals(pa.concat_tables(
             [table_of(bodies[s]) for s in sorted(bodies) if s != victim]))
-        assert pack.stat().st_size == last[6]  # cut back to before the damaged partial
+        # Cut back to the end of the partial before the damaged one (its record goes too:
+        # the catalog holds its row).
+        assert pack.stat().st_size == max(r[9] for r in rows if r[0] != victim)
         assert [r for r in catalog_rows(loc, "sup") if r[0] == victim] == []
         with ShuffleClient(daemon.url) as client:  # sent again, it is new again
             assert client.put_partial(key(victim), bodies[victim])["replaced"] is False
@@ -188,15 +200,35 @@ def test_a_last_partial_failing_its_crc_is_dropped_at_restart(tmp_path: Path) ->
 # --- b) SIGKILL while group commits are under way ------------------------------------------
 
 
-def test_sigkill_during_group_commits_keeps_every_acknowledged_partial(tmp_path: Path) -> None:
+def _catalog_files(loc: Path) -> list[Path]:
+    path = layout.catalog_path(loc)
+    return [path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")]
+
+
+@pytest.mark.parametrize("catalog", ["kept", "lost"])
+def test_sigkill_during_group_commits_keeps_every_acknowledged_partial(
+        tmp_path: Path, catalog: str) -> None:
     # The seed picks the bodies, keys and the moment of the kill; it is printed (pytest
     # shows it with a failure) and SHUFFLED_TEST_SEED=N replays the same choices (thread
     # timing still varies). An orphan pack here once came from restart forgetting a key's
     # older copy after settling packs: test_a_key_left_in_two_locations... pins that.
+    #
+    # "lost": what a power loss can do since the catalog's transactions stopped waiting
+    # for their WAL fsync (storage format 5): the catalogs go back to what they were
+    # before any upload, while the packs keep what their fdatasync made durable. Every
+    # acknowledged partial must then come back from its pack's commit records.
     seed = int(os.environ.get("SHUFFLED_TEST_SEED") or int.from_bytes(os.urandom(4), "big"))
     print(f"seed {seed} (replay: SHUFFLED_TEST_SEED={seed})")
     rnd = random.Random(seed)
     locs = [tmp_path / "a", tmp_path / "b"]
+    if catalog == "lost":
+        with DaemonProcess(locs, log_path=tmp_path / "d0.log"):
+            pass  # the locations and their empty catalogs
+        for i, loc in enumerate(locs):
+            (tmp_path / f"old{i}").mkdir()
+            for f in _catalog_files(loc):
+                if f.exists():
+                    shutil.copy(f, tmp_path / f"old{i}" / f.name)
     # Distinct bodies: most small (gathered, written in one go), some over 1 MiB (streamed).
     pool = [arrow_bytes(sample_table(rnd.randint(1, 800), seed=i)) for i in range(40)]
     pool += [arrow_bytes(sample_table(60_000 + i, seed=100 + i)) for i in range(3)]
@@ -244,6 +276,12 @@ def test_sigkill_during_group_commits_keeps_every_acknowledged_partial(tmp_path:
     finally:
         daemon.kill()
     assert len(failures) == writers, seed  # each writer had an upload cut or refused by the kill
+    if catalog == "lost":
+        for i, loc in enumerate(locs):
+            for f in _catalog_files(loc):
+                f.unlink(missing_ok=True)
+            for f in (tmp_path / f"old{i}").iterdir():
+                shutil.copy(f, layout.meta_dir(loc) / f.name)
 
     with DaemonProcess(locs, log_path=tmp_path / "d2.log") as restarted:
         base = restarted.url
@@ -268,6 +306,8 @@ def test_sigkill_during_group_commits_keeps_every_acknowledged_partial(tmp_path:
             assert status == 200 and table_of(agg).equals(pa.concat_tables(
                 [table_of(served[key(s, pid=pid)]) for s in subs],
                 promote_options="permissive")), seed
+        if catalog == "lost":
+            assert "from the pack's commit records" in (tmp_path / "d2.log").read_text(), seed
     for loc in locs:  # no bytes past any pack's last committed partial, no orphan pack
         try:
             assert_packs_end_at_their_last_partial(loc, "sup")

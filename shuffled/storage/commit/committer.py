@@ -22,6 +22,8 @@ from shuffled.storage.commit.horizon import Horizon
 from shuffled.storage.tasks.inflight import Uploads
 from shuffled.storage.location import Location
 from shuffled.storage.placement.packsource import PackSource
+from shuffled.storage.ondisk import commits
+from shuffled.storage.ondisk.packs import Pack
 from shuffled.storage.ondisk.records import PartialMeta, TaskEntry
 from shuffled.storage.threads import IoThreads
 
@@ -56,6 +58,7 @@ class Committer:
                  for (key, w), generation in zip(written, self.horizon.take(len(written)),
                                                    strict=True)]
         sup = metas[0].key.supervisor_task_id
+        self._record(loc, written[0][1].pack, metas)
         self.horizon.hold([m.generation for m in metas])
         self.uploads.committing(sup)
         # An older copy can only be elsewhere if this task already has the partition.
@@ -66,6 +69,19 @@ class Committer:
         outcome: Landing = asyncio.get_running_loop().create_future()
         landed.add_done_callback(lambda f: self._landed(sup, metas, f, outcome))
         return metas, outcome
+
+    @staticmethod
+    def _record(loc: Location, pack: Pack, metas: list[PartialMeta]) -> None:
+        """Append the commit record naming ``metas`` to their pack (on the loop: a few KB
+        into the page cache costs less than a thread hop). The group commit's fdatasync
+        makes it durable with their bytes; the pack is idle (see SessionPacks.busy), so
+        nothing is being appended to it meanwhile. Its bytes count as the last partial's.
+        Raises the OSError that stopped it (nothing was submitted then)."""
+        assert not pack.busy, "a commit record would interleave with an append"
+        record = commits.encode(loc.commit_key, pack.sup, pack.number, pack.size,
+                                [m.row() for m in metas])
+        pack.write([memoryview(record)])
+        metas[-1].stored += len(record)
 
     def _landed(self, sup: str, metas: list[PartialMeta], future: asyncio.Future[list[Landed]],
                 outcome: Landing) -> None:

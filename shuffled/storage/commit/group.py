@@ -1,20 +1,22 @@
-"""Group commit: partials that become durable together share one fdatasync per pack and
-one catalog transaction (one WAL fsync).
+"""Group commit: partials that become durable together share one fdatasync per pack, and
+nothing else (storage format 5).
 
-An upload is acknowledged only once its bytes and its catalog row are on disk. While one
+An upload is acknowledged only once its bytes and the commit record naming them are on
+disk: the record (:mod:`shuffled.storage.ondisk.commits`) is appended to the pack when the
+partials are submitted, and the pack's fdatasync makes both durable. The pack is the truth;
+the group's catalog transaction that follows does not wait for the WAL's fsync, and a
+catalog a power loss left behind is brought up to date from the records at start. While one
 group is being synced, newly finished uploads queue; when it is done they all go as the
-next group. So a lone upload pays two syncs, and N concurrent or batched ones pay two
-between them (the classic database group commit; Celeborn's "commit on mapper end" is the
-same idea at a coarser grain). A submission is a list of partials (a batch's flush), with
-one future for the lot: per-partial futures cost more event-loop time than the commit.
+next group, so N concurrent or batched uploads share the syncs of their packs (the classic
+database group commit; Celeborn's "commit on mapper end" is the same idea at a coarser
+grain). A submission is a list of partials (a batch's flush), with one future for the lot:
+per-partial futures cost more event-loop time than the commit.
 
 With fsync on, the commit is a two-stage pipeline: a group's packs are synced, side by
 side (concurrent single PUTs each write their own pack), while the group before it is in
-its catalog transaction. So the pack syncs of one group and the WAL fsync of the previous
-one are in flight together, and the file system covers them with one journal commit: about
-one sync's wait per group, not two. The order that crash safety rests on is unchanged: a
-group's rows are committed only after its own packs are synced (startup checks only each
-pack's last partial), and groups commit in the order they were formed.
+its catalog transaction. A group's rows are committed only after its own packs are synced,
+and groups commit in the order they were formed, so the catalog never names a partial its
+pack does not hold.
 """
 
 from __future__ import annotations
@@ -181,7 +183,9 @@ class GroupCommit:
     def _commit(self, group: Sequence[_Item]) -> list[list[Landed]]:
         """Writer thread: one transaction for every row of ``group`` (its packs synced)."""
         rows = [meta.row() for item in group for meta in item.metas]
-        olds = self.catalog.commit(rows)
+        # Their packs' commit records were synced in stage 1: the pack is the truth, the
+        # catalog need not wait for its own fsync (the second sync of a group, before).
+        olds = self.catalog.commit(rows, recorded=True)
         wanted = [row for row, old, look in zip(
             rows, olds, (f for item in group for f in item.look_elsewhere), strict=True)
             if old is None and look]

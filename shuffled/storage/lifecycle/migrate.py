@@ -1,4 +1,10 @@
-"""``shuffled migrate``: convert a location to the current storage format (4) in place.
+"""``shuffled migrate``: convert a location to the current storage format (5) in place.
+
+Format 4 (shuffled before commit records) needs no byte moved: the location gains its
+commit key (:mod:`shuffled.storage.ondisk.commits`), then the format mark is written. Its
+packs hold no records and need none: every row of its catalog was synced at its commit.
+A format-4 daemon refuses a format-5 location by its mark, so a catalog that lags its packs
+is never opened by a release that would not bring it up to date.
 
 Format 3 (shuffled before slabs) needs no byte moved: the catalog gains its ``slabs`` table,
 then the format mark is written (the commit point). A format-3 daemon refuses a format-4
@@ -35,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from shuffled.protocol import Interval
-from shuffled.storage.ondisk import layout, packs
+from shuffled.storage.ondisk import commits, layout, packs
 from shuffled.storage.ondisk.records import CatalogRow
 from shuffled.storage.catalog import Catalog
 from shuffled.storage.location import Location
@@ -100,15 +106,19 @@ def migrate_location(root: Path, fsync: bool = True,
     location.open()  # the exclusive lock: refuses while a daemon uses the location
     try:
         found = layout.read_format(root)
-        if found in (2, 3):
+        if found in (2, 3, 4):
             if found == 2:
                 done.partials = _catalog_2_to_3(root, fsync)
                 progress(f"{root}: storage format 2 -> 3: {done.partials} partial segments "
                          f"(catalog rewritten, no data moved)")
-            _catalog_3_to_4(root, fsync)
+            if found in (2, 3):
+                _catalog_3_to_4(root, fsync)
+                progress(f"{root}: storage format 3 -> 4: the catalog gained its slabs table "
+                         f"(no data moved)")
+            commits.write_key(root, fsync)
             layout.write_format(root, fsync)  # the commit point
-            progress(f"{root}: storage format 3 -> {layout.FORMAT_VERSION}: the catalog gained "
-                     f"its slabs table (no data moved)")
+            progress(f"{root}: storage format 4 -> {layout.FORMAT_VERSION}: the location's "
+                     f"commit key made (no data moved)")
             return done
         if layout.read_format(root) == layout.FORMAT_VERSION:
             # Past the commit point; a run interrupted there may have left old files.
@@ -153,6 +163,7 @@ def migrate_location(root: Path, fsync: bool = True,
             catalog.insert_many(rows)
         finally:
             catalog.close()
+        commits.write_key(root, fsync)
         layout.write_format(root, fsync)  # the commit point
         _remove_legacy(root)
         progress(f"{root}: migrated {done.partials} partial segments ({done.bytes} bytes)")
@@ -196,13 +207,16 @@ def _catalog_2_to_3(root: Path, fsync: bool) -> int:
 
 
 def _remove_legacy(root: Path) -> int:
-    """Remove what format 1 kept in task directories (anything but packs); the count."""
+    """Remove what format 1 kept in task directories; the count. Format 1 kept everything
+    in subdirectories (``<start>_<end>/<partitionId>/<subTaskId>/``): those go, and no file
+    beside them. (Files went too once, and with them every slab of a location migrated
+    again: a second ``shuffled migrate`` on a format-4 location deleted its slabs.)"""
     removed = 0
     for top in layout.user_entries(root):
         directory = root / top
         for item in list(directory.iterdir()) if directory.is_dir() else []:
-            if layout.pack_number(item.name) is None:
-                shutil.rmtree(item) if item.is_dir() else item.unlink()
+            if item.is_dir() and not item.is_symlink():
+                shutil.rmtree(item)
                 removed += 1
     return removed
 

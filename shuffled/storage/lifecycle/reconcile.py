@@ -1,10 +1,16 @@
 """At start: check a location's format, then make its packs and its catalog agree.
 
-The catalog is the authority on what was committed (a row is written only after its bytes
-are synced). What a crash can leave: bytes past a pack's last committed partial (an upload
-that never committed: cut off), a pack nothing refers to (removed), rows whose bytes are
-gone or damaged (fsync off and a power loss: dropped, never served). The last partial of
-each pack is checked against its CRC32C, so a torn tail is found by checksum, not trusted.
+The packs are the authority on what was committed: a group commit syncs a pack's partials
+and the commit record naming them, then writes their catalog rows without waiting for the
+WAL's fsync (:mod:`shuffled.storage.ondisk.commits`). So the catalog may lag its packs after
+a power loss: the records past the last body the catalog knows in each pack are read back
+and their rows restored first, each record's bodies checked against their CRC32C (a record
+whose bodies fail was never acknowledged: it and what follows it are ignored), after the
+catalog's own WAL is checkpointed, so that every row is durable again before any byte is
+cut off. What a crash can leave besides: bytes past a pack's last committed partial and
+good record (an upload that never committed: cut off), a pack nothing refers to (removed), rows whose bytes are gone or damaged (fsync off and a
+power loss: dropped, never served). The last partial of each pack is checked against its
+CRC32C, so a torn tail is found by checksum, not trusted.
 """
 
 from __future__ import annotations
@@ -15,8 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shuffled.errors import ConfigError
-from shuffled.storage.ondisk import layout
-from shuffled.storage.catalog import Catalog
+from shuffled.storage.ondisk import commits, layout
+from shuffled.storage.catalog import Catalog, Row
+from shuffled.storage.ondisk.arrowfile import EOS
 from shuffled.storage.slabs import files as slabfiles
 from shuffled.storage.read.streams import crc_of
 
@@ -42,12 +49,20 @@ def check_format(root: Path, fsync: bool) -> None:
         raise LegacyLayout(f"location {root}: {exc}", setting="locations") from exc
     if version == layout.FORMAT_VERSION:
         return
+    if version == 4:
+        raise LegacyLayout(
+            f"location {root} holds storage format 4, written by shuffled before commit "
+            f"records; this version reads format {layout.FORMAT_VERSION} (the same packs "
+            f"and slabs, each group commit recorded in its pack). Stop the daemon and run "
+            f"`shuffled migrate --location {root}` to convert it in place (it makes the "
+            f"location's commit key: no data moved, nothing is lost)",
+            setting="locations", location=str(root))
     if version == 3:
         raise LegacyLayout(
             f"location {root} holds storage format 3, written by shuffled before slabs; this "
             f"version reads format {layout.FORMAT_VERSION} (the same packs, and slabs). Stop "
             f"the daemon and run `shuffled migrate --location {root}` to convert it in place "
-            f"(it adds a catalog table: seconds, no data moved, nothing is lost)",
+            f"(it adds a catalog table and a key: seconds, no data moved, nothing is lost)",
             setting="locations", location=str(root))
     if version is not None and version < layout.FORMAT_VERSION:
         raise LegacyLayout(
@@ -70,6 +85,7 @@ def check_format(root: Path, fsync: bool) -> None:
             f"Stop the daemon and run `shuffled migrate --location {root}` to convert it in "
             f"place (nothing is lost), or empty the location if the data is no longer "
             f"needed", setting="locations", location=str(root))
+    commits.write_key(root, fsync)
     layout.write_format(root, fsync)
 
 
@@ -80,6 +96,7 @@ class Recovered:
     pack_bytes: dict[str, int] = field(default_factory=dict)  # sup -> bytes of its packs
     max_pack: int = 0
     dropped: int = 0  # committed rows whose bytes were missing or damaged
+    restored: int = 0  # rows the catalog had lost, read back from commit records
     cut_bytes: int = 0  # uncommitted tails cut off packs
     orphans: int = 0  # packs holding nothing committed, removed
 
@@ -91,11 +108,51 @@ def _tail_ok(fd: int, offset: int, size: int, crc: int) -> bool:
     return done == size and got == crc
 
 
-def _settle(catalog: Catalog, sup: str, number: int, path: Path, found: Recovered) -> int:
+def _restore(catalog: Catalog, key: bytes, sup: str, number: int, fd: int, size: int,
+             found: Recovered, path: Path) -> int:
+    """Bring the catalog up to date with the pack's commit records past the last body it
+    knows (a synced transaction); where the last good record ends (0: none)."""
+    tail = catalog.pack_tail(sup, number)
+    start = tail[0] + tail[1] if tail is not None else 0
+    if not key or size <= start:
+        return 0
+    rows: list[Row] = []
+    end = 0
+    for record in commits.scan(fd, start, size, key, sup, number):
+        # Synced with its bodies before anything was acknowledged: bodies that fail their
+        # CRC mean that sync never finished, and no later record was written after it.
+        if not all(_body_ok(fd, row, size) for row in record.rows):
+            log.warning("%s: a commit record at %d names bytes that fail their CRC32C (a "
+                        "group commit torn by a crash); it and what follows are ignored",
+                        path, record.at)
+            break
+        rows.extend(record.rows)
+        end = record.end
+    if rows:
+        restored = catalog.restore(rows)
+        if restored:
+            found.restored += restored
+            log.warning("%s: restored %d partial segment(s) the catalog had lost (a power "
+                        "loss after their commit?) from the pack's commit records",
+                        path, restored)
+    return end
+
+
+def _body_ok(fd: int, row: Row, size: int) -> bool:
+    length = row.size - row.schema_len - len(EOS)
+    if row.offset + length > size or row.schema_at + row.schema_len > size:
+        return False
+    got, done = crc_of(fd, row.offset, length)
+    return done == length and got == row.body_crc
+
+
+def _settle(catalog: Catalog, sup: str, number: int, path: Path, found: Recovered,
+            key: bytes) -> int:
     """Make one pack agree with the catalog; returns its length afterwards (0: removed)."""
     fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
     try:
         size = os.fstat(fd).st_size
+        records_end = _restore(catalog, key, sup, number, fd, size, found, path)
         while True:
             tail = catalog.pack_tail(sup, number)
             if tail is None:
@@ -112,6 +169,9 @@ def _settle(catalog: Catalog, sup: str, number: int, path: Path, found: Recovere
             found.dropped += dropped
             log.warning("%s: dropped %d partial segment(s) whose bytes are missing or fail "
                         "their CRC32C (a crash with fsync off?)", path, dropped)
+        # Good records past the last body stay (a copy in deep storage has them: the pack
+        # keeps the length it had); what is past them was never committed.
+        end = max(end, records_end)
         if size > end:
             os.ftruncate(fd, end)
             found.cut_bytes += size - end
@@ -123,10 +183,15 @@ def _settle(catalog: Catalog, sup: str, number: int, path: Path, found: Recovere
 
 
 def reconcile(root: Path, catalog: Catalog,
-              kept: frozenset[tuple[str, int]] = frozenset()) -> Recovered:
-    """Cut torn tails, drop what has no bytes, remove what has no rows (writer thread).
-    ``kept`` are (sup, pack) evicted to deep storage: missing on purpose, rows kept."""
+              kept: frozenset[tuple[str, int]] = frozenset(), key: bytes = b"") -> Recovered:
+    """Restore rows from commit records, cut torn tails, drop what has no bytes, remove
+    what has no rows (writer thread). ``kept`` are (sup, pack) evicted to deep storage:
+    missing on purpose, rows kept. ``key``: the location's commit key (none: the catalog
+    is taken as it is)."""
     found = Recovered()
+    # Every row the catalog holds made durable first: a tail cut back past a record (a
+    # damaged last partial dropped) then loses nothing a row still needs.
+    catalog.make_durable()
     on_disk: set[tuple[str, int]] = set()
     for entry in os.scandir(root):
         if entry.name in layout.RESERVED or not entry.is_dir(follow_symlinks=False):
@@ -142,7 +207,7 @@ def reconcile(root: Path, catalog: Catalog,
                 continue
             on_disk.add((sup, number))
             found.max_pack = max(found.max_pack, number)
-            length = _settle(catalog, sup, number, Path(item.path), found)
+            length = _settle(catalog, sup, number, Path(item.path), found, key)
             if length:
                 found.pack_bytes[sup] = found.pack_bytes.get(sup, 0) + length
         try:

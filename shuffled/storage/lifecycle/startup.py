@@ -10,6 +10,7 @@ from typing import Any
 
 from shuffled.storage.disk import Disk
 from shuffled.storage.lifecycle import reconcile
+from shuffled.storage.ondisk import commits
 from shuffled.storage.tasks.book import TaskBook
 from shuffled.storage.commit.horizon import Horizon
 from shuffled.storage.location import Location
@@ -26,6 +27,7 @@ class Opened:
 
     recovered: int = 0
     dropped: int = 0
+    restored: int = 0  # rows the catalog had lost, read back from commit records
 
 
 async def open_locations(disks: Sequence[Disk],
@@ -38,6 +40,7 @@ async def open_locations(disks: Sequence[Disk],
             await threads.run(loc.open)
             opened.append(loc)
             await threads.run(reconcile.check_format, loc.path, fsync)
+            loc.commit_key = await threads.run(commits.load_key, loc.path, fsync)
             await threads.on_writer(loc.index, catalogs[loc.index].open)
     except BaseException:
         for loc in opened:
@@ -56,7 +59,7 @@ async def load(disks: Sequence[Disk], threads: IoThreads,
     out = Opened()
     kept = kept or {}
     found_at = [await threads.on_writer(loc.index, reconcile.reconcile, loc.path, catalog,
-                                        kept.get(loc.index, frozenset()))
+                                        kept.get(loc.index, frozenset()), loc.commit_key)
                 for loc, catalog in zip(locations, catalogs, strict=True)]
     dropped, touched = await _forget_shadowed(disks, threads)
     out.dropped += dropped
@@ -64,13 +67,17 @@ async def load(disks: Sequence[Disk], threads: IoThreads,
         # A forgotten copy may have been its pack's only or last partial: settle that
         # location's packs again, or the pack stays on disk with nothing referring to it.
         loc = locations[index]
+        # No commit records read this time: they would bring back the copies just
+        # forgotten (the catalog is current since the first pass).
         again = await threads.on_writer(index, reconcile.reconcile, loc.path, catalogs[index],
                                         kept.get(index, frozenset()))
         again.dropped += found_at[index].dropped
+        again.restored += found_at[index].restored
         again.max_pack = max(again.max_pack, found_at[index].max_pack)
         found_at[index] = again
     for loc, catalog, found in zip(locations, catalogs, found_at, strict=True):
         out.dropped += found.dropped
+        out.restored += found.restored
         packs.last_number = max(packs.last_number, found.max_pack)
         for sup, count, size, newest in await threads.on_writer(loc.index, catalog.task_figures):
             entry = book.ensure(sup)
@@ -89,8 +96,9 @@ async def load(disks: Sequence[Disk], threads: IoThreads,
             entry.slots = keys if not entry.slots else entry.slots | keys
     await seals.load()
     if out.recovered or out.dropped:
-        log.info("recovered %d partial segments of %d tasks (%d dropped)",
-                 out.recovered, len(book.entries), out.dropped)
+        log.info("recovered %d partial segments of %d tasks (%d dropped, %d restored from "
+                 "commit records)", out.recovered, len(book.entries), out.dropped,
+                 out.restored)
     return out
 
 

@@ -1,10 +1,12 @@
-"""Where things live in a location (storage format 4: packs, schemas kept once; slabs).
+"""Where things live in a location (storage format 5: packs with their commit records,
+schemas kept once; slabs).
 
 ```
 <location>/.lock                      exclusive lock of the daemon using it
 <location>/.tmp/                      scratch (health probes)
-<location>/.shuffled/format           the format mark: "shuffled-storage 3"
+<location>/.shuffled/format           the format mark: "shuffled-storage 5"
 <location>/.shuffled/catalog.sqlite   the index of every partial segment held here
+<location>/.shuffled/commit.key       the key commit records are signed with
 <location>/<supervisorTaskId>/<n>.pack  partial segments of that task, appended back to back
 <location>/<supervisorTaskId>/<sub>.<slab>.<attempt>.slab  one slab (docs/slab.md), whole
 ```
@@ -13,13 +15,16 @@ A pack holds schema messages and partial segments' bodies (their dictionary and 
 batch messages) back to back, at offsets the catalog records: each upload is an Arrow IPC
 stream, stored as its schema message (once per pack and schema), its body, and no
 end-of-stream marker, so that the bodies of a partition's partials written together are
-one contiguous range (one ``sendfile``). A replaced partial's old bytes stay in its pack
+one contiguous range (one ``sendfile``). After the partials each group commit made durable
+comes a commit record naming them (:mod:`shuffled.storage.ondisk.commits`): the pack is the
+truth, and a catalog that lags it is brought up to date at start. A replaced partial's old bytes stay in its pack
 (readers holding them keep a consistent view) until the task is deleted, which removes the
 task's directory.
 
 Older formats are refused at start with a message naming ``shuffled migrate``, which
-converts them in place (:mod:`shuffled.storage.lifecycle.migrate`): format 3 by adding the catalog's
-slabs table, format 2 (0.1.0: each partial a
+converts them in place (:mod:`shuffled.storage.lifecycle.migrate`): format 4 by making
+the commit key (its packs have no records, and need none: their catalog was synced at every
+commit), format 3 by adding the catalog's slabs table, format 2 (0.1.0: each partial a
 whole stream in its pack) by rewriting the catalog only, format 1 (one ``.arrow`` file +
 ``.json`` sidecar per partial under ``<sup>/<interval>/<partition>/<sub>/``) by copying.
 """
@@ -31,7 +36,7 @@ import os
 import uuid
 from pathlib import Path
 
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 FORMAT_TEXT = f"shuffled-storage {FORMAT_VERSION}\n"
 META_DIR = ".shuffled"
 FORMAT_NAME = "format"

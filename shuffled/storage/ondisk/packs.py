@@ -32,7 +32,7 @@ class Pack:
     """An open pack file and the length written so far (the next partial's offset)."""
 
     __slots__ = ("location", "sup", "number", "path", "fd", "size", "dead", "fresh", "schemas",
-                 "writeback")
+                 "writeback", "busy")
 
     def __init__(self, location: int, sup: str, number: int, path: Path, fd: int) -> None:
         self.location = location
@@ -47,6 +47,9 @@ class Pack:
         # the same schema refer to one copy (one writer at a time: no race).
         self.schemas: dict[tuple[int, int], int] = {}
         self.writeback = 0  # write-back of dirty pages started up to here
+        # An append is under way (set and read on the event loop): a commit record must
+        # not be written into the middle of it (storage.commit.committer).
+        self.busy = False
 
     def __repr__(self) -> str:
         return f"Pack({self.path}, {self.size} bytes)"

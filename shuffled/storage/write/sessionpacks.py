@@ -145,6 +145,8 @@ class SessionPacks:
             number = source.new_number() if pack is None else 0
             loc.reserved_bytes += size
             args_ = (loc, self.sup, pack, number, fsync, size, job, *args)
+            if pack is not None:
+                pack.busy = True  # no commit record while this appends (committer._record)
             try:
                 if pack is not None and size <= INLINE_MAX:
                     # An I/O-thread hop (thread wake-ups) costs more than checking and
@@ -170,6 +172,8 @@ class SessionPacks:
                 raise self.failed(loc, exc.cause, "writing partial segments") from exc.cause
             finally:
                 loc.reserved_bytes -= size
+                if pack is not None:
+                    pack.busy = False
             if self.cancelled:
                 placed.dead = True  # its task was deleted meanwhile: the file is gone
             self._keep(loc.index, placed)

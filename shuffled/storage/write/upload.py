@@ -178,6 +178,7 @@ class BulkSession:
         reserved = length or 0
         loc.reserved_bytes += reserved
         append = Append(pack, self.settings.fsync)
+        pack.busy = True  # until the stream is whole or cut off: no commit record meanwhile
         try:
             pending: list[bytes] = []
             pending_size = size = 0
@@ -214,6 +215,7 @@ class BulkSession:
             raise
         finally:
             loc.reserved_bytes -= reserved
+            pack.busy = False
         self._results.append(None)
         self._defer(loc, [(len(self._results) - 1, key, written)])
 
@@ -274,10 +276,16 @@ class BulkSession:
 
     def _submit_deferred(self) -> None:
         """Hand every queued partial to its location's group commit, one submission per
-        pack (a group syncs each pack once)."""
+        pack (a group syncs each pack once). Those of a pack being appended to wait for
+        the next call (their commit record goes after that append, not into it): one
+        comes when that append is done, or at the end of the request."""
         deferred, self._deferred, self._deferred_bytes = self._deferred, [], 0
         by_pack: dict[int, list[tuple[Location, int, PartialKey, Written]]] = {}
         for item in deferred:
+            if item[3].pack.busy:
+                self._deferred.append(item)
+                self._deferred_bytes += item[3].stored
+                continue
             by_pack.setdefault(id(item[3].pack), []).append(item)
         for items in by_pack.values():
             submitted = self._submit(items[0][0], [(key, w) for _, _, key, w in items])
@@ -294,7 +302,12 @@ class BulkSession:
                 else [w for w, r in zip(written, refused, strict=True) if r is None])
         if not kept:
             return [r for r in refused or () if r is not None]
-        metas, future = self.parts.committer.submit(loc, kept)
+        try:
+            metas, future = self.parts.committer.submit(loc, kept)
+        except OSError as exc:  # its commit record could not be written: none committed
+            written[0][1].pack.dead = True  # its tail is unknown: never append to it again
+            error = self._packs.failed(loc, exc, "writing a commit record")
+            return [error if r is None else r for r in refused or [None] * len(written)]
         pending, nbytes, count = self._pending, sum(m.size for m in metas), len(metas)
 
         def landed(_: object) -> None:  # the book holds them now (or they failed)
