@@ -250,6 +250,18 @@ class Catalog:
         return cur.rowcount
 
     @_disk_errors
+    def lacking(self, rows: Sequence[Row]) -> list[Row]:
+        """Those of ``rows`` whose key is not held at their generation or a newer one."""
+        conn = self.writer
+        out = []
+        for row in rows:
+            held = conn.execute(f"SELECT generation FROM partials WHERE {_KEY} AND sub = ?",
+                                row.key).fetchone()
+            if held is None or held[0] < row.generation:
+                out.append(row)
+        return out
+
+    @_disk_errors
     def restore(self, rows: Sequence[Row]) -> int:
         """Rows read back from commit records at start: each inserted unless this key is
         held at the same or a newer generation (one transaction, synced); the number

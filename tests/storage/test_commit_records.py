@@ -257,3 +257,39 @@ def test_a_format_4_location_is_refused_then_migrated_in_place(tmp_path: Path) -
         client.put_partial(key("new"), arrow_bytes(sample_table(12)))
     (new_pack,) = [p for p in pack_files(loc, "sup")]
     assert len(pack_records(new_pack)) == 1
+
+
+def test_a_start_reads_back_only_the_bodies_the_catalog_lacks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clean restart finds each pack's last record past the last body the catalog knows
+    (the record naming that body): its rows are held, so no body is read again."""
+    from shuffled.storage.catalog import Catalog
+    from shuffled.storage.lifecycle import reconcile
+
+    loc = tmp_path / "a"
+    with DaemonProcess([loc], "--fsync", "true", log_path=tmp_path / "d1.log"):
+        pass
+    _save_catalog(loc, tmp_path / "saved")
+    bulk = {f"b{i}": arrow_bytes(sample_table(5 + i, seed=i)) for i in range(20)}
+    with DaemonProcess([loc], "--fsync", "true", log_path=tmp_path / "d2.log") as daemon, \
+            ShuffleClient(daemon.url) as client:
+        client.put_partials("sup", [(key(s), b) for s, b in bulk.items()])
+    read: list[str] = []
+    checked = reconcile._body_ok
+
+    def counting(fd: int, row: CatalogRow, size: int) -> bool:
+        read.append(row.sub)
+        return checked(fd, row, size)
+    monkeypatch.setattr(reconcile, "_body_ok", counting)
+    commit_key = commits.key_path(loc).read_bytes()
+
+    def start() -> int:
+        catalog = Catalog(loc, fsync=True)
+        catalog.open()
+        try:
+            return reconcile.reconcile(loc, catalog, key=commit_key).restored
+        finally:
+            catalog.close()
+    assert start() == 0 and read == []  # the catalog is current
+    _put_back_catalog(loc, tmp_path / "saved")
+    assert start() == len(bulk) and sorted(read) == sorted(bulk)

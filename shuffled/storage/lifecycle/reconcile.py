@@ -119,14 +119,17 @@ def _restore(catalog: Catalog, key: bytes, sup: str, number: int, fd: int, size:
     rows: list[Row] = []
     end = 0
     for record in commits.scan(fd, start, size, key, sup, number):
+        # Only what the catalog lacks is read back and checked: rows it holds (or holds
+        # newer) cost no read of their bodies at every start.
+        lacking = catalog.lacking(record.rows)
         # Synced with its bodies before anything was acknowledged: bodies that fail their
         # CRC mean that sync never finished, and no later record was written after it.
-        if not all(_body_ok(fd, row, size) for row in record.rows):
+        if not all(_body_ok(fd, row, size) for row in lacking):
             log.warning("%s: a commit record at %d names bytes that fail their CRC32C (a "
                         "group commit torn by a crash); it and what follows are ignored",
                         path, record.at)
             break
-        rows.extend(record.rows)
+        rows.extend(lacking)
         end = record.end
     if rows:
         restored = catalog.restore(rows)
@@ -153,6 +156,7 @@ def _settle(catalog: Catalog, sup: str, number: int, path: Path, found: Recovere
     try:
         size = os.fstat(fd).st_size
         records_end = _restore(catalog, key, sup, number, fd, size, found, path)
+        damaged = False
         while True:
             tail = catalog.pack_tail(sup, number)
             if tail is None:
@@ -167,11 +171,15 @@ def _settle(catalog: Catalog, sup: str, number: int, path: Path, found: Recovere
                 break
             dropped = catalog.drop_past(sup, number, min(size, offset))
             found.dropped += dropped
+            damaged = True
             log.warning("%s: dropped %d partial segment(s) whose bytes are missing or fail "
                         "their CRC32C (a crash with fsync off?)", path, dropped)
         # Good records past the last body stay (a copy in deep storage has them: the pack
-        # keeps the length it had); what is past them was never committed.
-        end = max(end, records_end)
+        # keeps the length it had); what is past them was never committed. Past a damaged
+        # tail nothing stays: its records name bytes that were just dropped (the catalog
+        # is durable, so they are not needed for the rows it keeps).
+        if not damaged:
+            end = max(end, records_end)
         if size > end:
             os.ftruncate(fd, end)
             found.cut_bytes += size - end

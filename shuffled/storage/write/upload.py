@@ -216,6 +216,7 @@ class BulkSession:
         finally:
             loc.reserved_bytes -= reserved
             pack.busy = False
+            self._release_waiting()
         self._results.append(None)
         self._defer(loc, [(len(self._results) - 1, key, written)])
 
@@ -257,6 +258,7 @@ class BulkSession:
         except ShuffleError as exc:
             for slot in slots:
                 self._results[slot] = exc
+            self._release_waiting()
             return
         good = [(slot, key, outcome) for slot, (key, _), outcome
                 in zip(slots, items, outcomes, strict=True) if not isinstance(outcome, ShuffleError)]
@@ -265,6 +267,14 @@ class BulkSession:
                 self._results[slot] = outcome
         if good:
             self._defer(loc, good)
+        else:
+            self._release_waiting()
+
+    def _release_waiting(self) -> None:
+        """A write ended with nothing to commit: partials that waited for its pack go now
+        if the sender paused (see :meth:`_submit_deferred`)."""
+        if self._eager and self._deferred:
+            self._submit_deferred()
 
     def _defer(self, loc: Location, written: list[tuple[int, PartialKey, Written]]) -> None:
         """Queue written partials for the group commit (see :data:`DEFER_BYTES`)."""
