@@ -19,7 +19,7 @@ import functools
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from shuffled.storage.ondisk import layout
 from shuffled.storage.ondisk.records import CatalogRow, slot_key
@@ -51,8 +51,24 @@ _IN_LIMIT = 500  # subtask ids named in one IN (...); more are filtered in Pytho
 _FIND_BATCH = 1000  # keys per batched lookup (5 parameters each, under SQLite's limit)
 
 Row = CatalogRow
-#: A partial's identity and one generation of it: (sup, start, end, pid, sub, generation).
-KeyGeneration = tuple[str, int, int, int, str, int]
+class KeyGeneration(NamedTuple):
+    """A partial's identity and one generation of it (the columns of a catalog row that
+    name one copy: what a forget removes)."""
+
+    sup: str
+    start: int
+    end: int
+    pid: int
+    sub: str
+    generation: int
+
+
+class SharedKey(NamedTuple):
+    """A key two locations both hold: its copy here, and the generation of the copy
+    there."""
+
+    here: KeyGeneration
+    there: int
 
 
 def _named(cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> CatalogRow:
@@ -301,14 +317,14 @@ class Catalog:
         return tail
 
     @_disk_errors
-    def shared_keys(self, other: Path) -> list[tuple[KeyGeneration, int]]:
-        """Keys this catalog and ``other`` (another location's) both hold, as (key and
-        generation here, generation there). A crash between a replace landing in one
-        location and the older copy being forgotten in the other leaves both."""
+    def shared_keys(self, other: Path) -> list[SharedKey]:
+        """Keys this catalog and ``other`` (another location's) both hold. A crash between
+        a replace landing in one location and the older copy being forgotten in the other
+        leaves both."""
         conn = self.writer
         conn.execute("ATTACH DATABASE ? AS other", (str(other),))
         try:
-            return [((*r[:6],), r[6]) for r in conn.execute(
+            return [SharedKey(KeyGeneration(*r[:6]), r[6]) for r in conn.execute(
                 'SELECT p.sup, p.start, p."end", p.pid, p.sub, p.generation, o.generation '
                 'FROM main.partials p JOIN other.partials o USING (sup, start, "end", pid, sub)')]
         finally:
@@ -319,9 +335,8 @@ class Catalog:
         """:meth:`forget` each of ``rows`` in one transaction."""
         conn = self.writer
         with _transaction(conn):
-            conn.executemany(
-                f"DELETE FROM partials WHERE {_KEY} AND sub = ? AND generation = ?",
-                [(*r[:5], r[5]) for r in rows])
+            conn.executemany(  # a KeyGeneration's fields are the statement's parameters
+                f"DELETE FROM partials WHERE {_KEY} AND sub = ? AND generation = ?", rows)
 
     def packs(self) -> set[tuple[str, int]]:
         return set(self.writer.execute("SELECT DISTINCT sup, pack FROM partials").fetchall())

@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from shuffled.storage.catalog import KeyGeneration
 from shuffled.storage.disk import Disk
 from shuffled.storage.lifecycle import reconcile
 from shuffled.storage.ondisk import commits
@@ -109,15 +109,16 @@ async def _forget_shadowed(disks: Sequence[Disk],
     count every key once. One join per pair of locations, on the writer threads.
     Returns the rows forgotten and the indexes of the locations they were in."""
     locations, catalogs = [d.location for d in disks], [d.catalog for d in disks]
-    stale: dict[int, list[tuple[Any, ...]]] = {}
+    stale: dict[int, list[KeyGeneration]] = {}
     for i, catalog in enumerate(catalogs):
         for j in range(i + 1, len(catalogs)):
             other = catalogs[j].path
-            for row, there in await threads.on_writer(i, catalog.shared_keys, other):
-                if there > row[5]:
-                    stale.setdefault(i, []).append(row)
+            for shared in await threads.on_writer(i, catalog.shared_keys, other):
+                here = shared.here
+                if shared.there > here.generation:  # the copy here is the older one
+                    stale.setdefault(i, []).append(here)
                 else:
-                    stale.setdefault(j, []).append((*row[:5], there))
+                    stale.setdefault(j, []).append(here._replace(generation=shared.there))
     dropped = 0
     for index, rows in stale.items():
         await threads.on_writer(index, catalogs[index].forget_many, rows)
