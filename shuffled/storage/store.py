@@ -85,11 +85,11 @@ class Store:
         self.catalogs = [Catalog(loc.path, settings.fsync) for loc in self.locations]
         self.disks = [Disk(loc, catalog) for loc, catalog in zip(self.locations, self.catalogs,
                                                                   strict=True)]
-        self.threads = IoThreads(len(self.locations), io_threads)
+        self.threads = IoThreads(io_threads)
         self.commits = [
-            GroupCommit(i, c, w, fsync=settings.fsync,
-                        peers=[(j, p) for j, p in enumerate(self.catalogs) if j != i])
-            for i, (c, w) in enumerate(zip(self.catalogs, self.threads.writers, strict=True))]
+            GroupCommit(d.index, d.catalog, d.writer, fsync=settings.fsync,
+                        peers=[(j, p) for j, p in enumerate(self.catalogs) if j != d.index])
+            for d in self.disks]
         # Called on the loop with a supervisor task id whenever its data or state changes
         # (a commit landed, a seal, a delete): long-polling readers wait on this.
         self.listeners: list[Callable[[str], None]] = []
@@ -98,7 +98,7 @@ class Store:
         self.uploads = Uploads()
         self.packs = PackSource(self.locations, self.threads, settings.pack_max_bytes)
         self.committer = Committer(disks=self.disks,
-                                   commits=self.commits, threads=self.threads,
+                                   commits=self.commits,
                                    horizon=self.generations, book=self.book,
                                    uploads=self.uploads, packs=self.packs, notify=self._notify)
         # A failed mark outlives the readers still asking: as long as a task's data would.
@@ -178,10 +178,11 @@ class Store:
         for commit in self.commits:
             await commit.idle()
         await self.packs.close()
-        for loc, catalog in zip(self.locations, self.catalogs, strict=True):
-            await self.threads.on_writer(loc.index, self.commits[loc.index].close)
-            await self.threads.on_writer(loc.index, catalog.close)
-            loc.close()
+        for disk in self.disks:
+            await disk.on_writer(self.commits[disk.index].close)
+            await disk.on_writer(disk.catalog.close)
+            disk.location.close()
+            disk.shutdown()
         self.threads.shutdown()
 
     def _notify(self, sup: str) -> None:

@@ -25,7 +25,6 @@ from shuffled.storage.placement.packsource import PackSource
 from shuffled.storage.ondisk import commits
 from shuffled.storage.ondisk.packs import Pack
 from shuffled.storage.ondisk.records import PartialMeta, TaskEntry
-from shuffled.storage.threads import IoThreads
 
 #: A group's commit: once landed, per partial the generation it replaced (None: new).
 Landing = asyncio.Future[list[int | None]]
@@ -35,13 +34,12 @@ class Committer:
     """Submits written partials and books what landed (event loop only)."""
 
     def __init__(self, *, disks: Sequence[Disk],
-                 commits: Sequence[GroupCommit], threads: IoThreads, horizon: Horizon,
+                 commits: Sequence[GroupCommit], horizon: Horizon,
                  book: TaskBook, uploads: Uploads, packs: PackSource,
                  notify: Callable[[str], None]) -> None:
         self.disks = list(disks)
         self.locations = [d.location for d in self.disks]
         self.commits = list(commits)
-        self.threads = threads
         self.horizon = horizon
         self.book = book
         self.uploads = uploads
@@ -128,7 +126,8 @@ class Committer:
     def _forget(self, entry: TaskEntry, index: int, row: Row) -> int:
         """An older copy of a key just replaced in another location: forget it there
         (readers already prefer the newest generation); returns its size."""
-        self.packs.background(self.threads.on_writer(index, self.disks[index].catalog.forget, row))
+        disk = self.disks[index]
+        self.packs.background(disk.on_writer(disk.catalog.forget, row))
         entry.files_at[index] = entry.files_at.get(index, 1) - 1
         self.locations[index].files -= 1
         return int(row.size)

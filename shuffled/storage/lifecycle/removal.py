@@ -151,8 +151,8 @@ class Removal:
         """Forget ``sup``'s rows at ``loc``, then remove its packs and marks (rows first: a
         pack without rows is an orphan recovery removes; rows without a pack are dropped
         too)."""
-        catalog = self.disks[loc.index].catalog
-        await self.threads.on_writer(loc.index, catalog.delete_task, sup)
+        disk = self.disks[loc.index]
+        await disk.on_writer(disk.catalog.delete_task, sup)
         await self.threads.run(_remove_tree, loc.path / sup)
         for kind in (marks.SEALS, marks.FAILED):
             await self.threads.run(marks.remove, loc.path, kind, sup, self.fsync)

@@ -13,7 +13,6 @@ from shuffled.storage.lifecycle import reconcile
 from shuffled.storage.ondisk import commits
 from shuffled.storage.tasks.book import TaskBook
 from shuffled.storage.commit.horizon import Horizon
-from shuffled.storage.location import Location
 from shuffled.storage.placement.packsource import PackSource
 from shuffled.storage.tasks.seals import Seals
 from shuffled.storage.threads import IoThreads
@@ -33,19 +32,19 @@ class Opened:
 async def open_locations(disks: Sequence[Disk],
                          threads: IoThreads, fsync: bool) -> None:
     """Lock every location, check its format and open its catalog; on failure, undo."""
-    locations, catalogs = [d.location for d in disks], [d.catalog for d in disks]
-    opened: list[Location] = []
+    opened: list[Disk] = []
     try:
-        for loc in locations:
+        for disk in disks:
+            loc = disk.location
             await threads.run(loc.open)
-            opened.append(loc)
+            opened.append(disk)
             await threads.run(reconcile.check_format, loc.path, fsync)
             loc.commit_key = await threads.run(commits.load_key, loc.path, fsync)
-            await threads.on_writer(loc.index, catalogs[loc.index].open)
+            await disk.on_writer(disk.catalog.open)
     except BaseException:
-        for loc in opened:
-            loc.close()
-            await threads.on_writer(loc.index, catalogs[loc.index].close)
+        for disk in opened:
+            disk.location.close()
+            await disk.on_writer(disk.catalog.close)
         raise
 
 
@@ -55,31 +54,31 @@ async def load(disks: Sequence[Disk], threads: IoThreads,
     """Reconcile every location and load its figures into the book (after
     :func:`open_locations`). ``kept``: per location, the packs evicted to deep storage,
     whose rows stay although their files are gone."""
-    locations, catalogs = [d.location for d in disks], [d.catalog for d in disks]
     out = Opened()
     kept = kept or {}
-    found_at = [await threads.on_writer(loc.index, reconcile.reconcile, loc.path, catalog,
-                                        kept.get(loc.index, frozenset()), loc.commit_key)
-                for loc, catalog in zip(locations, catalogs, strict=True)]
-    dropped, touched = await _forget_shadowed(disks, threads)
+    found_at = [await d.on_writer(reconcile.reconcile, d.path, d.catalog,
+                                  kept.get(d.index, frozenset()), d.location.commit_key)
+                for d in disks]
+    dropped, touched = await _forget_shadowed(disks)
     out.dropped += dropped
     for index in touched:
         # A forgotten copy may have been its pack's only or last partial: settle that
         # location's packs again, or the pack stays on disk with nothing referring to it.
-        loc = locations[index]
+        disk = disks[index]
         # No commit records read this time: they would bring back the copies just
         # forgotten (the catalog is current since the first pass).
-        again = await threads.on_writer(index, reconcile.reconcile, loc.path, catalogs[index],
-                                        kept.get(index, frozenset()))
+        again = await disk.on_writer(reconcile.reconcile, disk.path, disk.catalog,
+                                     kept.get(index, frozenset()))
         again.dropped += found_at[index].dropped
         again.restored += found_at[index].restored
         again.max_pack = max(again.max_pack, found_at[index].max_pack)
         found_at[index] = again
-    for loc, catalog, found in zip(locations, catalogs, found_at, strict=True):
+    for disk, found in zip(disks, found_at, strict=True):
+        loc, catalog = disk.location, disk.catalog
         out.dropped += found.dropped
         out.restored += found.restored
         packs.last_number = max(packs.last_number, found.max_pack)
-        for sup, count, size, newest in await threads.on_writer(loc.index, catalog.task_figures):
+        for sup, count, size, newest in await disk.on_writer(catalog.task_figures):
             entry = book.ensure(sup)
             entry.files += count
             entry.bytes += size
@@ -91,7 +90,7 @@ async def load(disks: Sequence[Disk], threads: IoThreads,
             if sup in book:
                 book.entries[sup].pack_bytes[loc.index] = length
             loc.used_bytes += length
-        for sup, keys in (await threads.on_writer(loc.index, catalog.slot_keys)).items():
+        for sup, keys in (await disk.on_writer(catalog.slot_keys)).items():
             entry = book.entries[sup]
             entry.slots = keys if not entry.slots else entry.slots | keys
     await seals.load()
@@ -102,18 +101,16 @@ async def load(disks: Sequence[Disk], threads: IoThreads,
     return out
 
 
-async def _forget_shadowed(disks: Sequence[Disk],
-                           threads: IoThreads) -> tuple[int, list[int]]:
+async def _forget_shadowed(disks: Sequence[Disk]) -> tuple[int, list[int]]:
     """Forget older copies of keys another location holds newer (left by a crash
     between a cross-location replace and its background forget), so that figures
     count every key once. One join per pair of locations, on the writer threads.
     Returns the rows forgotten and the indexes of the locations they were in."""
-    locations, catalogs = [d.location for d in disks], [d.catalog for d in disks]
     stale: dict[int, list[KeyGeneration]] = {}
-    for i, catalog in enumerate(catalogs):
-        for j in range(i + 1, len(catalogs)):
-            other = catalogs[j].path
-            for shared in await threads.on_writer(i, catalog.shared_keys, other):
+    for i, disk in enumerate(disks):
+        for j in range(i + 1, len(disks)):
+            other = disks[j].catalog.path
+            for shared in await disk.on_writer(disk.catalog.shared_keys, other):
                 here = shared.here
                 if shared.there > here.generation:  # the copy here is the older one
                     stale.setdefault(i, []).append(here)
@@ -121,8 +118,8 @@ async def _forget_shadowed(disks: Sequence[Disk],
                     stale.setdefault(j, []).append(here._replace(generation=shared.there))
     dropped = 0
     for index, rows in stale.items():
-        await threads.on_writer(index, catalogs[index].forget_many, rows)
+        await disks[index].on_writer(disks[index].catalog.forget_many, rows)
         dropped += len(rows)
         log.warning("forgot %d older copies in %s of partials another location holds",
-                    len(rows), locations[index].path)
+                    len(rows), disks[index].path)
     return dropped, sorted(stale)

@@ -213,8 +213,8 @@ class Slabs:
             final = files.path_of(loc.path, sup, name)
             self.uploads.committing(sup)
             try:
-                await self.threads.on_writer(loc.index, self._commit, loc.index, opened, tmp,
-                                             final, row)
+                await self.disks[loc.index].on_writer(self._commit, loc.index, opened, tmp,
+                                                      final, row)
             finally:
                 self.uploads.committed(sup)
             fd = tmp = None
@@ -275,9 +275,9 @@ class Slabs:
             return held[1]
         held_rows: list[tuple[int, SlabRow, Path]] = []
         served = sealed - without
-        for loc, catalog in ((d.location, d.catalog) for d in self.disks):
-            for row in await self.threads.on_writer(loc.index, rows.of_task, catalog.writer,
-                                                    sup, served):
+        for disk in self.disks:
+            loc = disk.location
+            for row in await disk.on_writer(rows.of_task, disk.catalog.writer, sup, served):
                 held_rows.append((loc.index, row, files.path_of(loc.path, sup, files.SlabName(
                     row.sub, row.slab, row.attempt))))
         paths = ([p for _, _, p in held_rows] if self.localize is None
@@ -309,10 +309,10 @@ class Slabs:
         returns the slabs held. ``kept``: per location, the slabs (sup, sub, slab,
         attempt) evicted to deep storage: their rows stay, their bytes are not counted."""
         total = 0
-        for loc, catalog in ((d.location, d.catalog) for d in self.disks):
-            found = await self.threads.on_writer(loc.index, reconcile_slabs, loc.path, catalog,
-                                                 self.settings,
-                                                 (kept or {}).get(loc.index, frozenset()))
+        for disk in self.disks:
+            loc = disk.location
+            found = await disk.on_writer(reconcile_slabs, loc.path, disk.catalog, self.settings,
+                                         (kept or {}).get(loc.index, frozenset()))
             for sup, count, size in found:
                 self._count(sup, loc, size, count)
                 total += count
