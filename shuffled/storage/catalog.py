@@ -125,6 +125,25 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
         raise
 
 
+@contextlib.contextmanager
+def _no_wal_sync(conn: sqlite3.Connection) -> Iterator[None]:
+    """Commits in this block do not wait for the WAL's fsync (``synchronous=NORMAL``): for
+    rows whose truth is synced elsewhere (a slab file, a pack's commit record). The next
+    synced commit carries them to disk anyway."""
+    conn.execute("PRAGMA synchronous=NORMAL")
+    try:
+        yield
+    finally:
+        conn.execute("PRAGMA synchronous=FULL")
+
+
+def _newer_than_held(conn: sqlite3.Connection, row: Row) -> bool:
+    """Whether ``row``'s key is not held at its generation or a newer one."""
+    held = conn.execute(f"SELECT generation FROM partials WHERE {_KEY} AND sub = ?",
+                        row.key).fetchone()
+    return held is None or held[0] < row.generation
+
+
 def _connect(path: Path, fsync: bool) -> sqlite3.Connection:
     # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT).
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
@@ -183,12 +202,8 @@ class Catalog:
         does not wait for the WAL's fsync (``synchronous=NORMAL`` for it alone). The next
         synced transaction carries it to disk anyway."""
         if recorded and self.fsync:
-            conn = self.writer
-            conn.execute("PRAGMA synchronous=NORMAL")
-            try:
+            with _no_wal_sync(self.writer):
                 return self.commit(rows)
-            finally:
-                conn.execute("PRAGMA synchronous=FULL")
         conn = self.writer
         old: list[int | None] = [None] * len(rows)
         with _transaction(conn):
@@ -216,11 +231,8 @@ class Catalog:
         conn = self.writer
         if not self.fsync:
             return slabrows.insert(conn, row)
-        conn.execute("PRAGMA synchronous=NORMAL")
-        try:
+        with _no_wal_sync(conn):
             return slabrows.insert(conn, row)
-        finally:
-            conn.execute("PRAGMA synchronous=FULL")
 
     def connect_reader(self) -> sqlite3.Connection:
         """A read connection for the calling thread (another location's writer)."""
@@ -268,14 +280,7 @@ class Catalog:
     @_disk_errors
     def lacking(self, rows: Sequence[Row]) -> list[Row]:
         """Those of ``rows`` whose key is not held at their generation or a newer one."""
-        conn = self.writer
-        out = []
-        for row in rows:
-            held = conn.execute(f"SELECT generation FROM partials WHERE {_KEY} AND sub = ?",
-                                row.key).fetchone()
-            if held is None or held[0] < row.generation:
-                out.append(row)
-        return out
+        return [row for row in rows if _newer_than_held(self.writer, row)]
 
     @_disk_errors
     def restore(self, rows: Sequence[Row]) -> int:
@@ -286,9 +291,7 @@ class Catalog:
         restored = 0
         with _transaction(conn):
             for row in rows:
-                held = conn.execute(f"SELECT generation FROM partials WHERE {_KEY} AND sub = ?",
-                                    row.key).fetchone()
-                if held is None or held[0] < row.generation:
+                if _newer_than_held(conn, row):
                     conn.execute(_INSERT, row)
                     restored += 1
         return restored

@@ -56,30 +56,29 @@ class Committer:
                  for (key, w), generation in zip(written, self.horizon.take(len(written)),
                                                    strict=True)]
         sup = metas[0].key.supervisor_task_id
-        self._record(loc, written[0][1].pack, metas)
+        rows = [m.row() for m in metas]  # the record's and the catalog's, made once
+        metas[-1].stored += self._record(loc, written[0][1].pack, rows)
         self.horizon.hold([m.generation for m in metas])
         self.uploads.committing(sup)
         # An older copy can only be elsewhere if this task already has the partition.
         entry = self.book.get(sup)
         several = len(self.locations) > 1 and entry is not None
         look = [several and m.slot_key in entry.slots for m in metas]  # type: ignore[union-attr]
-        landed = self.commits[loc.index].submit(metas, written[0][1].pack, look)
+        landed = self.commits[loc.index].submit(rows, written[0][1].pack, look)
         outcome: Landing = asyncio.get_running_loop().create_future()
         landed.add_done_callback(lambda f: self._landed(sup, metas, f, outcome))
         return metas, outcome
 
     @staticmethod
-    def _record(loc: Location, pack: Pack, metas: list[PartialMeta]) -> None:
-        """Append the commit record naming ``metas`` to their pack (on the loop: a few KB
-        into the page cache costs less than a thread hop). The group commit's fdatasync
-        makes it durable with their bytes; the pack is idle (see SessionPacks.busy), so
-        nothing is being appended to it meanwhile. Its bytes count as the last partial's.
-        Raises the OSError that stopped it (nothing was submitted then)."""
+    def _record(loc: Location, pack: Pack, rows: list[Row]) -> int:
+        """Append the commit record naming ``rows`` to their pack (on the loop: a few KB
+        into the page cache costs less than a thread hop); its length, which counts as the
+        last partial's bytes. The group commit's fdatasync makes it durable with theirs;
+        the pack is idle (see SessionPacks.busy), so nothing is being appended to it
+        meanwhile. Raises the OSError that stopped it (nothing was submitted then)."""
         assert not pack.busy, "a commit record would interleave with an append"
-        record = commits.encode(loc.commit_key, pack.sup, pack.number, pack.size,
-                                [m.row() for m in metas])
-        pack.write([memoryview(record)])
-        metas[-1].stored += len(record)
+        record = commits.encode(loc.commit_key, pack.sup, pack.number, pack.size, rows)
+        return pack.write([memoryview(record)])
 
     def _landed(self, sup: str, metas: list[PartialMeta], future: asyncio.Future[list[Landed]],
                 outcome: Landing) -> None:

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 
 from shuffled.storage.catalog import Catalog, Row
 from shuffled.storage.ondisk.packs import Pack
-from shuffled.storage.ondisk.records import PartialMeta
 
 #: Threads syncing the packs of one group side by side (besides the writer thread itself).
 SYNC_THREADS = 3
@@ -46,7 +45,7 @@ class Landed:
 
 @dataclass(slots=True)
 class _Item:
-    metas: list[PartialMeta]
+    rows: list[Row]
     pack: Pack
     look_elsewhere: list[bool]
     future: asyncio.Future[list[Landed]]
@@ -72,13 +71,14 @@ class GroupCommit:
         self.groups = 0  # groups committed (metrics)
         self.partials = 0
 
-    def submit(self, metas: list[PartialMeta], pack: Pack,
+    def submit(self, rows: list[Row], pack: Pack,
                look_elsewhere: list[bool]) -> asyncio.Future[list[Landed]]:
-        """Queue ``metas`` (their bytes already in ``pack``); the future gives one
-        :class:`Landed` per meta once durable, or the OSError that stopped them."""
+        """Queue the catalog ``rows`` of partials whose bytes (and commit record) are in
+        ``pack``; the future gives one :class:`Landed` per row once durable, or the OSError
+        that stopped them."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[list[Landed]] = loop.create_future()
-        self._queue.append(_Item(metas, pack, look_elsewhere, future))
+        self._queue.append(_Item(rows, pack, look_elsewhere, future))
         if self._arrived is not None and not self._arrived.done():
             self._arrived.set_result(None)
         if self._draining is None:
@@ -165,7 +165,7 @@ class GroupCommit:
             else:
                 self.groups += 1
                 for item, result in zip(group, f.result(), strict=True):
-                    self.partials += len(item.metas)
+                    self.partials += len(item.rows)
                     item.pack.fresh = False
                     if not item.future.done():
                         item.future.set_result(result)
@@ -182,7 +182,7 @@ class GroupCommit:
 
     def _commit(self, group: Sequence[_Item]) -> list[list[Landed]]:
         """Writer thread: one transaction for every row of ``group`` (its packs synced)."""
-        rows = [meta.row() for item in group for meta in item.metas]
+        rows = [row for item in group for row in item.rows]
         # Their packs' commit records were synced in stage 1: the pack is the truth, the
         # catalog need not wait for its own fsync (the second sync of a group, before).
         olds = self.catalog.commit(rows, recorded=True)
@@ -193,8 +193,7 @@ class GroupCommit:
         out, at = [], 0
         for item in group:
             landed = []
-            for meta in item.metas:
-                row = rows[at]
+            for row in item.rows:
                 landed.append(Landed(olds[at], found.get(row.key)))
                 at += 1
             out.append(landed)

@@ -28,7 +28,6 @@ import hashlib
 import hmac
 import logging
 import mmap
-import os
 import secrets
 import struct
 from collections.abc import Sequence
@@ -60,19 +59,7 @@ def key_path(root: Path) -> Path:
 def write_key(root: Path, fsync: bool) -> bytes:
     """Make the location's commit key (atomically); returns it."""
     key = secrets.token_bytes(KEY_LEN)
-    layout.meta_dir(root).mkdir(exist_ok=True)
-    path = key_path(root)
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
-    try:
-        os.write(fd, key)
-        if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    if fsync:
-        layout.fsync_dir(layout.meta_dir(root))
+    layout.write_meta(root, KEY_NAME, key, fsync, mode=0o600)
     return key
 
 

@@ -98,18 +98,27 @@ def read_format(root: Path) -> int | None:
     return int(version)
 
 
-def write_format(root: Path, fsync: bool) -> None:
-    """Mark ``root`` as holding format :data:`FORMAT_VERSION` (atomically)."""
+def write_meta(root: Path, name: str, data: bytes, fsync: bool, mode: int = 0o644) -> None:
+    """Write ``<root>/.shuffled/<name>`` whole or not at all: a temporary file renamed over
+    it, synced with the directory when ``fsync``."""
     meta_dir(root).mkdir(exist_ok=True)
-    tmp = format_path(root).with_suffix(".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(FORMAT_TEXT)
+    path = meta_dir(root) / name
+    tmp = path.with_suffix(".tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+    with os.fdopen(os.open(tmp, flags, mode), "wb") as fh:
+        fh.write(data)
         if fsync:
             fh.flush()
             os.fsync(fh.fileno())
-    os.replace(tmp, format_path(root))
+    os.replace(tmp, path)
     if fsync:
         fsync_dir(meta_dir(root))
+
+
+def write_format(root: Path, fsync: bool) -> None:
+    """Mark ``root`` as holding format :data:`FORMAT_VERSION` (atomically)."""
+    write_meta(root, FORMAT_NAME, FORMAT_TEXT.encode(), fsync)
+    if fsync:
         fsync_dir(root)
 
 
