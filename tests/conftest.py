@@ -89,6 +89,20 @@ def data_size(pack: Path) -> int:
     return pack.stat().st_size - sum(r.end - r.at for r in pack_records(pack))
 
 
+def pack_ends(root: Path, sup: str = "sup") -> dict[int, int]:
+    """Per pack of ``sup`` the catalog names: the end of its last committed partial, or of
+    the commit record after it (storage format 5). A pack no row names is not listed."""
+    ends: dict[int, int] = {}
+    for row in catalog_rows(root, sup):
+        ends[row[5]] = max(ends.get(row[5], 0), row[9])
+    for pack in pack_files(root, sup):
+        records = pack_records(pack)
+        number = int(pack.stem)
+        if records and number in ends:
+            ends[number] = max(ends[number], records[-1].end)
+    return ends
+
+
 def committed_bytes(root: Path, sup: str) -> int:
     """Bytes the committed partials of ``sup`` take in a location's packs (catalog): each
     body, and each schema message they refer to once. A pack holding more has a refused

@@ -24,7 +24,7 @@ from shuffled.server.embedded import EmbeddedDaemon
 from shuffled.spark.phase2.fetch import fetch_batch
 from shuffled.spark.phase2.merge import Assignment, Phase2Config
 from tests.conftest import (
-    DAY, PREFIX, arrow_bytes, catalog_rows, files_under, pack_files, pack_records, sample_table,
+    DAY, PREFIX, arrow_bytes, catalog_rows, files_under, pack_ends, pack_files, sample_table,
     stored_stream,
 )
 from tests.helpers.cutting_proxy import CuttingProxy
@@ -56,20 +56,6 @@ def in_flight(url: str) -> dict[str, int]:
 def host_port(url: str) -> tuple[str, int]:
     host, port = url.split("://", 1)[1].rsplit(":", 1)
     return host, int(port)
-
-
-def pack_ends(loc: Path, sup: str = "sup") -> dict[int, int]:
-    """Per pack of ``sup`` at ``loc``: the end of its last committed partial (catalog), or
-    of the commit record after it (storage format 5)."""
-    ends: dict[int, int] = {}
-    for row in catalog_rows(loc, sup):
-        ends[row[5]] = max(ends.get(row[5], 0), row[9])
-    for pack in pack_files(loc, sup):
-        records = pack_records(pack)
-        number = int(pack.stem)
-        if records and number in ends:
-            ends[number] = max(ends[number], records[-1].end)
-    return ends
 
 
 # --- SIGKILL during uploads --------------------------------------------------------------

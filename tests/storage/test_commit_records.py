@@ -110,6 +110,16 @@ def _put_back_catalog(loc: Path, saved: Path) -> None:
         shutil.copy(f, layout.meta_dir(loc) / f.name)
 
 
+def _empty_location(tmp_path: Path) -> Path:
+    """A location made by a daemon that took nothing; its empty catalog saved in
+    ``tmp_path / "saved"`` (what a power loss may leave after the writes that follow)."""
+    loc = tmp_path / "a"
+    with DaemonProcess([loc], "--fsync", "true", log_path=tmp_path / "d1.log"):
+        pass
+    _save_catalog(loc, tmp_path / "saved")
+    return loc
+
+
 def _served(url: str, keys: list[PartialKey]) -> dict[str, bytes]:
     with ShuffleClient(url) as client:
         held = {s["subTaskId"] for p in client.task("sup")["partitions"] for s in p["subTasks"]}
@@ -172,10 +182,7 @@ def test_a_group_commit_torn_by_a_power_loss_is_not_restored(tmp_path: Path,
     """The last group's record and bodies are synced together, before its answer: a record
     cut short, or bodies that fail their CRC32C, mean that sync did not finish and nothing
     of the group was acknowledged. Every group before it is restored."""
-    loc = tmp_path / "a"
-    with DaemonProcess([loc], "--fsync", "true", log_path=tmp_path / "d1.log"):
-        pass
-    _save_catalog(loc, tmp_path / "saved")
+    loc = _empty_location(tmp_path)
     bodies = {f"s{i}": arrow_bytes(sample_table(30 + i, seed=i)) for i in range(4)}
     with DaemonProcess([loc], "--fsync", "true", log_path=tmp_path / "d2.log") as daemon, \
             ShuffleClient(daemon.url) as client:
@@ -266,10 +273,7 @@ def test_a_start_reads_back_only_the_bodies_the_catalog_lacks(
     from shuffled.storage.catalog import Catalog
     from shuffled.storage.lifecycle import reconcile
 
-    loc = tmp_path / "a"
-    with DaemonProcess([loc], "--fsync", "true", log_path=tmp_path / "d1.log"):
-        pass
-    _save_catalog(loc, tmp_path / "saved")
+    loc = _empty_location(tmp_path)
     bulk = {f"b{i}": arrow_bytes(sample_table(5 + i, seed=i)) for i in range(20)}
     with DaemonProcess([loc], "--fsync", "true", log_path=tmp_path / "d2.log") as daemon, \
             ShuffleClient(daemon.url) as client:

@@ -83,9 +83,9 @@ async def test_submissions_of_one_loop_turn_share_one_group(writer: ThreadPoolEx
     catalog = FakeCatalog()
     commit = GroupCommit(0, catalog, writer, fsync=True)
     shared, other = FakePack(), FakePack()
-    futures = [commit.submit([meta("a", 1)], shared, [False]),
-               commit.submit([meta("b", 2), meta("c", 3)], shared, [False, False]),
-               commit.submit([meta("d", 4)], other, [False])]
+    futures = [commit.submit([meta("a", 1).row()], shared, [False]),
+               commit.submit([meta("b", 2).row(), meta("c", 3).row()], shared, [False, False]),
+               commit.submit([meta("d", 4).row()], other, [False])]
     landed = await asyncio.wait_for(asyncio.gather(*futures), 10)
     assert [len(x) for x in landed] == [1, 2, 1]
     assert len(catalog.commits) == 1 and len(catalog.commits[0]) == 4  # one transaction
@@ -99,9 +99,9 @@ async def test_what_arrives_during_a_commit_goes_as_the_next_group(
     catalog = FakeCatalog(gate=threading.Event())
     commit = GroupCommit(0, catalog, writer, fsync=False)
     pack = FakePack()
-    first = commit.submit([meta("a", 1)], pack, [False])
+    first = commit.submit([meta("a", 1).row()], pack, [False])
     await asyncio.to_thread(catalog.entered.wait, 10)  # the first group is committing
-    later = [commit.submit([meta(s, g)], pack, [False])
+    later = [commit.submit([meta(s, g).row()], pack, [False])
              for g, s in enumerate("bcd", start=2)]
     assert catalog.gate is not None
     catalog.gate.set()
@@ -115,12 +115,12 @@ async def test_a_failed_group_fails_each_waiter_and_kills_its_packs(
     catalog = FakeCatalog(fail=OSError(28, "No space left on device"))
     commit = GroupCommit(0, catalog, writer, fsync=True)
     packs = [FakePack(), FakePack()]
-    futures = [commit.submit([meta(s, g)], p, [False])
+    futures = [commit.submit([meta(s, g).row()], p, [False])
                for g, (s, p) in enumerate(zip("ab", packs))]
     results = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), 10)
     assert all(isinstance(r, OSError) and r.errno == 28 for r in results)
     assert all(p.dead for p in packs)  # their tails' state is unknown: never appended to
-    again = commit.submit([meta("c", 9)], FakePack(), [False])
+    again = commit.submit([meta("c", 9).row()], FakePack(), [False])
     assert len(await asyncio.wait_for(again, 10)) == 1  # the next group goes on
 
 

@@ -57,10 +57,10 @@ def test_groups_overlap_but_rows_follow_their_syncs_in_order() -> None:
     async def main() -> list[Any]:
         commit = GroupCommit(0, FakeCatalog(events, lock), writer,  # type: ignore[arg-type]
                              fsync=True)
-        a = commit.submit([meta("a")], FakePack("a", events, lock), [False])  # type: ignore[arg-type]
+        a = commit.submit([meta("a").row()], FakePack("a", events, lock), [False])  # type: ignore[arg-type]
         await asyncio.sleep(0.04)  # a is synced and in its transaction now
-        b = commit.submit([meta("b")], FakePack("b", events, lock), [False])  # type: ignore[arg-type]
-        c = commit.submit([meta("c")], FakePack("c", events, lock, fail=True),  # type: ignore[arg-type]
+        b = commit.submit([meta("b").row()], FakePack("b", events, lock), [False])  # type: ignore[arg-type]
+        c = commit.submit([meta("c").row()], FakePack("c", events, lock, fail=True),  # type: ignore[arg-type]
                           [False])
         got = await asyncio.gather(a, b, c, return_exceptions=True)
         await commit.idle()
