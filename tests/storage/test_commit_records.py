@@ -176,14 +176,17 @@ def test_a_catalog_older_than_its_packs_is_brought_up_to_date(tmp_path: Path) ->
     assert "from the pack's commit records" not in (tmp_path / "d4.log").read_text()
 
 
-@pytest.mark.parametrize("damage", ["its record torn", "its body torn"])
+@pytest.mark.parametrize("damage", ["its record torn", "its body torn", "its schema torn"])
 def test_a_group_commit_torn_by_a_power_loss_is_not_restored(tmp_path: Path,
                                                               damage: str) -> None:
     """The last group's record and bodies are synced together, before its answer: a record
-    cut short, or bodies that fail their CRC32C, mean that sync did not finish and nothing
-    of the group was acknowledged. Every group before it is restored."""
+    cut short, or bodies or a schema message that fail their CRC32C, mean that sync did not
+    finish and nothing of the group was acknowledged. Every group before it is restored."""
     loc = _empty_location(tmp_path)
-    bodies = {f"s{i}": arrow_bytes(sample_table(30 + i, seed=i)) for i in range(4)}
+    bodies = {f"s{i}": arrow_bytes(sample_table(30 + i, seed=i)) for i in range(3)}
+    # The last one of another schema: its schema message is written in its own group.
+    last_table = sample_table(33, seed=3)
+    bodies["s3"] = arrow_bytes(last_table.append_column("extra", pa.array([1] * 33)))
     with DaemonProcess([loc], "--fsync", "true", log_path=tmp_path / "d2.log") as daemon, \
             ShuffleClient(daemon.url) as client:
         for sub, body in bodies.items():  # one at a time: one pack, one record each
@@ -196,10 +199,12 @@ def test_a_group_commit_torn_by_a_power_loss_is_not_restored(tmp_path: Path,
         os.truncate(pack, last.end - 7)
     else:
         (row,) = last.rows
+        at = row.offset + 10 if damage == "its body torn" else row.schema_at + 10
+        assert row.schema_at >= records[-2].end  # its own schema message, in its group
         with open(pack, "r+b") as fh:
-            fh.seek(row.offset + 10)
+            fh.seek(at)
             byte = fh.read(1)
-            fh.seek(row.offset + 10)
+            fh.seek(at)
             fh.write(bytes([byte[0] ^ 0xFF]))
     _put_back_catalog(loc, tmp_path / "saved")
     with DaemonProcess([loc], log_path=tmp_path / "d3.log") as daemon:

@@ -8,9 +8,10 @@ and their rows restored first, each record's bodies checked against their CRC32C
 whose bodies fail was never acknowledged: it and what follows it are ignored), after the
 catalog's own WAL is checkpointed, so that every row is durable again before any byte is
 cut off. What a crash can leave besides: bytes past a pack's last committed partial and
-good record (an upload that never committed: cut off), a pack nothing refers to (removed), rows whose bytes are gone or damaged (fsync off and a
-power loss: dropped, never served). The last partial of each pack is checked against its
-CRC32C, so a torn tail is found by checksum, not trusted.
+good record (an upload that never committed: cut off), a pack nothing refers to (removed),
+rows whose bytes are gone or damaged (fsync off and a power loss: dropped, never served).
+The last partial of each pack is checked against its CRC32C, so a torn tail is found by
+checksum, not trusted.
 """
 
 from __future__ import annotations
@@ -101,11 +102,14 @@ class Recovered:
     orphans: int = 0  # packs holding nothing committed, removed
 
 
+def _crc_ok(fd: int, offset: int, length: int, crc: int) -> bool:
+    """Whether ``length`` bytes at ``offset`` are there and have CRC32C ``crc``."""
+    got, done = crc_of(fd, offset, length)
+    return done == length and got == crc
+
+
 def _tail_ok(fd: int, offset: int, size: int, crc: int) -> bool:
-    if size > VERIFY_TAIL_MAX:
-        return True
-    got, done = crc_of(fd, offset, size)
-    return done == size and got == crc
+    return size > VERIFY_TAIL_MAX or _crc_ok(fd, offset, size, crc)
 
 
 def _restore(catalog: Catalog, key: bytes, sup: str, number: int, fd: int, size: int,
@@ -142,11 +146,12 @@ def _restore(catalog: Catalog, key: bytes, sup: str, number: int, fd: int, size:
 
 
 def _body_ok(fd: int, row: Row, size: int) -> bool:
+    """Whether a restored row's schema message and body are in the pack, whole."""
     length = row.size - row.schema_len - len(EOS)
     if row.offset + length > size or row.schema_at + row.schema_len > size:
         return False
-    got, done = crc_of(fd, row.offset, length)
-    return done == length and got == row.body_crc
+    return (_crc_ok(fd, row.schema_at, row.schema_len, row.schema_crc)
+            and _crc_ok(fd, row.offset, length, row.body_crc))
 
 
 def _settle(catalog: Catalog, sup: str, number: int, path: Path, found: Recovered,
