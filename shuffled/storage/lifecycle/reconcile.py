@@ -4,14 +4,14 @@ The packs are the authority on what was committed: a group commit syncs a pack's
 and the commit record naming them, then writes their catalog rows without waiting for the
 WAL's fsync (:mod:`shuffled.storage.ondisk.commits`). So the catalog may lag its packs after
 a power loss: the records past the last body the catalog knows in each pack are read back
-and their rows restored first, each record's bodies checked against their CRC32C (a record
-whose bodies fail was never acknowledged: it and what follows it are ignored), after the
-catalog's own WAL is checkpointed, so that every row is durable again before any byte is
-cut off. What a crash can leave besides: bytes past a pack's last committed partial and
-good record (an upload that never committed: cut off), a pack nothing refers to (removed),
-rows whose bytes are gone or damaged (fsync off and a power loss: dropped, never served).
-The last partial of each pack is checked against its CRC32C, so a torn tail is found by
-checksum, not trusted.
+and their rows restored first, each row's schema message and body checked against their
+CRC32C (a record naming bytes that fail was never acknowledged: it and what follows it are
+ignored), after the catalog's own WAL is checkpointed, so that every row is durable again
+before any byte is cut off. What a crash can leave besides: bytes past a pack's last
+committed partial and good record (an upload that never committed: cut off), a pack nothing
+refers to (removed), rows whose bytes are gone or damaged (fsync off and a power loss:
+dropped, never served). The last partial of each pack is checked against its CRC32C, so a
+torn tail is found by checksum, not trusted.
 """
 
 from __future__ import annotations
