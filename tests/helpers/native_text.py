@@ -62,7 +62,8 @@ def prepared_both(spark: Any, spec: dict[str, Any], block: int = 1 << 16,
                   ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], pa.Table]:
     """(JVM rows, native rows, the native table) of ``spec`` (see module doc)."""
     from shuffled.spark.driver.sparksession import job_conf
-    from shuffled.spark.phase1.jvm.prepare import prepare
+    from shuffled.spark.phase1.columns import native_multi_value
+    from shuffled.spark.phase1.jvm.prepare import multi_value_dimensions, prepare
     from shuffled.spark.phase1.source import load_input, resolve_files
     from shuffled.spark.spec.parse import parse_spec
 
@@ -75,7 +76,11 @@ def prepared_both(spark: Any, spec: dict[str, Any], block: int = 1 << 16,
     tables = [t for task in tasks for split in task for t in read_split(split, native, [])]
     mine = pa.concat_tables(tables) if tables else None
     with job_conf(spark):
-        jvm = prepare(load_input(spark, s, files), s).toArrow()
+        rows = load_input(spark, s, files)
+        # The late plan takes its multi-value dimensions from the spec, never building
+        # these rows: it must name the ones the JVM reader's rows would.
+        assert native_multi_value(s) == multi_value_dimensions(rows, s)
+        jvm = prepare(rows, s).toArrow()
     columns = [c for c in jvm.column_names if c != BAD] + [BAD]
     assert mine is not None and set(columns) == set(mine.column_names), (columns, mine and mine.column_names)
     return _normal(jvm, columns), _normal(mine, columns), mine

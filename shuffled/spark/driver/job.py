@@ -26,7 +26,7 @@ from shuffled.spark.phase1 import sink
 from shuffled.spark.phase1 import tasks as phase1
 from shuffled.spark.phase1.tasks import Phase1Config
 from shuffled.spark.phase1.determine import determine
-from shuffled.spark.phase1.columns import metric_column, metric_time_column
+from shuffled.spark.phase1.columns import metric_column, metric_time_column, native_multi_value
 from shuffled.spark.phase1.jvm.prepare import bucket_column, multi_value_dimensions, prepare
 from shuffled.spark.phase1.source import input_bytes, load_input
 from shuffled.spark.phase1.native.text.blocks import Declined
@@ -58,17 +58,20 @@ class Job:
 
     def run(self) -> tuple[list[records.Segment], PartitionPlan]:
         s = self.spec
-        self.ctx.enter("reading input")  # its Spark jobs (schemas, footers) are watched too
-        rows = load_input(self.spark, s, self.ctx.files)
-        self.may_be_multi = multi_value_dimensions(rows, s)
-        prepared = prepare(rows, s)
         keyed = late.keying(s, self.ctx.reader)
         if isinstance(keyed, str):
             log.info("partitions are determined by a first pass: %s", keyed)
         else:
+            # The late plan reads natively: the JVM's DataFrame of the input is built only
+            # if it declines (building it was ~0.3 s of driver time a run, unread).
+            self.may_be_multi = native_multi_value(s)
             done = self._late(keyed)
             if done is not None:
                 return done
+        self.ctx.enter("reading input")  # its Spark jobs (schemas, footers) are watched too
+        rows = load_input(self.spark, s, self.ctx.files)
+        self.may_be_multi = multi_value_dimensions(rows, s)
+        prepared = prepare(rows, s)
         # Why the late plan was not taken: the spec, or the native reader declining.
         why = keyed if isinstance(keyed, str) else self._declined
         self.ctx.enter("determine partitions")

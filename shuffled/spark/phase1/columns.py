@@ -33,3 +33,13 @@ def json_fields(spec: IngestSpec) -> set[str]:
         if d.type == "string" and root and d.name not in produced and d.name not in others:
             out.add(d.name)
     return out
+
+
+def native_multi_value(spec: IngestSpec) -> tuple[str, ...]:
+    """The string dimensions that may carry multi-values on the native reader's way, in
+    the spec's order: what :func:`.jvm.prepare.multi_value_dimensions` finds in the JVM
+    reader's rows, without building them. That is the JSON fields above (their arrays
+    beside them); Parquet list columns never go natively (the reader declines them) and
+    CSV has no arrays."""
+    fields = json_fields(spec)
+    return tuple(d.name for d in spec.dimensions if d.name in fields)

@@ -176,6 +176,54 @@ def test_native_reader_refuses_what_it_cannot_read_and_auto_falls_back(
                       reader="python")
 
 
+def test_the_late_plan_builds_no_jvm_rows(spark: Any, daemons: list[Any], parquet_input: Any,
+                                         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read natively, the late plan never builds the JVM reader's DataFrame (it cost ~0.3 s
+    of driver time a run, unread); a spec the native reader declines still builds it. The
+    multi-value dimensions it takes from the spec are those the JVM's rows name: none for
+    Parquet input (a list column goes through the JVM; JSON's are checked for every spec
+    of test_native_text by ``prepared_both``)."""
+    from shuffled.spark.driver import job
+    from shuffled.spark.spec.parse import parse_spec
+    from shuffled.spark.phase1.columns import native_multi_value
+    from shuffled.spark.phase1.jvm.prepare import multi_value_dimensions
+    from shuffled.spark.phase1.native.reader import plan_native
+    from shuffled.spark.phase1.source import load_input, resolve_files
+    from shuffled.spark.spec.model import PartitionPlan
+
+    base, _, _ = parquet_input
+    built: list[str] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        built.append("rows")
+        return load_input(*args, **kwargs)
+
+    monkeypatch.setattr(job, "load_input", counted)
+    for n, partitions in enumerate([{"type": "hashed", "numShards": 2},
+                                    {"type": "hashed", "targetRowsPerSegment": 300}]):
+        result = run_ingestion(_spec(base, partitions), shuffle_servers=[daemons[0].url],
+                               output_dir=str(tmp_path / f"late{n}"))
+        assert result.report["phases"]["partialSegmentGeneration"]["reader"] == "native"
+        assert built == []
+    transformed = _spec(base, {"type": "hashed", "numShards": 2})
+    transformed["spec"]["dataSchema"]["transformSpec"] = {"filter": {"type": "true"}}
+    run_ingestion(transformed, shuffle_servers=[daemons[0].url], output_dir=str(tmp_path / "j"))
+    assert built == ["rows"]
+
+    s = parse_spec(_spec(base, {"type": "hashed", "numShards": 2}))
+    assert native_multi_value(s) == multi_value_dimensions(
+        load_input(spark, s, resolve_files(s)), s) == ()
+    listed = tmp_path / "listed"
+    listed.mkdir()
+    pq.write_table(pa.table({"ts": pa.array([BASE], pa.int64()),
+                             "country": pa.array([["a", "b"]], pa.list_(pa.string()))}),
+                   listed / "a.parquet")
+    s = parse_spec(_spec(listed, {"type": "hashed", "numShards": 2}))
+    assert "is a list" in plan_native(s, PartitionPlan("hashed", (), num_shards=2),
+                                      resolve_files(s), SplitSizing())
+    assert multi_value_dimensions(load_input(spark, s, resolve_files(s)), s) == ("country",)
+
+
 @pytest.mark.parametrize("steps", [None, (7, 50)], ids=["whole", "in-slices"])
 def test_spark_hash_is_sparks_hash(spark: Any, steps: tuple[int, int] | None,
                                    monkeypatch: pytest.MonkeyPatch) -> None:
