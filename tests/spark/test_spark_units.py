@@ -292,6 +292,37 @@ def test_publish_plan_drops_exactly_the_old_segments_a_new_interval_covers() -> 
     assert not dropped and len(keep) == len(old)
 
 
+def test_the_manifest_text_is_the_manifest_and_paths_are_relative_to_the_root(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The manifest's text (a segment a line, json's C encoder) reads back as the value it
+    was made from, escapes and empty lists included; the segment paths are what relpath
+    gives, under a root written with a trailing slash or a dot, or relative to the cwd."""
+    import json
+    import os
+
+    from shuffled.spark.phase2.publish import manifest_text, plan_moves
+
+    seg = {"dataSource": "d\u00e9j\u00e0 \"vu\"", "interval": "a/b", "shardSpec": {"x": [1, None]},
+           "rows": 1, "path": "segments/v/\u2603\n.parquet"}
+    for value in ({"dataSource": "ds", "version": "v", "segments": []},
+                  {"dataSource": "ds", "version": "v", "segments": [seg, dict(seg, rows=2)]}):
+        text = manifest_text(value)
+        assert json.loads(text) == value and text.endswith("}\n")
+        # a line a field, a segment a line (and the list's brackets on lines of their own)
+        assert text.count("\n") == (6 + len(value["segments"]) if value["segments"] else 5)
+    shard = lambda s, off: {}  # noqa: E731
+    inside = str(tmp_path / "out" / "segments" / "v" / "x_0.a1.parquet")
+    outside = str(tmp_path / "elsewhere" / "y_0.a1.parquet")
+    staged = [Segment(start=n, end=n + 1, partition=0, rows=1, rows_in=1, bytes=1, path=p,
+                      attempt=1) for n, p in enumerate((inside, outside))]
+    monkeypatch.chdir(tmp_path)
+    for root in (str(tmp_path / "out"), str(tmp_path / "out") + "/", str(tmp_path / "out/."),
+                 "out", "./out/"):
+        moves, _, _ = plan_moves([], "ds", "v", staged, shard, False, root)
+        assert [d["path"] for _, d in moves] == [os.path.relpath(p, root) for p in
+                                                 (inside, outside)], root
+
+
 class _Verdicts:
     """What the daemon monitor answers once the job failed: nothing more is gone."""
 
