@@ -101,6 +101,10 @@ FIELDS: tuple[Field, ...] = (
     Field("max_bulk_partials", parse_positive_int,
           "partial segments one bulk upload may send (413 past it; each is held, ~1.5 KB, "
           "until the upload answers)", "--max-bulk-partials", "N"),
+    Field("max_held_partials", parse_positive_int,
+          "partial segments the bulk uploads in flight may hold together (each ~1.5 KB "
+          "until its upload answers; at least max_bulk_partials): an upload past it gets "
+          "503 + Retry-After", "--max-held-partials", "N"),
     Field("max_bulk_schema_bytes", parse_size,
           "bytes of SCHEMA frames one bulk upload (format 2) may send (413 past it)",
           "--max-bulk-schema-bytes", "SIZE"),
@@ -187,6 +191,9 @@ class Settings:
     upload_idle_timeout: float = 60.0
     max_lost_marks_bytes: int = 4 << 20
     max_bulk_partials: int = 10_000
+    # ~150 MB held at most, whatever max_concurrent_uploads: 64 uploads of max_bulk_partials
+    # each held ~960 MB.
+    max_held_partials: int = 100_000
     max_bulk_schema_bytes: int = 4 << 20
     max_slab_index_bytes: int = 16 << 20
     max_slab_batch_bytes: int = 64 << 20
@@ -220,6 +227,11 @@ class Settings:
                 raise ConfigError(f"{name}: must be > 0", setting=name)
         if self.max_age < self.expiry_timeout:
             raise ConfigError("max_age: must be >= expiry_timeout", setting="max_age")
+        if self.max_held_partials < self.max_bulk_partials:
+            raise ConfigError(f"max_held_partials: {self.max_held_partials} is below "
+                              f"max_bulk_partials ({self.max_bulk_partials}), so an upload "
+                              "of that many could never be taken: raise max_held_partials",
+                              setting="max_held_partials")
         if self.deep_storage_orphan_seconds <= 0:
             raise ConfigError("deep_storage_orphan_seconds: must be > 0",
                               setting="deep_storage_orphan_seconds")

@@ -15,9 +15,11 @@ class StoreCollector(Collector):
     """Per-location used/capacity/free/health, tasks and partial segments held, and how far
     the most overdue task is past its expiry (so an alert can see data the sweeper keeps)."""
 
-    def __init__(self, store: Store, in_flight: Callable[[], dict[str, int]] | None = None) -> None:
+    def __init__(self, store: Store, in_flight: Callable[[], dict[str, int]] | None = None,
+                 held_partials: Callable[[], int] | None = None) -> None:
         self._store = store
         self._in_flight = in_flight
+        self._held_partials = held_partials
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         used = GaugeMetricFamily("shuffled_location_used_bytes",
@@ -122,3 +124,7 @@ class StoreCollector(Collector):
             for kind, count in self._in_flight().items():
                 gauge.add_metric([kind], count)
             yield gauge
+        if self._held_partials is not None:
+            yield GaugeMetricFamily("shuffled_bulk_held_partials", "Partial segments the "
+                                    "bulk uploads in flight hold until they answer (bounded "
+                                    "by max_held_partials).", value=self._held_partials())

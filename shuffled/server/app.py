@@ -15,7 +15,7 @@ from shuffled.config import Settings
 from shuffled.metrics import Cut, Metrics, StoreCollector
 from shuffled.protocol import API_PREFIX
 from shuffled.server.errors import error_middleware
-from shuffled.server.limits import Limiter
+from shuffled.server.limits import Held, Limiter
 from shuffled.server.access.rights import Access, access_middleware
 from shuffled.server.middleware import (
     Drain, add_request_id, metrics_middleware, single_valued_query,
@@ -40,9 +40,11 @@ def make_app(settings: Settings, *, registry: CollectorRegistry | None = None,
     store = Store(settings, clock=clock)
     uploads = Limiter("uploads", settings.max_concurrent_uploads)
     downloads = Limiter("downloads", settings.max_concurrent_downloads)
+    held = Held("partial segments", "max_held_partials", settings.max_held_partials)
     drain = Drain()
     registry.register(StoreCollector(
-        store, lambda: {"uploads": uploads.active, "downloads": downloads.active}))
+        store, lambda: {"uploads": uploads.active, "downloads": downloads.active},
+        lambda: held.used))
 
     middlewares = [metrics_middleware(metrics), drain.middleware]
     if settings.auth_token or settings.signing_secrets:
@@ -56,7 +58,8 @@ def make_app(settings: Settings, *, registry: CollectorRegistry | None = None,
     app.on_response_prepare.append(add_request_id)
     sweeper = Sweeper.from_settings(store, settings, metrics)
     app[STATE] = DaemonState(settings=settings, store=store, metrics=metrics, uploads=uploads,
-                             downloads=downloads, drain=drain, sweeper=sweeper)
+                             downloads=downloads, held_partials=held, drain=drain,
+                             sweeper=sweeper)
 
     sup = r"{sup}"
     task = f"{API_PREFIX}/tasks/{sup}"

@@ -23,15 +23,19 @@ REJECT_REASON = web.RequestKey("reject_reason", str)
 RESPONSE_STARTED = web.RequestKey("response_started", bool)
 
 
-def error_response(err: ShuffleError) -> web.Response:
-    headers = {}
+def error_headers(err: ShuffleError) -> dict[str, str]:
+    """The headers an error's answer carries, whoever makes its body."""
     if isinstance(err, Overloaded):
         # RFC 9110 section 10.2.3: seconds after which the client may retry.
-        headers["Retry-After"] = str(err.retry_after)
-    elif isinstance(err, RangeNotSatisfiable):
+        return {"Retry-After": str(err.retry_after)}
+    if isinstance(err, RangeNotSatisfiable):
         # RFC 9110 section 15.5.17: a 416 names the current length.
-        headers["Content-Range"] = f"bytes */{err.details.get('size', '*')}"
-    return web.json_response(err.to_json(), status=err.status, headers=headers)
+        return {"Content-Range": f"bytes */{err.details.get('size', '*')}"}
+    return {}
+
+
+def error_response(err: ShuffleError) -> web.Response:
+    return web.json_response(err.to_json(), status=err.status, headers=error_headers(err))
 
 
 def cut(request: web.Request) -> None:

@@ -14,7 +14,7 @@ from shuffled.cleanup import Sweeper
 from shuffled.config import Settings
 from shuffled.metrics import Cut, Metrics
 from shuffled.server.errors import RESPONSE_STARTED
-from shuffled.server.limits import Limiter
+from shuffled.server.limits import Held, Limiter
 from shuffled.server.middleware import Drain
 from shuffled.server.streaming.sendfile import Sender
 from shuffled.storage import Store
@@ -27,6 +27,7 @@ class DaemonState:
     metrics: Metrics
     uploads: Limiter
     downloads: Limiter
+    held_partials: Held  # the partials bulk uploads in flight hold (max_held_partials)
     drain: Drain
     sweeper: Sweeper | None = None  # the expiry sweeper; tests call run_once()
     started: float = field(default_factory=time.time)

@@ -40,6 +40,8 @@ def test_precedence_defaults_toml_env_flags(tmp_path: Path) -> None:
     ({"auth_token_file": "/nonexistent/token"}, "auth_token_file"),
     ({"max_concurrent_uploads": "0"}, "max_concurrent_uploads"),
     ({"log_level": "LOUD"}, "log_level"),
+    # a bulk upload of max_bulk_partials could never be taken
+    ({"max_bulk_partials": "200000"}, "max_held_partials"),
 ])
 def test_bad_settings_name_the_setting(overrides: dict, setting: str) -> None:
     values = {"locations": ["/tmp/x"], **overrides}

@@ -9,7 +9,9 @@ other columns' bytes. Against a real daemon process (its peak memory read from
 
 from __future__ import annotations
 
+import http.client
 import json
+import socket
 import struct
 import urllib.error
 import urllib.request
@@ -22,7 +24,7 @@ import pytest
 from shuffled import framing2
 from shuffled.storage.ondisk.ipcshape import ROWS_FREE, ROWS_PER_BYTE
 from tests.conftest import PREFIX, arrow_bytes
-from tests.helpers.procs import DaemonProcess, http_get
+from tests.helpers.procs import DaemonProcess, http_get, metric_value, wait_for
 
 QUERY = "start=2018-01-01&end=2018-01-02&partitionId=0"
 
@@ -219,3 +221,90 @@ def test_partials_of_one_bulk_upload_are_bounded(tmp_path: Path) -> None:
         # up to the bound, a batch is taken as ever
         status, answer = _post_bulk(daemon.url, "many", _many_partials(1000, 5000))
         assert status == 200 and answer["stored"] == 1000
+
+
+class _Stalled:
+    """A bulk upload sent all but its END frame, its connection left open: the daemon holds
+    its partials until the END comes (or ``upload_idle_timeout``)."""
+
+    def __init__(self, url: str, sup: str, body: bytes, end: bytes) -> None:
+        host, port = url.removeprefix("http://").split(":")
+        self.sock = socket.create_connection((host, int(port)), timeout=30)
+        self.end = end
+        self.headers: dict[str, str] = {}
+        head = (f"POST {PREFIX}/tasks/{sup}/partials HTTP/1.1\r\nHost: {host}\r\n"
+                "Content-Type: application/vnd.shuffled.partials\r\n"
+                f"Content-Length: {len(body) + len(end)}\r\nConnection: close\r\n\r\n")
+        self.sock.sendall(head.encode() + body)
+
+    def finish(self) -> tuple[int, dict]:
+        """Send the END frame; the answer."""
+        self.sock.sendall(self.end)
+        return self.answer()
+
+    def answer(self) -> tuple[int, dict]:
+        """The answer, read without sending the END frame (the socket's timeout bounds
+        the wait for one that does not come)."""
+        resp = http.client.HTTPResponse(self.sock)
+        resp.begin()
+        self.headers = dict(resp.headers)
+        try:
+            return resp.status, json.loads(resp.read())
+        finally:
+            resp.close()
+            self.sock.close()
+
+
+def _stalled(url: str, sup: str, count: int, start: int) -> _Stalled:
+    whole = _many_partials(count, start)
+    end = framing2.encode_end(count)
+    return _Stalled(url, sup, whole[:-len(end)], end)
+
+
+def _held(daemon: DaemonProcess) -> float:
+    _, _, text = http_get(f"{daemon.url}/metrics")
+    return metric_value(text.decode(), "shuffled_bulk_held_partials") or 0.0
+
+
+def test_partials_held_by_all_uploads_together_are_bounded(tmp_path: Path) -> None:
+    """``max_bulk_partials`` bounds one upload, but ``max_concurrent_uploads`` (64) of them
+    held 64 x 10,000 x ~1.5 KB, about 960 MB. Past ``max_held_partials`` held by every
+    upload in flight, the upload that would hold one more is answered 503 with Retry-After,
+    ``complete: false`` and what it stored; sent again once the others have answered, it
+    is taken."""
+    with DaemonProcess([tmp_path / "a"], "--max-bulk-partials", "1000",
+                       "--max-held-partials", "1500",
+                       log_path=tmp_path / "daemon.log") as daemon:
+        first = _stalled(daemon.url, "many", 1000, 0)
+        wait_for(lambda: _held(daemon) == 1000, "the first upload's partials held")
+        status, answer = _post_bulk(daemon.url, "many", _many_partials(1000, 10_000))
+        assert status == 503 and answer["code"] == "overloaded", answer
+        assert "max_held_partials" in answer["error"]
+        assert answer["complete"] is False and answer["stored"] == 500, answer["stored"]
+        assert _held(daemon) == 1000  # the refused upload gave its share back
+        status, answer = first.finish()
+        assert status == 200 and answer["stored"] == 1000, answer
+        assert _held(daemon) == 0
+        status, answer = _post_bulk(daemon.url, "many", _many_partials(1000, 10_000))
+        assert status == 200 and answer["stored"] == 1000
+
+
+def test_stalled_uploads_hold_no_more_than_the_bound(tmp_path: Path) -> None:
+    """Six uploads of 10,000 tiny partials stalled before their END, against a bound of
+    10,000 held in all: the daemon's peak RSS grows by what 10,000 take, not 60,000
+    (+84 MiB with all six held under a bound of 100,000), and the five past it are answered
+    503 at once."""
+    with DaemonProcess([tmp_path / "a"], "--max-held-partials", "10000",
+                       log_path=tmp_path / "daemon.log") as daemon:
+        before = _hwm_kib(daemon.pid)
+        first = _stalled(daemon.url, "many", 10_000, 0)
+        wait_for(lambda: _held(daemon) == 10_000, "the first upload's partials held")
+        later = [_stalled(daemon.url, "many", 10_000, 10_000 * n) for n in range(1, 6)]
+        answers = [s.answer() for s in later]  # answered without their END
+        assert [(st, a["code"], a["stored"]) for st, a in answers] == [
+            (503, "overloaded", 0)] * 5, answers
+        assert all(s.headers["Retry-After"] == "1" for s in later)
+        grown = (_hwm_kib(daemon.pid) - before) / 1024
+        assert grown < 40, f"peak RSS grew {grown:.1f} MiB"
+        status, answer = first.finish()
+        assert status == 200 and answer["stored"] == 10_000

@@ -27,9 +27,10 @@ from shuffled.framing import (
 )
 from shuffled.protocol import PartialKey, PartialStatus, crc_hex, validate_id
 from shuffled.server.streaming.bodies import refuse_encoded
-from shuffled.server.errors import REJECT_REASON
-from shuffled.server.state import state_of
-from shuffled.storage import SMALL, BulkSession, PutResult, Rejected, SchemaMessage
+from shuffled.server.errors import REJECT_REASON, error_headers
+from shuffled.server.limits import Share
+from shuffled.server.state import DaemonState, state_of
+from shuffled.storage import SMALL, BulkSession, Outcome, PutResult, Rejected, SchemaMessage
 
 CHUNK = 1 << 20
 # The store gathers small partials (up to 1 MiB) before writing them. When the client has
@@ -140,12 +141,13 @@ class _Batch:
     """One request's frames: what was added to the store and what was refused at once."""
 
     def __init__(self, sup: str, session: BulkSession, reader: _Reader,
-                 max_schema_bytes: int, max_partials: int) -> None:
+                 max_schema_bytes: int, max_partials: int, held: Share) -> None:
         self.sup = sup
         self.session = session
         self.reader = reader
         self.max_schema_bytes = max_schema_bytes  # SCHEMA frames' bytes one request may send
         self.max_partials = max_partials  # partials one request may send
+        self.held = held  # this request's share of the partials every upload holds
         self.items: list[dict[str, Any] | None] = []  # None: outcome from finish()
         self.pending: list[tuple[int, PartialKey]] = []
         self.count = 0
@@ -205,13 +207,15 @@ class _Batch:
             raw = bytes(await reader.exactly(FIXED_LEN))
 
     def _one_more(self) -> None:
-        """Count a PARTIAL frame; TooLarge past ``max_partials``. Each partial is held (its
+        """Count a PARTIAL frame; TooLarge past ``max_partials``, Overloaded past
+        ``max_held_partials`` held by every upload in flight. Each partial is held (its
         key, record and answer, ~1.5 KB) until the request answers, whatever its bytes:
         200,000 tiny ones in a 44 MB request held +337 MiB."""
         if self.count >= self.max_partials:
             raise TooLarge(f"this upload sends more than {self.max_partials} partial "
                            f"segments, over max_bulk_partials: send them in several "
                            f"uploads", field="body", limit=self.max_partials)
+        self.held.take()
         self.count += 1
 
     async def _end(self, declared: int) -> None:
@@ -258,15 +262,23 @@ async def post_partials(request: web.Request) -> web.Response:
     except (BadRequest, UnsupportedEncoding) as exc:  # every 400 of this route has the batch fields (none done)
         return _answer(request, sup, 0, [], exc)
     reader = _Reader(request, state.settings.upload_idle_timeout)
-    with state.uploads.slot():
+    # The partials are held (the share) until the answer is made of them.
+    with state.uploads.slot(), state.held_partials.share() as held:
         async with state.store.bulk(sup) as session:
             batch = _Batch(sup, session, reader, state.settings.max_bulk_schema_bytes,
-                           state.settings.max_bulk_partials)
+                           state.settings.max_bulk_partials, held)
             try:
                 await batch.read()
-            except ShuffleError as exc:  # framing, a cut, a stall: the batch stops here
-                failure = exc
+            except ShuffleError as exc:  # framing, a cut, a stall, too many held: the
+                failure = exc            # batch stops here
             outcomes = await session.finish()
+        return _outcome(request, state, sup, batch, outcomes, failure)
+
+
+def _outcome(request: web.Request, state: DaemonState, sup: str, batch: _Batch,
+             outcomes: list[Outcome], failure: ShuffleError | None,
+             ) -> web.Response:
+    """The batch's answer from the store's outcomes of its partials."""
     received = received_bytes = 0
     for (index, key), outcome in zip(batch.pending, outcomes, strict=True):
         if isinstance(outcome, Rejected):
@@ -293,4 +305,5 @@ def _answer(request: web.Request, sup: str, count: int, items: list[dict[str, An
     if failure is None:
         return web.json_response(body)
     request[REJECT_REASON] = failure.code  # as the error middleware does for raised errors
-    return web.json_response({**failure.to_json(), **body}, status=failure.status)
+    return web.json_response({**failure.to_json(), **body}, status=failure.status,
+                             headers=error_headers(failure))
