@@ -102,3 +102,16 @@ class DriverCollects(Hooks):
         size = self.mb << 20
         spark.sparkContext.parallelize(range(self.tasks), self.tasks) \
             .map(lambda i: b"x" * size).collect()
+
+
+@dataclass
+class SeeFrozen(Hooks):
+    """Records, between the phases (on the driver), how many objects the collector holds
+    frozen (:mod:`shuffled.spark.driver.gcpause`)."""
+
+    seen: list[int] = field(default_factory=list)
+
+    def between_phases(self) -> None:
+        import gc
+
+        self.seen.append(gc.get_freeze_count())

@@ -17,7 +17,7 @@ from shuffled.protocol import parse_instant
 from shuffled.spark import IngestionFailed, run_ingestion
 from shuffled.spark.phase2.publish import FS_TOPDIR_FL
 from tests.spark.phase2.test_version_folders import _flags, _fs_type
-from tests.helpers.hooks import FailAttempts
+from tests.helpers.hooks import FailAttempts, SeeFrozen
 from tests.helpers.ingestion import (  # noqa: F401  (fixtures)
     BASE,
     HOUR,
@@ -116,6 +116,27 @@ def test_rollup_equals_independent_computation(spark: Any, daemons: list[Any], d
     assert max(per_interval.values()) > 1  # secondary partitioning happened
     for d in daemons:
         assert held_tasks(d.url) == []
+
+
+def test_the_heap_is_frozen_while_an_ingestion_runs(spark: Any, daemons: list[Any],
+                                                   dataset: Any, tmp_path: Path) -> None:
+    """The driver's collector walks only what the ingestion makes (the process's older
+    objects frozen: .gcpause), and the process gets its objects back afterwards, after a
+    failed ingestion too."""
+    import gc
+
+    base, _, _ = dataset
+    seen = SeeFrozen()
+    run_ingestion(base_spec(base, {"type": "hashed", "numShards": 2}),
+                  shuffle_servers=[daemons[0].url], output_dir=str(tmp_path / "out"),
+                  hooks=seen)
+    assert seen.seen and seen.seen[0] > 10_000, seen.seen  # pyspark, py4j, pyarrow...
+    assert gc.get_freeze_count() == 0
+    with pytest.raises(Exception, match="injected phase-1 failure"):
+        run_ingestion(base_spec(base, {"type": "hashed", "numShards": 2}),
+                      shuffle_servers=[daemons[0].url], output_dir=str(tmp_path / "failed"),
+                      hooks=FailAttempts(partitions=[0], attempts=(0, 1, 2, 3)))
+    assert gc.get_freeze_count() == 0
 
 
 def test_failed_attempts_and_daemon_restart_keep_totals_exact(

@@ -34,6 +34,7 @@ from shuffled.spark.phase2.publish import (make_durable_dir, publish, segment_di
                                            spread_versions, write_json_atomic)
 from shuffled.spark.hooks import NONE, Hooks
 from shuffled.spark.driver.context import READERS, Auth, JobContext
+from shuffled.spark.driver.gcpause import frozen_during
 from shuffled.spark.driver.report import TaskReport, counted
 from shuffled.spark.driver.sparksession import get_session, job_conf, kill_jvm, stop_session
 from shuffled.spark.phase2.shards import renumbered, shard_spec_builder
@@ -64,6 +65,7 @@ def _task_id(spec: IngestSpec) -> str:
     return spec.task_id or f"index_parallel_{spec.data_source}_{stamp}_{uuid.uuid4().hex[:8]}"
 
 
+@frozen_during  # the collector walks only what the ingestion makes (.gcpause)
 def run_ingestion(spec: dict[str, Any] | IngestSpec, *, shuffle_servers: list[str],
                   master: str | None = None, output_dir: str, token: str | None = None,
                   ca_file: str | None = None, progress: Callable[[str], None] | None = None,
