@@ -86,6 +86,7 @@ def run_soak(tmp_path: Path, seconds: float) -> dict[str, float]:
         deadline = started + seconds
         tallies: list[Tally] = []
         samples: list[tuple[float, int]] = []
+        split: list[tuple[int, int]] = []  # (anonymous, file-backed) resident bytes
 
         def writer(w: int) -> None:
             tally = Tally()
@@ -144,6 +145,7 @@ def run_soak(tmp_path: Path, seconds: float) -> dict[str, float]:
         def monitor() -> None:
             while time.monotonic() < deadline:
                 samples.append((time.monotonic() - started, _rss(daemon.pid, "VmRSS")))
+                split.append((_rss(daemon.pid, "RssAnon"), _rss(daemon.pid, "RssFile")))
                 time.sleep(0.25)  # sampling period, not synchronisation
 
         threads = ([threading.Thread(target=writer, args=(w,)) for w in range(WRITERS)]
@@ -179,6 +181,10 @@ def run_soak(tmp_path: Path, seconds: float) -> dict[str, float]:
         "peak_rss_MiB": round(peak / MIB, 1),
         "rss_after_warmup_MiB": round(max(warm) / MIB, 1) if warm else 0.0,
         "rss_at_end_MiB": round(max(late) / MIB, 1) if late else 0.0,
+        # What the peak is made of: the heap, or pages of the libraries mapped (pyarrow's,
+        # numpy's), whose residency a neighbour using them too changes.
+        "peak_anon_MiB": round(max(a for a, _ in split) / MIB, 1) if split else 0.0,
+        "peak_file_MiB": round(max(f for _, f in split) / MIB, 1) if split else 0.0,
     }
     print("\nsoak:", " ".join(f"{k}={v}" for k, v in figures.items()))
     assert not errors, errors[:5]
