@@ -34,7 +34,6 @@ class Limiter:
             self.active -= 1
 
 
-
 class Held:
     """A count the requests in flight share, each giving back what it took when it ends:
     the partials bulk uploads hold (their keys, records and answers) until they answer.
