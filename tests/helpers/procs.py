@@ -123,6 +123,12 @@ def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 20.0,
         time.sleep(interval)  # poll interval of a bounded wait, not synchronisation
 
 
+def host_port(url: str) -> tuple[str, int]:
+    """The (host, port) of a daemon's ``http://host:port`` URL, for a raw socket."""
+    host, port = url.split("://", 1)[1].rsplit(":", 1)
+    return host, int(port)
+
+
 def http_get(url: str, headers: dict[str, str] | None = None,
              timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:
     """One GET with urllib: (status, headers, body), error statuses included."""

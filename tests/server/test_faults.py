@@ -28,7 +28,7 @@ from tests.conftest import (
     stored_stream,
 )
 from tests.helpers.cutting_proxy import CuttingProxy
-from tests.helpers.procs import DaemonProcess, http_get, metric_value, wait_for
+from tests.helpers.procs import DaemonProcess, host_port, http_get, metric_value, wait_for
 
 INTERVAL = Interval.parse(DAY["start"], DAY["end"])
 QUERY = "start=2018-01-01&end=2018-01-02&partitionId=0"
@@ -51,11 +51,6 @@ def raw_put_head(host: str, port: int, sup: str, sub: str, body: bytes) -> socke
 def in_flight(url: str) -> dict[str, int]:
     status, _, body = http_get(f"{url}/status")
     return json.loads(body)["inFlight"] if status == 200 else {}
-
-
-def host_port(url: str) -> tuple[str, int]:
-    host, port = url.split("://", 1)[1].rsplit(":", 1)
-    return host, int(port)
 
 
 # --- SIGKILL during uploads --------------------------------------------------------------

@@ -24,7 +24,7 @@ import pytest
 from shuffled import framing2
 from shuffled.storage.ondisk.ipcshape import ROWS_FREE, ROWS_PER_BYTE
 from tests.conftest import PREFIX, arrow_bytes
-from tests.helpers.procs import DaemonProcess, http_get, metric_value, wait_for
+from tests.helpers.procs import DaemonProcess, host_port, http_get, metric_value, wait_for
 
 QUERY = "start=2018-01-01&end=2018-01-02&partitionId=0"
 
@@ -229,8 +229,8 @@ class _Stalled:
     (or ``upload_idle_timeout``)."""
 
     def __init__(self, url: str, sup: str, body: bytes, sent: int) -> None:
-        host, port = url.removeprefix("http://").split(":")
-        self.sock = socket.create_connection((host, int(port)), timeout=30)
+        host, port = host_port(url)
+        self.sock = socket.create_connection((host, port), timeout=30)
         self.rest = body[sent:]
         self.headers: dict[str, str] = {}
         head = (f"POST {PREFIX}/tasks/{sup}/partials HTTP/1.1\r\nHost: {host}\r\n"

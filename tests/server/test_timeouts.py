@@ -24,7 +24,7 @@ import pyarrow as pa
 import pytest
 
 from tests.conftest import PREFIX, arrow_bytes
-from tests.helpers.procs import DaemonProcess, http_get, metric_value, wait_for
+from tests.helpers.procs import DaemonProcess, host_port, http_get, metric_value, wait_for
 
 QUERY = "start=2018-01-01&end=2018-01-02&partitionId=0"
 
@@ -35,11 +35,6 @@ def _put(url: str, sup: str, sub: str, body: bytes) -> int:
         headers={"Content-Type": "application/vnd.apache.arrow.stream"})
     with urllib.request.urlopen(request, timeout=60) as resp:
         return resp.status
-
-
-def _host_port(url: str) -> tuple[str, int]:
-    host, port = url.split("://", 1)[1].rsplit(":", 1)
-    return host, int(port)
 
 
 def _closed_by_peer(sock: socket.socket, within: float) -> bool:
@@ -69,7 +64,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
 
 
 def test_idle_and_slowloris_connections_are_closed(daemon: DaemonProcess) -> None:
-    host, port = _host_port(daemon.url)
+    host, port = host_port(daemon.url)
     idle = [socket.create_connection((host, port), timeout=5) for _ in range(20)]
     slow = [socket.create_connection((host, port), timeout=5) for _ in range(20)]
     try:
@@ -101,7 +96,7 @@ def test_readers_that_stop_reading_do_not_starve_the_others(daemon: DaemonProces
     rows = 6_500_000  # ~52 MB: more than loopback's socket buffers hold
     table = pa.table({"__time": pa.array(range(rows), pa.int64())})
     assert _put(daemon.url, "stall", "s0", arrow_bytes(table)) == 201
-    host, port = _host_port(daemon.url)
+    host, port = host_port(daemon.url)
     stalled = []
     try:
         for _ in range(4):
@@ -135,7 +130,7 @@ def test_an_error_after_the_headers_cuts_the_connection(daemon: DaemonProcess) -
     assert _put(daemon.url, "cut", "a",
                 arrow_bytes(pa.table({"x": pa.array([(1 << 60) + 1], pa.int64())}))) == 201
     assert _put(daemon.url, "cut", "b", arrow_bytes(pa.table({"x": pa.array([1.5])}))) == 201
-    host, port = _host_port(daemon.url)
+    host, port = host_port(daemon.url)
     with socket.create_connection((host, port), timeout=10) as sock:
         sock.sendall(f"GET {PREFIX}/tasks/cut/partition?{QUERY} HTTP/1.1\r\n"
                      f"Host: {host}\r\n\r\n".encode())
@@ -166,7 +161,7 @@ def test_an_error_after_the_headers_cuts_the_connection(daemon: DaemonProcess) -
     ("POST", "/tasks/j/partitions")])
 def test_a_json_body_that_stops_arriving_is_a_408(daemon: DaemonProcess, method: str,
                                                   path: str) -> None:
-    host, port = _host_port(daemon.url)
+    host, port = host_port(daemon.url)
     with socket.create_connection((host, port), timeout=10) as sock:
         sock.sendall(f"{method} {PREFIX}{path} HTTP/1.1\r\nHost: {host}\r\n"
                      "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
