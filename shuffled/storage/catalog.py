@@ -51,6 +51,8 @@ _IN_LIMIT = 500  # subtask ids named in one IN (...); more are filtered in Pytho
 _FIND_BATCH = 1000  # keys per batched lookup (5 parameters each, under SQLite's limit)
 
 Row = CatalogRow
+
+
 class KeyGeneration(NamedTuple):
     """A partial's identity and one generation of it (the columns of a catalog row that
     name one copy: what a forget removes)."""

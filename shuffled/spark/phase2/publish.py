@@ -29,6 +29,7 @@ import bisect
 import itertools
 
 import fcntl
+import functools
 import json
 import os
 from collections.abc import Iterator
@@ -75,7 +76,14 @@ def read_manifest(ds_dir: str) -> dict[str, Any]:
 
 
 def _interval(seg: dict[str, Any]) -> Interval:
-    return Interval.parse_druid(seg["interval"])
+    return _parse_interval(seg["interval"])
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _parse_interval(text: str) -> Interval:
+    """A segment's interval text parsed once: a day's shards share it, and a rerun's old
+    segments name the new ones' days again (the manifest's sort and :func:`plan_moves`)."""
+    return Interval.parse_druid(text)
 
 
 def segment_dir(root: str, version: str) -> str:
@@ -191,17 +199,8 @@ def describe(data_source: str, version: str, staged: list[Segment], shard_spec: 
 
 def _manifest(data_source: str, version: str, keep: list[dict[str, Any]],
               published: list[dict[str, Any]]) -> dict[str, Any]:
-    parsed: dict[str, Interval] = {}  # a day's shards share their interval's text
-
-    def interval(seg: dict[str, Any]) -> Interval:
-        text = seg["interval"]
-        iv = parsed.get(text)
-        if iv is None:
-            iv = parsed[text] = Interval.parse_druid(text)
-        return iv
-
     segments = sorted(keep + published,
-                      key=lambda x: (interval(x), x["version"], x["partitionNum"]))
+                      key=lambda x: (_interval(x), x["version"], x["partitionNum"]))
     return {"dataSource": data_source, "version": version, "segments": segments}
 
 
