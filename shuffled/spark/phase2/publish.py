@@ -44,12 +44,16 @@ from shuffled.spark.records import Segment
 MANIFEST = "manifest.json"
 
 
-def write_json_atomic(path: str, value: Any, text: str | None = None) -> None:
-    """Write ``value`` as JSON to ``path`` (``text``: its JSON text, made already) via a
-    fsynced temp file and a rename."""
+def write_json_atomic(path: str, value: Any) -> None:
+    """Write ``value`` as indented JSON to ``path`` (:func:`write_text_atomic`)."""
+    write_text_atomic(path, json.dumps(value, indent=2) + "\n")
+
+
+def write_text_atomic(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` via a fsynced temp file and a rename."""
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(value, indent=2) + "\n" if text is None else text)
+        fh.write(text)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
@@ -235,8 +239,8 @@ def publish(ds_dir: str, data_source: str, version: str, staged: list[Segment],
         moves, keep, dropped = plan_moves(list(manifest.get("segments", [])), data_source,
                                      version, staged, shard_spec, append, local_root or ds_dir)
         published = [desc for _, desc in moves]
-        manifest = _manifest(data_source, version, keep, published)
-        write_json_atomic(os.path.join(ds_dir, MANIFEST), manifest, manifest_text(manifest))
+        write_text_atomic(os.path.join(ds_dir, MANIFEST),
+                          manifest_text(_manifest(data_source, version, keep, published)))
         for seg in dropped:
             _remove_quietly(os.path.join(ds_dir, seg["path"]))
         remove_unpublished({source for source, _ in moves})
