@@ -29,6 +29,8 @@ from shuffled.client import ShuffleClient
 from shuffled.protocol import PEERS_PATH
 from shuffled.spark.phase2.durable import sync_files
 from shuffled.spark.phase2.fetch import SourceLost, fetch_batch, stream_partition
+from shuffled.spark.phase2.parquetfile.plain import MAX_ROWS as PLAIN_ROWS
+from shuffled.spark.phase2.parquetfile.plain import PlainFiles
 from shuffled.spark.phase2.plan import (  # noqa: F401  (re-exported: the driver's names)
     Assignment, Phase2Config, assign, balance, merge_tasks,
 )
@@ -195,30 +197,40 @@ def _segment_table(table: pa.Table, multi_value: Sequence[str] = (),
     return table
 
 
-#: A segment of at most this many rows is written without dictionary pages: a dictionary
-#: per column is a fixed cost that saves no bytes on so few values (410 rows of the Druid
-#: shape: 10.7 against 10.5 KB, 25% less encoding time; at 1,000 rows 12% more bytes).
-PLAIN_ROWS = 512
+def encoded(tables: Sequence[pa.Table], cfg: Phase2Config) -> list[bytes | None]:
+    """A batch's small segments' files, encoded together (:mod:`.parquetfile.plain`:
+    ~0.13 ms a file of comparison 7's shape, pyarrow's writer ~0.19); None for each of the
+    others, which :func:`_write` encodes with pyarrow."""
+    if not tables:
+        return []
+    schema = tables[0].schema
+    files = PlainFiles.of(schema, cfg.codecs(schema.names))
+    return files.encode(tables) if files is not None else [None] * len(tables)
 
 
-def _write(out: pa.Table, path: str, cfg: Phase2Config) -> int:
-    """Write one segment (rows as :func:`_segment_table` makes them), not synced (the task
-    syncs its files together at its end; the per-attempt name means a torn file of a
-    failed attempt is never published)."""
-    # Encoded in memory, then one write: Arrow's file output stream costs ~0.3 ms more per
-    # file, which is most of a small segment's write.
-    sink = pa.BufferOutputStream()
-    pq.write_table(out, sink, compression=cfg.codecs(out.schema.names), row_group_size=1 << 20,
-                   use_dictionary=out.num_rows > PLAIN_ROWS)
-    data = sink.getvalue()
+def _write(out: pa.Table, path: str, cfg: Phase2Config, data: bytes | None = None) -> int:
+    """Write one segment (rows as :func:`_segment_table` makes them; ``data``: its file
+    already encoded, :func:`encoded`), not synced (the task syncs its files together at
+    its end; the per-attempt name means a torn file of a failed attempt is never
+    published)."""
+    if data is None:
+        # Encoded in memory, then one write: Arrow's file output stream costs ~0.3 ms
+        # more per file, which is most of a small segment's write.
+        sink = pa.BufferOutputStream()
+        pq.write_table(out, sink, compression=cfg.codecs(out.schema.names),
+                       row_group_size=1 << 20, use_dictionary=out.num_rows > PLAIN_ROWS)
+        buf = sink.getvalue()
+        view = memoryview(buf)
+    else:
+        view = memoryview(data)
+    size = len(view)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
-        view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
     finally:
         os.close(fd)
-    return data.size
+    return size
 
 
 class SegmentSink:
@@ -356,10 +368,13 @@ def make_phase2(cfg: Phase2Config) -> Callable[[Iterable[Assignment]], Iterator[
                     t, cfg.multi_value, cfg.layout.hidden))
                 merge_s = (time.monotonic() - merge_started) / len(batch)
                 peak = peak_rss()  # once a batch: /proc reads were 3% of tiny partitions' time
-                for a, merged in zip(batch, merged_all, strict=True):
-                    write_started = time.monotonic()
+                write_started = time.monotonic()
+                files = encoded(merged_all, cfg)
+                encode_s = (time.monotonic() - write_started) / len(batch)
+                for a, merged, data in zip(batch, merged_all, files, strict=True):
+                    write_started = time.monotonic() - encode_s
                     path = os.path.join(cfg.segment_dir, segment_name(a.start, a.end, a.partition, attempt))
-                    size = _write(merged, path, cfg)
+                    size = _write(merged, path, cfg, data)
                     # The bytes read are the partials as shipped (as for a streamed
                     # partition): Table.nbytes of the decoded tables cost 2 s of comparison
                     # 7's phase 2 (bench.units) and counted decompressed bytes.

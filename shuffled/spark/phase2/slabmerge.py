@@ -31,7 +31,8 @@ from shuffled.protocol import Interval
 from shuffled.slab.keys import KEY_COLUMN, key_ints, split_range
 from shuffled.spark.phase2.durable import sync_files
 from shuffled.spark.phase2.merge import (
-    Repeats, SegmentSink, _segment_table, _write, merge_partitions, read_ahead, runs_comparable,
+    Repeats, SegmentSink, _segment_table, _write, encoded, merge_partitions, read_ahead,
+    runs_comparable,
 )
 from shuffled.spark.phase2.plan import Phase2Config
 from shuffled.spark.phase2.publish import segment_name
@@ -371,13 +372,17 @@ def make_phase2_slabs(cfg: Phase2Config, slabs_on: dict[str, int],
             merged = _merged(parts, cfg.layout, finish)
             merge_s = (time.monotonic() - started) / len(batch)
             peak = peak_rss()  # once a batch, as the partials' phase 2 (/proc reads)
-            for (s, _, rows_in, fetched, fetch_s), out in zip(batch, merged, strict=True):
+            w = time.monotonic()
+            files = encoded(merged, cfg)
+            encode_s = (time.monotonic() - w) / len(batch)
+            for (s, _, rows_in, fetched, fetch_s), out, data in zip(batch, merged, files,
+                                                                   strict=True):
                 if not out.num_rows and not s.written_empty:
                     yield _no_segment(s, rows_in, fetched, attempt)
                     continue
-                w = time.monotonic()
+                w = time.monotonic() - encode_s
                 path = path_of(s)
-                size = _write(out, path, cfg)
+                size = _write(out, path, cfg, data)
                 yield segment(s, path, rows_in, out.num_rows, size, fetched, fetch_s, merge_s,
                               time.monotonic() - w, peak)
             batch.clear()
