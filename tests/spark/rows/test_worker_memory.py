@@ -45,8 +45,8 @@ def test_a_task_start_hands_back_what_the_pool_kept() -> None:
 def test_the_workers_run_with_the_setting(spark: Any) -> None:
     """The session's Python workers (local mode here) get the environment through
     ``spark.executorEnv``, as a cluster's executors do."""
-    assert worker_conf() == {f"spark.executorEnv.{k}": os.environ.get(k, v)
-                             for k, v in WORKER_ENV.items()}
+    assert {k: v for k, v in worker_conf().items() if k.startswith("spark.executorEnv.")} == \
+        {f"spark.executorEnv.{k}": os.environ.get(k, v) for k, v in WORKER_ENV.items()}
     got = (spark.sparkContext.parallelize([0], 1)
            .map(lambda _: {k: os.environ.get(k) for k in WORKER_ENV}).collect())
     assert got == [{k: os.environ.get(k, v) for k, v in WORKER_ENV.items()}]
