@@ -126,6 +126,15 @@ def test_any_small_table_is_what_pyarrow_writes(rows: int, seed: int, nulls: flo
     _check(table, files.encode([table])[0], codecs)
 
 
+def test_any_column_names_are_encoded() -> None:
+    """The strings' limits are aggregated under names of their own: a dimension may be
+    called anything, "0" or "1_min_max" too."""
+    table = _table(50, 3, 0.2).rename_columns(["__time", "1", "0_min_max", "2"])
+    files = PlainFiles.of(table.schema, dict(zip(table.column_names, CODECS[0].values())))
+    assert files is not None
+    _check(table, files.encode([table])[0], dict(zip(table.column_names, CODECS[0].values())))
+
+
 def test_what_is_not_encoded_here_is_left_to_pyarrow() -> None:
     """None, for the caller to write with pyarrow: past the plain size, no rows, another
     schema, a string past pyarrow's statistics size; and no encoder at all for a column

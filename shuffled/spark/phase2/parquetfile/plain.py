@@ -252,8 +252,9 @@ def _ints(arr: pa.Array, bounds: np.ndarray) -> _Prepared:
 
 def _strings(arr: pa.Array, bounds: np.ndarray) -> _Prepared | None:
     """The PLAIN encoding of a string column (each value its 4-byte little-endian length,
-    then its bytes; nulls left out) for a whole batch, and each file's minimum and
-    maximum; None when a value is too long for pyarrow's statistics."""
+    then its bytes; nulls left out) for a whole batch, with each file's null count and
+    values' bytes (its minimum and maximum come from :func:`_string_limits`); None when a
+    value is too long for pyarrow's statistics."""
     n = len(arr)
     raw = arr.view(pa.binary())
     valid = _validity(arr)
@@ -289,21 +290,20 @@ def _string_limits(table: pa.Table, rows: np.ndarray) -> list[tuple[list[bytes],
     file without values: its statistics hold none): one hash aggregation by file for the
     columns together (2.9 ms for four columns of 128 files, against 5.9 for a ``min_max``
     a file and column)."""
-    names = table.column_names
-    owner = pa.array(np.repeat(np.arange(len(rows), dtype=np.int32), rows))
-    got = table.append_column(_FILE, owner).group_by(_FILE, use_threads=False).aggregate(
-        [(name, "min_max") for name in names])
-    got = got.take(pc.sort_indices(got.column(_FILE)))  # by file, whatever the order
+    # Columns renamed by position: a dimension may have any name, the file number's too.
+    count = table.num_columns
+    named = pa.table([*table.columns, np.repeat(np.arange(len(rows), dtype=np.int32), rows)],
+                     names=[str(n) for n in range(count + 1)])
+    got = named.group_by(str(count), use_threads=False).aggregate(
+        [(str(n), "min_max") for n in range(count)])
+    got = got.take(pc.sort_indices(got.column(str(count))))  # by file, whatever the order
     out = []
-    for name in names:
-        both = got.column(f"{name}_min_max").combine_chunks()
+    for n in range(count):
+        both = got.column(f"{n}_min_max").combine_chunks()
         lows = both.field("min").view(pa.binary()).to_pylist()
         highs = both.field("max").view(pa.binary()).to_pylist()
         out.append(([b or b"" for b in lows], [b or b"" for b in highs]))
     return out
-
-
-_FILE = "__file"
 
 
 def _validity(arr: pa.Array) -> np.ndarray | None:

@@ -50,13 +50,6 @@ _SMALL_COUNT = 1 << 15
 _SMALL = tuple(uvarint(n << 1) for n in range(_SMALL_COUNT))
 
 
-def field(delta: int, kind: int) -> bytes:
-    """A field header: ``delta`` (1-15) from the previous field id of the struct."""
-    if not 0 < delta < 16:
-        raise ValueError(f"a field id delta of {delta} needs the long form")
-    return bytes(((delta << 4) | kind,))
-
-
 def list_header(size: int, kind: int) -> bytes:
     """A list's header: its size and its elements' type."""
     if size < 15:
