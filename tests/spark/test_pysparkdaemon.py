@@ -36,6 +36,18 @@ def test_the_installed_packages_zips_are_found_and_nothing_else(tmp_path: Path) 
     assert installed_copies([pyspark_zip, str(tmp_path)]) == []
 
 
+def test_a_conf_of_the_users_stands(monkeypatch: Any) -> None:
+    """``shuffled ingest --conf spark.python.daemon.module=...`` reaches spark-submit through
+    PYSPARK_SUBMIT_ARGS; the session's own setting would replace it, so it is left out."""
+    monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", "--conf spark.python.daemon.module=pyspark.daemon "
+                       "--conf 'spark.executor.memory=1g' pyspark-shell")
+    got = worker_conf()
+    assert "spark.python.daemon.module" not in got
+    assert any(k.startswith("spark.executorEnv.") for k in got)
+    monkeypatch.delenv("PYSPARK_SUBMIT_ARGS")
+    assert worker_conf()["spark.python.daemon.module"] == DAEMON_MODULE
+
+
 def test_a_worker_imports_the_compiled_pyspark(spark: Any) -> None:  # noqa: F811
     """The session's workers (tests use shuffled's worker settings) run the daemon and
     import pyspark from the package, not from a zip Spark put on their path."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -52,10 +53,15 @@ DAEMON_MODULE = "shuffled.pysparkdaemon"
 
 def worker_conf() -> dict[str, str]:
     """The Spark settings of the Python workers: :data:`WORKER_ENV`, and
-    :data:`DAEMON_MODULE` as their daemon."""
-    return {"spark.python.daemon.module": DAEMON_MODULE,
+    :data:`DAEMON_MODULE` as their daemon; each unless spark-submit's arguments set it
+    (``PYSPARK_SUBMIT_ARGS``: ``shuffled ingest --conf``), whose value then stands (a
+    session builder's setting would replace it)."""
+    ours = {"spark.python.daemon.module": DAEMON_MODULE,
             **{f"spark.executorEnv.{name}": os.environ.get(name, value)
                for name, value in WORKER_ENV.items()}}
+    given = {a.split("=", 1)[0] for a in shlex.split(os.environ.get("PYSPARK_SUBMIT_ARGS", ""))
+             if "=" in a}
+    return {k: v for k, v in ours.items() if k not in given}
 
 
 def get_session(master: str | None) -> tuple[SparkSession, bool]:
