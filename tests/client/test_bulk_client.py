@@ -34,6 +34,7 @@ from tests.conftest import (
 )
 from tests.helpers.bulk import frames_of, get, key, partials
 from tests.helpers.clients import FAST, in_thread
+from tests.helpers.procs import host_port
 
 
 def held(client: ShuffleClient, sup: str) -> int:
@@ -158,8 +159,7 @@ def test_a_batch_cut_while_sending_is_sent_again_whole(tmp_path: Path) -> None:
     items = [(key(f"s{i}", "recut", pid=i), arrow_bytes(sample_table(300, seed=i)))
              for i in range(5)]
     with EmbeddedDaemon([tmp_path / "a"], free_space_reserve=0) as url:
-        host, port = url.removeprefix("http://").rsplit(":", 1)
-        proxy = RequestCutProxy((host, int(port)), cut=len(items[0][1]) * 2 + 500)
+        proxy = RequestCutProxy(host_port(url), cut=len(items[0][1]) * 2 + 500)
         try:
             with ShuffleClient(f"http://127.0.0.1:{proxy.port}", retry=FAST) as client:
                 answers = client.put_partials("recut", iter(items))

@@ -30,6 +30,7 @@ from shuffled.server.routes.partitions import MAX_PARTITIONS
 from tests.conftest import PREFIX, arrow_bytes, pack_files, pack_records, sample_table
 from tests.helpers.clients import FAST, in_thread
 from tests.helpers.cutting_proxy import CuttingProxy
+from tests.helpers.procs import host_port
 
 DAY = 86_400_000
 
@@ -185,8 +186,7 @@ def test_an_answer_cut_midway_is_asked_for_again(tmp_path: Path) -> None:
         _store(direct, "r", 30)
         asked = [(_key(d), None) for d in range(30)]
         expected = [direct.get_partition(k) for k, _ in asked]
-        host, port = url.removeprefix("http://").rsplit(":", 1)
-        proxy = CuttingProxy((host, int(port)), cut=sum(map(len, expected)) // 2)
+        proxy = CuttingProxy(host_port(url), cut=sum(map(len, expected)) // 2)
         try:
             with ShuffleClient(f"http://127.0.0.1:{proxy.port}", retry=FAST) as client:
                 assert client.get_partitions("r", asked) == expected

@@ -32,6 +32,7 @@ from tests.conftest import (
     sample_table,
 )
 from tests.helpers.bulk import MEDIA, get, key, partials, post
+from tests.helpers.procs import host_port
 
 
 def batch(items: list[tuple[PartialKey, bytes]], *, end: bool = True) -> tuple[bytes, list[int]]:
@@ -114,9 +115,9 @@ def test_a_connection_dropped_mid_batch_stores_nothing_partial(tmp_path: Path) -
     items = partials("drop", 4)
     body, starts = batch(items)
     with EmbeddedDaemon([tmp_path / "a"], free_space_reserve=0) as url:
-        host, port = url.removeprefix("http://").rsplit(":", 1)
+        host, port = host_port(url)
         cut = starts[2] + 50  # inside the third frame
-        sock = socket.create_connection((host, int(port)), timeout=30)
+        sock = socket.create_connection((host, port), timeout=30)
         try:
             sock.sendall(f"POST {PREFIX}/tasks/drop/partials HTTP/1.1\r\nHost: x\r\n"
                          f"Content-Type: {framing.MEDIA_TYPE}\r\nContent-Length: {len(body)}"

@@ -19,6 +19,7 @@ from tests.conftest import (
     DAY, PREFIX, arrow_bytes, catalog_rows, committed_bytes, data_size, files_under, pack_files,
     sample_table, stored_stream,
 )
+from tests.helpers.procs import host_port
 
 ROOT = Path(__file__).parents[2]
 
@@ -42,10 +43,10 @@ def test_sigterm_finishes_in_flight_upload_refuses_new_and_exits_0(tmp_path: Pat
         line = proc.stdout.readline()  # bounded: the daemon prints it once bound, or exits
         assert line.startswith("shuffled listening on http://"), line + proc.stderr.read()
         base = line.split()[-1]
-        host, port = base.removeprefix("http://").split(":")
+        host, port = host_port(base)
         body = arrow_bytes(sample_table(5000))
         half = len(body) // 2
-        sock = socket.create_connection((host, int(port)), timeout=30)
+        sock = socket.create_connection((host, port), timeout=30)
         path = f"{PREFIX}/tasks/sup/s1/partition?start=2018-01-01&end=2018-01-02&partitionId=0"
         sock.sendall(
             f"PUT {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {len(body)}\r\n"

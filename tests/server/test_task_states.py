@@ -20,7 +20,7 @@ from shuffled.protocol import Interval, PartialKey, PartitionKey
 from shuffled.server.embedded import EmbeddedDaemon
 from tests.conftest import PREFIX, arrow_bytes, sample_table
 from tests.helpers.clients import FAST
-from tests.helpers.procs import DaemonProcess
+from tests.helpers.procs import DaemonProcess, host_port
 
 DAY = 86_400_000
 SUBS = [f"s{i}" for i in range(12)]
@@ -67,8 +67,8 @@ def _whole_or_nothing(url: str, sup: str) -> tuple[int, bool, str]:
 
 def _send(url: str, method: str, path: str) -> socket.socket:
     """Send a request and do not wait for its answer (the daemon is killed meanwhile)."""
-    host, port = url.split("://", 1)[1].rsplit(":", 1)
-    sock = socket.create_connection((host, int(port)), timeout=10)
+    host, port = host_port(url)
+    sock = socket.create_connection((host, port), timeout=10)
     sock.sendall(f"{method} {PREFIX}{path} HTTP/1.1\r\nHost: {host}\r\n"
                  f"Content-Length: 0\r\n\r\n".encode())
     return sock

@@ -14,7 +14,7 @@ import pytest
 
 from shuffled.server.embedded import EmbeddedDaemon
 from tests.conftest import PREFIX, arrow_bytes, files_under, sample_table
-from tests.helpers.procs import http_get, wait_for
+from tests.helpers.procs import host_port, http_get, wait_for
 
 GOOD = arrow_bytes(sample_table(2000))
 QUERY = "start=2018-01-01&end=2018-01-02&partitionId=0"
@@ -88,8 +88,8 @@ def test_lying_framing_and_odd_targets_leave_nothing(wire_daemon: tuple[str, lis
                                                      name: str) -> None:
     url, locs = wire_daemon
     payload, then, acceptable = CASES[name]
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-    sock = socket.create_connection((host, int(port)), timeout=10)
+    host, port = host_port(url)
+    sock = socket.create_connection((host, port), timeout=10)
     reply = b""
     try:
         sock.sendall(payload)

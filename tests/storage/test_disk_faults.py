@@ -35,7 +35,7 @@ from tests.conftest import (
     DAY, PREFIX, arrow_bytes, catalog_rows, committed_bytes, data_size, files_under,
     pack_files, packed_size, sample_table,
 )
-from tests.helpers.procs import DaemonProcess, http_get, metric_value, wait_for
+from tests.helpers.procs import DaemonProcess, host_port, http_get, metric_value, wait_for
 
 INTERVAL = Interval.parse(DAY["start"], DAY["end"])
 QUERY = "start=2018-01-01&end=2018-01-02&partitionId=0"
@@ -191,7 +191,7 @@ def test_full_location_is_taken_out_then_returns(start_ns_daemon: Any, tmp_path:
     daemon = start_ns_daemon(f"mount -t tmpfs -o size=16m shuffled-test {shlex.quote(str(a))}",
                              "--free-space-reserve", str(4 << 20))
     watch = Watch(daemon.url, a)
-    host, port = daemon.url.removeprefix("http://").rsplit(":", 1)
+    host, port = host_port(daemon.url)
     with ShuffleClient(daemon.url) as client:
         before = put_all(client, ["before0", "before1"])
         if before["before1"][1] == str(a):  # make the next round-robin choice a
@@ -199,7 +199,7 @@ def test_full_location_is_taken_out_then_returns(start_ns_daemon: Any, tmp_path:
         # An upload lands on a with room to spare; then the file system fills up under it.
         big = arrow_bytes(sample_table(200_000, seed=7))
         assert 3 << 20 < len(big) < 6 << 20
-        sock = socket.create_connection((host, int(port)), timeout=30)
+        sock = socket.create_connection((host, port), timeout=30)
         try:
             sock.sendall(
                 f"PUT {PREFIX}/tasks/sup/filling/partition?{QUERY} HTTP/1.1\r\nHost: x\r\n"
