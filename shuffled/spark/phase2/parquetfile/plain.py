@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -65,7 +65,6 @@ class _Column:
     """A column's constant pieces: everything of its page header and metadata that does
     not depend on the rows."""
 
-    name: str
     strings: bool
     optional: bool
     codec: pa.Codec | None
@@ -108,19 +107,19 @@ class PlainFiles:
             prepared = _strings(arr, bounds) if spec.strings else _ints(arr, bounds)
             if prepared is None:
                 return out
-            prepared.firsts = firsts
             columns.append(prepared)
         strings = [n for n, spec in enumerate(self.columns) if spec.strings]
         if strings:
             limits = _string_limits(whole.select(strings), rows)
             for n, (lows, highs) in zip(strings, limits, strict=True):
                 columns[n].lows, columns[n].highs = lows, highs
-        for n, data in zip(todo, self._files(rows.tolist(), columns), strict=True):
+        for n, data in zip(todo, self._files(rows.tolist(), firsts, columns), strict=True):
             out[n] = data
         return out
 
-    def _files(self, rows: list[int], columns: list[_Prepared]) -> list[bytes]:
-        """The files, a column at a time over them all (list comprehensions: a file at a
+    def _files(self, rows: list[int], firsts: list[int], columns: list[_Prepared],
+               ) -> list[bytes]:
+        """The files (``firsts``: each one's first row in the batch), a column at a time over them all (list comprehensions: a file at a
         time, the interpreter's per-statement cost was most of it)."""
         count = len(rows)
         at = [len(MAGIC)] * count
@@ -135,7 +134,7 @@ class PlainFiles:
             bodies = [whole[ends[i]:ends[i + 1]] for i in range(count)]
             if spec.optional:
                 bodies = [_levels(p.valid, a, n, k) + body for a, n, k, body in
-                          zip(p.firsts, rows, p.nulls, bodies, strict=True)]
+                          zip(firsts, rows, p.nulls, bodies, strict=True)]
             compress = spec.codec.compress if spec.codec else None
             datas = [compress(b, asbytes=True) for b in bodies] if compress else bodies
             stats = [_stats(spec.strings, k, n, lo, hi) for k, n, lo, hi in
@@ -225,7 +224,6 @@ class _Prepared:
     lows: list[bytes]
     highs: list[bytes]
     unencoded: list[int] | None = None
-    firsts: list[int] = field(default_factory=list)  # per file, its first row
 
 
 def _ints(arr: pa.Array, bounds: np.ndarray) -> _Prepared:
@@ -352,7 +350,7 @@ def _encoder(schema: pa.Schema, codecs: tuple[str, ...]) -> PlainFiles | None:
             b"\x15", zigzag(_CODECS[codec]), b"\x16"))
         size_head = b"\x3c" if strings or f.nullable else b""
         arrow_codec = _ARROW_CODECS.get(codec)
-        columns.append(_Column(f.name, strings, f.nullable,
+        columns.append(_Column(strings, f.nullable,
                                pa.Codec(arrow_codec) if arrow_codec else None,
                                meta_head, size_head))
     prefix, suffix = _template(schema, codecs)
