@@ -60,6 +60,26 @@ def _ipc(table: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
+def _stream(table: pa.Table, options: pa.ipc.IpcWriteOptions | None) -> pa.Buffer:
+    """``table``'s batches as one IPC stream. Uncompressed, into a buffer of its exact size,
+    measured by a first pass that copies nothing: the writer's growing buffer copied a
+    42 MB slab's bytes once more on its way to 64 MiB, in fresh pages each time (a slab's
+    write 10-270 ms -> 10-160; docs/benchmarks.md). Compressed, the size is not known
+    without compressing twice."""
+    if options is not None:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
+            writer.write_table(table)
+        return sink.getvalue()
+    measure = pa.MockOutputStream()
+    with pa.ipc.new_stream(measure, table.schema) as writer:
+        writer.write_table(table)
+    body = pa.allocate_buffer(measure.size())
+    with pa.ipc.new_stream(pa.FixedSizeBufferWriter(body), table.schema) as writer:
+        writer.write_table(table)
+    return body
+
+
 def _messages(body: pa.Buffer, schema_len: int) -> tuple[list[int], list[int]]:
     """The byte offset and length of each record batch message of an IPC stream that
     starts with its ``schema_len``-byte schema message (each message: 8 bytes of prefix,
@@ -120,16 +140,13 @@ def build(table: pa.Table, chunk_start: np.ndarray, chunk_end: np.ndarray, *,
     starts = batch_starts(bounds, batch_rows, partition)
     ends = np.append(starts[1:], table.num_rows).astype(np.int64)
     keys = table.column(KEY_COLUMN).combine_chunks() if kind != KeyKind.NONE else None
-    data = pa.BufferOutputStream()
     schema_len = table.schema.serialize().size  # the writer puts it before the first batch
     whole = table.combine_chunks().to_batches()
-    with pa.ipc.new_stream(data, table.schema, options=options) as writer:
-        # One call writes every batch (a batch a chunk: thousands a slab); a Python
-        # write_batch and tell() per batch was a quarter of a phase-1 slab's upload.
-        writer.write_table(pa.Table.from_batches(
-            [whole[0].slice(int(lo), int(hi - lo)) for lo, hi in zip(starts, ends, strict=True)],
-            table.schema))
-    body = data.getvalue()
+    # One call writes every batch (a batch a chunk: thousands a slab); a Python write_batch
+    # and tell() per batch was a quarter of a phase-1 slab's upload.
+    body = _stream(pa.Table.from_batches(
+        [whole[0].slice(int(lo), int(hi - lo)) for lo, hi in zip(starts, ends, strict=True)],
+        table.schema), options)
     offsets, lengths = _messages(body, schema_len)
     if len(offsets) != len(starts):
         raise AssertionError(f"the stream holds {len(offsets)} batches, not {len(starts)}")

@@ -13,6 +13,10 @@ from __future__ import annotations
 class Hooks:
     """The no-op seams (see the module docstring)."""
 
+    def task_started(self) -> None:
+        """A phase-1 or merge task starts on its Python worker, before the task reads the
+        worker's resident size it reports its growth against."""
+
     def phase1_uploaded(self, partition: int, attempt_number: int, uploads: int) -> None:
         """A phase-1 task (``partition``, attempt ``attempt_number``) has ``uploads``
         partials answered so far (called after each)."""

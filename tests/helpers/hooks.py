@@ -115,3 +115,21 @@ class SeeFrozen(Hooks):
         import gc
 
         self.seen.append(gc.get_freeze_count())
+
+
+@dataclass
+class ReleaseAtTaskStart(Hooks):
+    """Each task hands back what its worker's allocators kept from earlier tasks before it
+    reads its baseline, so that its reported RSS growth is its own use from an emptied pool
+    (production keeps those pages: shuffled.spark.phase1.tasks.run_task), and records that
+    it did in ``record``, a file (one line a task start)."""
+
+    record: str | None = None
+
+    def task_started(self) -> None:
+        from shuffled.spark.rows.memory import release_free_memory
+
+        release_free_memory()
+        if self.record is not None:
+            with open(self.record, "a", encoding="utf-8") as fh:
+                fh.write(f"{os.getpid()}\n")

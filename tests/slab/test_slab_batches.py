@@ -48,3 +48,20 @@ def test_each_index_row_is_one_batch_of_its_chunk(compression: str | None) -> No
         assert got.num_rows == row["rows"]
         assert set((got["__time"].to_numpy() // HOUR) * HOUR) == {row["chunk_start"]}
     assert at + len(schema_message) + 8 == len(stream)
+
+
+def test_the_data_section_is_the_writers_stream_byte_for_byte() -> None:
+    """The uncompressed stream goes into a buffer sized by a first pass (build._stream):
+    every byte of it is the writer's, none left as the allocator gave it, none short."""
+    t = rows_table(3000, chunks=5, seed=8)
+    t = t.set_column(t.schema.get_field_index("dim"), "dim",
+                     pa.array([None if i % 7 == 0 else f"d{i % 13}" for i in range(len(t))]))
+    pieces = pa.Table.from_batches([t.slice(lo, 250).to_batches()[0]
+                                    for lo in range(0, len(t), 250)])
+    for _ in range(3):  # reused pages from the pool hold the last stream's bytes
+        got = build._stream(pieces, None)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, pieces.schema) as writer:
+            writer.write_table(pieces)
+        assert got.to_pybytes() == sink.getvalue().to_pybytes()
+        assert pa.ipc.open_stream(got).read_all().equals(pieces)

@@ -32,9 +32,10 @@ DRIVER_JAVA_OPTIONS = "-XX:+ExitOnOutOfMemoryError"
 #: 10 ms after a free by default; a phase-1 or phase-2 task frees and allocates the same
 #: buffers over and over, so the kernel faulted them in and zeroed them again (17.6% of
 #: phase-2 workers' CPU in ``clear_page_erms``, docs/benchmarks.md). Ten seconds keeps
-#: them for a task's run; a task still starts by handing back what earlier ones freed
-#: (:func:`shuffled.spark.rows.memory.release_free_memory`: a forced collect ignores the
-#: delay), so its peak memory measures its own use.
+#: them for a task's run and for the worker's next task (phase 2 after phase 1): a task no
+#: longer starts by handing back what earlier ones freed, whose pages the next faulted in
+#: again (~3.7 ms a 2 MiB page on this VM; docs/benchmarks.md), so a task's reported RSS
+#: growth leaves out what it reused.
 WORKER_ENV: dict[str, str] = {"MIMALLOC_PURGE_DELAY": "10000"}
 
 #: SQL settings a job needs; set for the job's duration, then restored.

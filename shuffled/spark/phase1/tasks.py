@@ -52,7 +52,7 @@ from shuffled.spark.phase1.slabs import KeySample, cut_slab, with_lead
 from shuffled.spark.phase1.config import Phase1Config
 from shuffled.spark.phase1.native.timeorder import AT_ONCE, TimeOrdered
 from shuffled.spark.rows.multivalue import has_multi
-from shuffled.spark.rows.memory import peak_rss, release_free_memory, reset_peak_rss, rss
+from shuffled.spark.rows.memory import peak_rss, reset_peak_rss, rss
 from shuffled.spark.rows.rollup import (
     BAD, BUCKET, CHUNK, LEAD, WITH_ERROR, combine, rollup_input,
 )
@@ -433,7 +433,10 @@ def run_task(cfg: Phase1Config, batches: Iterator[pa.RecordBatch | pa.Table],
     ``watermark`` says below which time chunk the input has moved (see
     :mod:`shuffled.spark.phase1.native.timeorder`)."""
     started = time.monotonic()
-    release_free_memory()  # what earlier tasks of this worker freed, so RSS shows ours
+    # Pages earlier tasks of this worker freed stay with its allocator (docs/ingestion.md,
+    # "memory"): handing them back first made this task fault them in again, and on a VM
+    # whose host reclaims free pages a fresh 2 MiB page cost ~3.7 ms (docs/benchmarks.md).
+    cfg.hooks.task_started()
     reset_peak_rss()
     baseline = rss()
     task = _Task(cfg, bucketer, watermark, on_slab)

@@ -37,7 +37,7 @@ from shuffled.spark.phase2.plan import (  # noqa: F401  (re-exported: the driver
 from shuffled.spark.phase2.publish import segment_name
 from shuffled.spark.phase2.verdict import Verdict
 from shuffled.spark.records import Lost, Segment, dump
-from shuffled.spark.rows.memory import peak_rss, release_free_memory, reset_peak_rss, rss
+from shuffled.spark.rows.memory import peak_rss, reset_peak_rss, rss
 from shuffled.spark.phase2.spill import SpillStats, merge_bounded, merge_in_memory
 from shuffled.spark.rows.multivalue import LIST_TYPE, decode
 from shuffled.spark.rows.rollup import TIME, Layout, combine
@@ -314,7 +314,7 @@ def make_phase2(cfg: Phase2Config) -> Callable[[Iterable[Assignment]], Iterator[
 
         ctx = TaskContext.get()
         attempt = ctx.taskAttemptId() if ctx else 0
-        release_free_memory()
+        cfg.hooks.task_started()  # no release of earlier tasks' pages: phase1.tasks.run_task
         reset_peak_rss()
         baseline = rss()  # the worker before this task: the interpreter, pyarrow, ...
         clients: dict[str, ShuffleClient] = {}

@@ -39,7 +39,7 @@ from shuffled.spark.phase2.publish import segment_name
 from shuffled.spark.phase2.spill import WORK_FACTOR, merge_bounded, rolled_up
 from shuffled.spark.phase2.verdict import Verdict
 from shuffled.spark.records import Lost, Segment, dump
-from shuffled.spark.rows.memory import peak_rss, release_free_memory, reset_peak_rss, rss
+from shuffled.spark.rows.memory import peak_rss, reset_peak_rss, rss
 from shuffled.spark.rows.rollup import Layout
 
 BATCH_SHARDS = 128  # shards read (one request per daemon) and merged together
@@ -324,7 +324,7 @@ def make_phase2_slabs(cfg: Phase2Config, slabs_on: dict[str, int],
 
         ctx = TaskContext.get()
         attempt = ctx.taskAttemptId() if ctx else 0
-        release_free_memory()
+        cfg.hooks.task_started()  # no release of earlier tasks' pages: phase1.tasks.run_task
         reset_peak_rss()
         baseline = rss()
         clients: dict[str, ShuffleClient] = {}
