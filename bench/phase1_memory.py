@@ -3,7 +3,8 @@ combiner on comparison 5's data (bench/e2e_data.py), or on rows that never fold
 (bench/unfold_data.py), at several sizes, one ingestion each.
 
 Prints, per size, the peak RSS of the largest phase-1 Python worker (VmHWM, reset when the
-task starts) and what a task added to it, the rows phase 1 shipped against the rows read
+task starts) and what a task added to it (beyond pages its worker kept from a task of the
+ten seconds before), the rows phase 1 shipped against the rows read
 and against the rows the job published (the distinct keys of the whole input: no combiner
 can ship fewer than one per key per task holding it), and the phases' seconds.
 """
