@@ -434,8 +434,9 @@ def run_task(cfg: Phase1Config, batches: Iterator[pa.RecordBatch | pa.Table],
     :mod:`shuffled.spark.phase1.native.timeorder`)."""
     started = time.monotonic()
     # Pages earlier tasks of this worker freed stay with its allocator (docs/ingestion.md,
-    # the merge budget): handing them back first made this task fault them in again, and on a VM
-    # whose host reclaims free pages a fresh 2 MiB page cost ~3.7 ms (docs/benchmarks.md).
+    # the merge budget): handing them back first made this task fault them in again, and
+    # on a VM whose host reclaims free pages a fresh 2 MiB page costs ~3.7 ms
+    # (docs/benchmarks.md).
     cfg.hooks.task_started()
     reset_peak_rss()
     baseline = rss()
