@@ -145,7 +145,8 @@ def build(table: pa.Table, chunk_start: np.ndarray, chunk_end: np.ndarray, *,
     # One call writes every batch (a batch a chunk: thousands a slab); a Python write_batch
     # and tell() per batch was a quarter of a phase-1 slab's upload.
     body = _stream(pa.Table.from_batches(
-        [whole[0].slice(int(lo), int(hi - lo)) for lo, hi in zip(starts, ends, strict=True)],
+        [whole[0].slice(lo, n) for lo, n in zip(starts.tolist(), (ends - starts).tolist(),
+                                                strict=True)],
         table.schema), options)
     offsets, lengths = _messages(body, schema_len)
     if len(offsets) != len(starts):

@@ -103,9 +103,10 @@ def _in_order(chunks: np.ndarray, lead: np.ndarray) -> bool:
 
 
 def row_keys(table: pa.Table, keying: Keying) -> tuple[pa.Array, np.ndarray | None]:
-    """Each row's key bytes, and the order grouping rows by (chunk, key) (None: the rows
-    are in it). A hashed key is read from :data:`LEAD` where the rollup carried it
-    (:func:`with_lead`)."""
+    """Each row's key bytes, in that order, and the order grouping rows by (chunk, key)
+    (None: the rows are in it). A hashed key is read from :data:`LEAD` where the rollup
+    carried it (:func:`with_lead`). The keys are made in the slab's order, not taken into
+    it: a second take of a range slab's keys copied its widest column once more."""
     chunks = table.column(CHUNK).to_numpy()
     if keying.kind == "hashed":
         if LEAD in table.column_names:
@@ -118,6 +119,8 @@ def row_keys(table: pa.Table, keying: Keying) -> tuple[pa.Array, np.ndarray | No
             h = hash_values(table, keying.columns)
             part = _partition_of(h, keying)
             order = chunk_order(chunks, part, keying.num_shards or 1, h)
+        if order is not None:
+            h, part = h[order], part[order]
         keys = (slab_keys.partition_hash_keys(part, h) if keying.num_shards
                 else slab_keys.hash_keys(h))
         return keys, order
@@ -126,7 +129,7 @@ def row_keys(table: pa.Table, keying: Keying) -> tuple[pa.Array, np.ndarray | No
     ranks = rank[row]
     # The rollup grouped the rows in this order where it sorted them (tasks' order_by).
     order = None if _in_order(chunks, ranks) else chunk_order(chunks, ranks, max(len(rank), 1))
-    return distinct.take(pa.array(row)), order
+    return distinct.take(pa.array(row if order is None else row[order])), order
 
 
 def chunk_order(chunks: np.ndarray, major: np.ndarray, count: int,
@@ -255,7 +258,7 @@ def cut_slab(table: pa.Table, layout: Layout, keying: Keying, granularity: str, 
     columns = [_ordered(table.column(f.name), take) for f in schema]
     columns = [c if c.type == f.type else c.cast(f.type, safe=False)
                for c, f in zip(columns, schema, strict=True)]
-    data = pa.Table.from_arrays([*columns, keys if take is None else keys.take(take)],
+    data = pa.Table.from_arrays([*columns, keys],
                                 schema=schema.append(pa.field(KEY_COLUMN, pa.binary())))
     chunk_start = table.column(CHUNK).to_numpy().astype(np.int64)
     # The HLL's row hash from the input's own columns (dictionaries hash each value once)

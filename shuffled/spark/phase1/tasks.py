@@ -392,8 +392,19 @@ SLAB_CHUNKS = 1024
 
 def by_chunks(table: pa.Table, most: int) -> Iterator[pa.Table]:
     """``table``'s rows in pieces of at most ``most`` time chunks (``table`` itself when it
-    holds no more)."""
+    holds no more). Rows in chunk order, as a flush's usually are, go as slices: a
+    filter copied every column of comparison 7's flushes (3,652 day chunks) before
+    ``cut_slab`` copied them again, and ``np.unique`` sorted the chunks to count them."""
     chunks = table.column(CHUNK).to_numpy()
+    if len(chunks) and bool((chunks[1:] >= chunks[:-1]).all()):
+        firsts = np.concatenate([[0], np.flatnonzero(chunks[1:] != chunks[:-1]) + 1])
+        if len(firsts) <= most:
+            yield table
+            return
+        ends = [*firsts[most::most].tolist(), len(chunks)]
+        for start, end in zip(firsts[::most].tolist(), ends, strict=True):
+            yield table.slice(start, end - start)
+        return
     distinct = np.unique(chunks)
     if len(distinct) <= most:
         yield table

@@ -161,3 +161,30 @@ def test_a_phase1_task_asks_its_rollup_for_the_slab_order() -> None:
             assert task.order_by == ()
         finally:
             task.close()
+
+
+@pytest.mark.parametrize("keying", [KEYINGS[0], Keying("hashed", ("country", "city")),
+                                    Keying("hashed", ("country", "city"), num_shards=3)],
+                         ids=["range", "hashed", "hashed-numShards"])
+def test_each_slab_row_carries_its_own_key(keying: Keying) -> None:
+    """The cut sorts rows the rollup left out of order and makes their keys in the slab's
+    order (row_keys): each row's ``__key`` is the key of its own columns, encoded again
+    here from the slab's rows."""
+    from shuffled.slab.keys import hash_keys, partition_hash_keys
+    from shuffled.spark.phase1.slabs import _partition_of, hash_values
+    from tests.helpers.slab_decode import decode
+
+    plain = rollup_input(rows(np.random.default_rng(21), 20_000, 3), LAYOUT, [CHUNK],
+                         dictionaries=True)
+    assert row_keys(plain, keying)[1] is not None  # the cut sorts: keys in its order
+    slab, _ = cut_slab(plain, LAYOUT, keying, "day", sub_task_id="p0", slab_id=0, attempt=0)
+    data = decode(slab).data
+    if keying.kind == "range":
+        want = tuple_keys([data.column(c) for c in keying.columns])
+    else:
+        h = hash_values(data, keying.columns)
+        want = (partition_hash_keys(_partition_of(h, keying), h) if keying.num_shards
+                else hash_keys(h))
+    assert data.column("__key").combine_chunks().cast(pa.binary()).to_pylist() == \
+        want.cast(pa.binary()).to_pylist()
+    assert data.num_rows == plain.num_rows
