@@ -155,30 +155,19 @@ def _ingest(tmp_path: Path, spec: dict[str, Any]) -> dict[str, Any]:
     finally:
         daemon.stop()
     report = json.loads(Path(result.report_path).read_text())
-    tasks = len(_find_list(report, "subtasks")) + _find(report, "partialSegmentMerge")["tasks"]
+    tasks = len(_find(report, "subtasks", list)) + _find(report, "partialSegmentMerge")["tasks"]
     assert len(record.read_text().splitlines()) >= tasks, report
     return report
 
 
-def _find_list(report: dict[str, Any], key: str) -> list[Any]:
-    """The list under ``key`` in the task report, wherever the report nests it."""
+def _find(report: dict[str, Any], key: str, kind: type = dict) -> Any:
+    """The value of type ``kind`` under ``key`` in the task report (a phase's figures by
+    default), wherever the report nests it."""
     stack: list[Any] = [report]
     while stack:
         node = stack.pop()
         if isinstance(node, dict):
-            if isinstance(node.get(key), list):
+            if isinstance(node.get(key), kind):
                 return node[key]
             stack.extend(node.values())
     raise KeyError(key)
-
-
-def _find(report: dict[str, Any], phase: str) -> dict[str, Any]:
-    """A phase's figures in the task report, wherever the report nests them."""
-    stack: list[Any] = [report]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            if phase in node and isinstance(node[phase], dict):
-                return node[phase]
-            stack.extend(node.values())
-    raise KeyError(phase)

@@ -119,8 +119,9 @@ class PlainFiles:
 
     def _files(self, rows: list[int], firsts: list[int], columns: list[_Prepared],
                ) -> list[bytes]:
-        """The files (``firsts``: each one's first row in the batch), a column at a time over them all (list comprehensions: a file at a
-        time, the interpreter's per-statement cost was most of it)."""
+        """The files (``firsts``: each one's first row in the batch), a column at a time
+        over them all (list comprehensions: a file at a time, the interpreter's
+        per-statement cost was most of it)."""
         count = len(rows)
         at = [len(MAGIC)] * count
         total_u = [0] * count
