@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+import pyarrow as pa
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from shuffled import __version__
@@ -62,8 +63,9 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        Info("shuffled_build", "Version of the running daemon.", registry=registry).info(
-            {"version": __version__}
+        Info("shuffled_build", "Version of the running daemon, and the memory pool Arrow's "
+             "allocations go to.", registry=registry).info(
+            {"version": __version__, "arrow_memory_pool": pa.default_memory_pool().backend_name}
         )
         # The seed's ingest/shuffle/bytes and ingest/shuffle/requests.
         self.served_bytes = Counter(

@@ -1,4 +1,5 @@
-"""``shuffled serve`` sets glibc's allocator (server.heap.tune_malloc): observed, not assumed.
+"""``shuffled serve`` sets glibc's allocator (server.heap.tune_malloc) and puts Arrow's
+allocations on it (cli.serve): observed, not assumed.
 
 With the mmap threshold fixed at 4 MiB, every 8 MiB buffer is a fresh mapping (its pages
 fault in each time); glibc's default raises the threshold after the first such buffer is
@@ -11,10 +12,13 @@ from __future__ import annotations
 import platform
 import subprocess
 import sys
+import urllib.request
+from pathlib import Path
 
 import pytest
 
 from shuffled.server.heap import MALLOPTS
+from tests.helpers.procs import DaemonProcess
 
 PROBE = """
 import resource, sys
@@ -44,3 +48,16 @@ def test_tuned_heap_maps_large_buffers_afresh_and_default_reuses_them() -> None:
     assert tuned >= 20, (tuned, default)  # mmap threshold fixed below 8 MiB
     assert default * 4 < tuned, (tuned, default)  # the probe tells the two apart
     assert dict(MALLOPTS)[-3] == 4 << 20
+
+
+@pytest.mark.parametrize("env, pool", [
+    (("env", "-u", "ARROW_DEFAULT_MEMORY_POOL"), "system"),  # serve's choice: glibc's heap
+    (("env", "ARROW_DEFAULT_MEMORY_POOL=mimalloc"), "mimalloc"),  # an operator's wins
+])
+def test_serve_puts_arrows_allocations_on_the_heap_unless_told(
+        tmp_path: Path, env: tuple[str, ...], pool: str) -> None:
+    with DaemonProcess([tmp_path / "a"], wrapper=env) as daemon, \
+            urllib.request.urlopen(f"{daemon.url}/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    (line,) = [x for x in text.splitlines() if x.startswith("shuffled_build_info{")]
+    assert f'arrow_memory_pool="{pool}"' in line, line
