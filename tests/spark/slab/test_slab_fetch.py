@@ -217,11 +217,12 @@ def test_cut_puts_each_row_in_the_range_of_its_key(width: int) -> None:
 
 
 @pytest.mark.parametrize("cells", [None, 50], ids=["one-pass", "in-groups"])
-@pytest.mark.parametrize("width", [4, 8, 0], ids=["hash", "partition-hash", "tuple"])
+@pytest.mark.parametrize("width", [4, 8, 0, -1],
+                         ids=["hash", "partition-hash", "tuple", "tuple-of-any-length"])
 def test_cut_many_cuts_each_table_by_its_own_edges(width: int, cells: int | None,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """slabmerge.cut_many (every run of one read cut at once, the fixed-width keys counted
-    in one pass, or in groups within BELOW_CELLS): each table's rows in exactly the piece
+    """slabmerge.cut_many (every run of one read cut at once, the keys counted in one pass,
+    or in groups within BELOW_CELLS): each table's rows in exactly the piece
     of ITS edges that holds the key, whatever the other tables' edges, batch counts and
     sizes (empty tables too)."""
     import numpy as np
@@ -236,13 +237,15 @@ def test_cut_many_cuts_each_table_by_its_own_edges(width: int, cells: int | None
     rng = np.random.default_rng(40 + width)
 
     def key(v: int) -> bytes:
+        if width < 0:  # as range tuples are: of any length, ordered as bytes
+            return b"\x01" + str(v).encode() + b"\x00\x00"
         return int(v).to_bytes(width, "big") if width else b"\x01" + str(v).zfill(12).encode()
 
     tables, edges_of = [], []
     for sizes, nedges in [([0, 5, 300], 3), ([], 1), ([40], 1), ([1, 77, 0, 9], 5), ([0], 2)]:
         batches = []
         for n in sizes:
-            ints = np.sort(rng.integers(0, 1 << 16, n)).tolist()
+            ints = sorted(rng.integers(0, 1 << 16, n).tolist(), key=key)  # a batch: by key
             batches.append(pa.record_batch({"v": pa.array(rng.integers(0, 9, n)),
                                             KEY_COLUMN: pa.array([key(v) for v in ints],
                                                                  pa.binary())}))
