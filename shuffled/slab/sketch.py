@@ -276,3 +276,22 @@ def estimate(regs: np.ndarray) -> float:
     return raw
 
 
+#: 2^-v for each register value v (a register holds at most 64 - LG_REGISTERS + 1).
+_INVERSE = np.exp2(-np.arange(256, dtype=np.float64))
+#: Sketches :func:`estimate_many` reads at a time (their 2^-v: 4 MiB of float64).
+ESTIMATE_BLOCK = 256
+
+
+def estimate_many(regs: np.ndarray) -> np.ndarray:
+    """:func:`estimate` of each row of ``regs`` (sketches x 2^11), a block of rows at a
+    time: per chunk, the estimate was a third of a range plan's reduce (3,652 chunks)."""
+    m = float(REGISTERS)
+    alpha = 0.7213 / (1 + 1.079 / m)
+    out = np.empty(len(regs), np.float64)
+    for lo in range(0, len(regs), ESTIMATE_BLOCK):
+        block = regs[lo: lo + ESTIMATE_BLOCK]
+        raw = alpha * m * m / _INVERSE[block].sum(axis=1)
+        zeros = np.count_nonzero(block == 0, axis=1)
+        linear = m * np.log(m / np.maximum(zeros, 1))
+        out[lo: lo + ESTIMATE_BLOCK] = np.where((raw <= 2.5 * m) & (zeros > 0), linear, raw)
+    return out

@@ -99,3 +99,19 @@ def test_a_date_column_hashes_as_its_day_numbers() -> None:
     as_ints = sketch.row_hashes([pa.array([18262, None, -1, 18262], pa.int32())])
     assert (as_dates == as_ints).all()
     assert as_dates[0] == as_dates[3] and len({int(h) for h in as_dates}) == 3
+
+
+def test_estimate_many_is_estimate_of_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    """sketch.estimate_many (blocks of sketches at once) gives each row what estimate
+    gives it: empty, small (linear counting), large and saturated sketches, across
+    block boundaries."""
+    monkeypatch.setattr(sketch, "ESTIMATE_BLOCK", 3)
+    rng = np.random.default_rng(5)
+    rows = [np.zeros(sketch.REGISTERS, np.uint8)]
+    for distinct in [1, 10, 300, 5_000, 200_000]:
+        hashes = rng.integers(0, 2**63, distinct, dtype=np.int64).astype(np.uint64) * 2 + 1
+        rows.append(sketch.registers(hashes, np.array([0, distinct]))[0])
+    rows.append(np.full(sketch.REGISTERS, 54, np.uint8))
+    regs = np.stack(rows)
+    got = sketch.estimate_many(regs)
+    assert got.tolist() == pytest.approx([sketch.estimate(r) for r in regs], rel=1e-12)

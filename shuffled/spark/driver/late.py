@@ -32,6 +32,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from shuffled.slab.build import Slab
 from shuffled.spark import records
 from shuffled.spark.driver import late_recompute
 from shuffled.spark.driver.failed import IngestionFailed
@@ -118,9 +119,9 @@ def run_phase1(job: Job, keyed: Keying, ninput: native.NativeInput,
     def run(index: int, it: Iterable[list[native.Split]]) -> Iterator[tuple[Any, Any]]:
         merged: dict[int, shardplan.ChunkStats] = {}
 
-        def on_slab(stats: bytes, server: str, sample: Any) -> None:  # the upload thread
-            table = pa.ipc.open_stream(pa.py_buffer(stats)).read_all()
-            for st in shardplan.from_stats(table, server, sample):
+        def on_slab(slab: Slab, server: str, sample: Any) -> None:  # the upload thread
+            table = pa.ipc.open_stream(pa.py_buffer(slab.stats)).read_all()
+            for st in shardplan.from_stats(table, server, sample, slab.registers):
                 have = merged.get(st.start)
                 merged[st.start] = st if have is None else shardplan.merge(have, st)
 

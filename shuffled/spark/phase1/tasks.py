@@ -42,6 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from shuffled.protocol import Interval, PartialKey
+from shuffled.slab.build import Slab
 from shuffled.spark.records import Partial, Record, SlabSent, TaskStats, dump
 from shuffled.spark.spec.granularity import bucket_end
 from shuffled.spark.phase1.native.reader import NativeInput, Split, read_split
@@ -75,7 +76,7 @@ SCATTERED = 0.95
 #: Told of each slab stored: its statistics section (Arrow IPC bytes), its daemon and its
 #: sample of distinct range keys. The driver's closure merges them per chunk (the late
 #: plan, phase2.shardplan).
-OnSlab = Callable[[bytes, str, KeySample | None], None]
+OnSlab = Callable[[Slab, str, KeySample | None], None]
 
 
 class _Task:
@@ -380,7 +381,7 @@ class _Task:
                                    replicas=placed.servers if len(placed.servers) > 1 else (),
                                    first_chunk=span["min"], last_chunk=span["max"]))
         if self.on_slab is not None:
-            self.on_slab(slab.stats, server, sample)
+            self.on_slab(slab, server, sample)
         self.cfg.hooks.phase1_uploaded(self.partition, self.attempt_number, len(self.slabs))
 
 

@@ -136,14 +136,20 @@ _NO_HASHES = np.zeros(0, np.uint64)
 _NO_REGS = np.zeros(0, np.uint8)
 
 
-def from_stats(table: pa.Table, server: str, sample: Any = None) -> Iterator[ChunkStats]:
+def from_stats(table: pa.Table, server: str, sample: Any = None,
+               registers: np.ndarray | None = None) -> Iterator[ChunkStats]:
     """A slab's statistics section (:data:`shuffled.slab.sketch.STATS_SCHEMA`), one
     :class:`ChunkStats` per chunk, its slab held on ``server``; ``sample`` its
-    :class:`~shuffled.spark.phase1.slabs.KeySample` (range keys), if any."""
+    :class:`~shuffled.spark.phase1.slabs.KeySample` (range keys), if any; ``registers``
+    the section's HLL registers as its writer made them (:attr:`.build.Slab.registers`),
+    which are then not decoded again."""
     starts = table.column("chunk_start").to_pylist()
     ends = table.column("chunk_end").to_pylist()
     rows = table.column("rows").to_pylist()
-    regs, sketched = sketch.decode_all(table.column("hll").combine_chunks())
+    if registers is not None:  # a sketched chunk of rows sets a register at least
+        regs, sketched = registers, np.asarray(table.column("rows")) > 0
+    else:
+        regs, sketched = sketch.decode_all(table.column("hll").combine_chunks())
     cuts: dict[int, tuple[int, int]] = {}
     if sample is not None and len(sample.chunks):
         if not sample.in_key_order:
@@ -335,10 +341,40 @@ def plan_chunks(groups: Sequence[Sequence[ChunkStats]], kind: str, *,
     at a time, as a dozen small Arrow calls each, the reduce took 386 of comparison 12's
     range phase-1 samples against numShards' 77. The plans are the same
     (tests/spark/slab/test_plan_chunks.py). Every other spec plans a chunk at a time."""
+    if kind == "hashed" and not shards:
+        return _hashed_plans(groups, target=target, cap=cap)
     if kind == "hashed" or shards or cap is not None:
         return [plan_chunk(reduce(merge, g), kind, target=target, cap=cap, shards=shards)
                 for g in groups]
     return _range_plans(groups, target)
+
+
+def _estimates(rows: np.ndarray, unions: Sequence[np.ndarray]) -> np.ndarray:
+    """:func:`hll_rows` of each chunk's rows shipped and merged registers, the sketched
+    ones estimated at once (:func:`.sketch.estimate_many`): per chunk, the estimate was a
+    third of a plan's reduce (3,652 day chunks)."""
+    est = rows.astype(np.int64).copy()  # not sketched: the rows
+    sketched = np.array([len(u) > 0 for u in unions], bool) & (rows > 0)
+    if sketched.any():
+        guess = np.rint(sketch.estimate_many(np.stack([u for u, s in zip(
+            unions, sketched.tolist(), strict=True) if s])))
+        est[sketched] = np.maximum(1, np.minimum(rows[sketched], guess.astype(np.int64)))
+    return est
+
+
+def _hashed_plans(groups: Sequence[Sequence[ChunkStats]], *, target: int | None,
+                  cap: int | None) -> list[ChunkPlan]:
+    """:func:`plan_chunk` of each group merged, for hashed keys without ``numShards``: a
+    hashed plan needs of the statistics only the rows, the registers and the daemons, so
+    they are merged without a :class:`ChunkStats` a step (:func:`merge`), and the
+    estimates made at once."""
+    rows = np.array([sum(st.rows for st in g) for g in groups], np.int64)
+    est = _estimates(rows, [union([st.regs for st in g]) for g in groups])
+    counts = [shard_count(e, target=target, cap=cap) for e in est.tolist()]
+    bounds = {n: tuple(hash_bounds(n)) for n in set(counts)}
+    return [ChunkPlan(g[0].start, max(st.end for st in g), r, e, bounds[n],
+                      tuple(sorted(frozenset().union(*(st.servers for st in g)))))
+            for g, r, e, n in zip(groups, rows.tolist(), est.tolist(), counts, strict=True)]
 
 
 def _range_plans(groups: Sequence[Sequence[ChunkStats]], target: int | None,
@@ -382,8 +418,9 @@ def _range_plans(groups: Sequence[Sequence[ChunkStats]], target: int | None,
     # Each chunk's estimate (as ChunkStats.estimate) and shards.
     exact = (low >= 1.0) & (counts > 0) & (counts < PLAN_SAMPLE)
     est = np.where(rows == 0, 0, counts)
-    for i in np.flatnonzero(~exact & (rows > 0)).tolist():
-        est[i] = hll_rows(int(rows[i]), union([st.regs for st in groups[i]]))
+    estimated = np.flatnonzero(~exact & (rows > 0))
+    est[estimated] = _estimates(rows[estimated],
+                                [union([st.regs for st in groups[i]]) for i in estimated.tolist()])
     shards = np.array([shard_count(e, target=target) for e in est.tolist()], np.int64)
 
     # range_bounds of each chunk: cut i of k at the distinct key starting nearest rank

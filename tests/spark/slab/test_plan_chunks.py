@@ -16,7 +16,7 @@ import pytest
 from shuffled.slab import sketch
 from shuffled.spark.phase1.config import Keying
 from shuffled.spark.phase2 import shardplan
-from tests.spark.slab.test_shardplan import DAY, skewed_rows, slabs_of
+from tests.spark.slab.test_shardplan import DAY, TIME, skewed_rows, slabs_of
 
 
 def one_at_a_time(groups, kind: str, **goal) -> list[shardplan.ChunkPlan]:
@@ -97,3 +97,24 @@ def test_other_specs_plan_a_chunk_at_a_time_alike() -> None:
                        ("hashed", {"shards": 3})):
         assert shardplan.plan_chunks(groups, kind, **goal) == one_at_a_time(groups, kind, **goal)
     assert shardplan.plan_chunks([], "range", target=10) == []
+
+
+@pytest.mark.parametrize("goal", [{"target": 40}, {"target": 700}, {"target": 5_000},
+                                  {"cap": 300}], ids=["t40", "t700", "t5000", "cap300"])
+def test_hashed_plans_alike(goal: dict[str, int]) -> None:
+    """Hashed keys without numShards are planned at once too (their estimates in one
+    pass): the same plans as one chunk at a time, with a chunk some of whose slabs ship
+    no sketch (its estimate is then its rows) and one of no rows."""
+    raw = skewed_rows(np.random.default_rng(17), 30_000, 4)
+    groups = groups_of(slabs_of(raw, Keying("hashed", (TIME, "country", "device", "user")),
+                                5, 3))
+    bare = groups[0][0]
+    groups.append([bare, shardplan.ChunkStats(bare.start, bare.end, 12, np.zeros(0, np.uint8),
+                                              bare.keys, bare.hashes, frozenset(["http://x"]))])
+    groups.append([shardplan.ChunkStats(bare.start + DAY, bare.end + DAY, 0,
+                                        np.zeros(sketch.REGISTERS, np.uint8), bare.keys,
+                                        bare.hashes, frozenset(["http://y"]))])
+    got = shardplan.plan_chunks(groups, "hashed", **goal)
+    assert got == one_at_a_time(groups, "hashed", **goal)
+    assert got[-2].estimate == got[-2].rows and got[-1].estimate == 0
+    assert sum(p.shards for p in got) > len(got) or goal == {"target": 5_000}

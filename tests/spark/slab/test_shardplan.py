@@ -402,3 +402,31 @@ def test_a_range_slab_ships_no_key_sample_in_its_statistics() -> None:
     assert stats.column("sample").to_pylist() == [[]] * 30
     assert sample is not None and len(sample.keys) > 10_000  # the report's sample
     assert len(slab.stats) < 30 * (sketch.REGISTERS + 64)
+
+
+@pytest.mark.parametrize("keying", [
+    Keying("hashed", (TIME, "country", "device", "user")),
+    Keying("range", ("country", "device")),
+    Keying("hashed", (TIME, "country", "device", "user"), 2),  # numShards: not sketched
+], ids=["hashed", "range", "numShards"])
+def test_the_writers_registers_are_the_statistics_it_sends(keying: Keying) -> None:
+    """A slab hands its writer the HLL registers it encoded (build.Slab.registers), and
+    from_stats given them yields the chunks it yields from the section's bytes alone."""
+    raw = skewed_rows(np.random.default_rng(8), 30_000, 40)
+    part = rolled(raw)
+    slab, sample = cut_slab(part, LAYOUT, keying, "day", sub_task_id="p0", slab_id=0,
+                            attempt=0)
+    table = decode(slab).stats
+    if keying.num_shards:
+        assert slab.registers is None
+    else:
+        assert slab.registers is not None and slab.registers.shape == (table.num_rows,
+                                                                       sketch.REGISTERS)
+    given = list(shardplan.from_stats(table, "http://d", sample, slab.registers))
+    read = list(shardplan.from_stats(table, "http://d", sample))
+    assert len(given) == len(read) == table.num_rows > 1
+    for a, b in zip(given, read, strict=True):
+        assert (a.start, a.end, a.rows, a.servers, a.rate) == (b.start, b.end, b.rows,
+                                                               b.servers, b.rate)
+        assert np.array_equal(a.regs, b.regs) and a.keys.equals(b.keys)
+        assert a.estimate == b.estimate
