@@ -196,7 +196,8 @@ def run_cli(spec: dict[str, Any], urls: list[str], master: str, output: Path,
 
 def main(args_path: str, results_path: str) -> int:
     args = json.loads(Path(args_path).read_text())
-    args.setdefault("root", tempfile.mkdtemp(prefix="failover-"))
+    if "root" not in args:  # (setdefault made a directory each run, given a root or not)
+        args["root"] = tempfile.mkdtemp(prefix="failover-")
     from shuffled.spark.driver.sparksession import get_session
 
     spark, _ = get_session(args["master"])  # one application: its executors start once
