@@ -267,13 +267,7 @@ def decode_all(raw: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 def estimate(regs: np.ndarray) -> float:
     """The HLL estimate of distinct rows (Flajolet et al. 2007, with linear counting below
     2.5m, as Druid's and DataSketches' HLL do for small sets)."""
-    m = float(REGISTERS)
-    alpha = 0.7213 / (1 + 1.079 / m)
-    raw = alpha * m * m / float(np.sum(np.exp2(-regs.astype(np.float64))))
-    zeros = int(np.count_nonzero(regs == 0))
-    if raw <= 2.5 * m and zeros:
-        return m * float(np.log(m / zeros))
-    return raw
+    return float(estimate_many(regs.reshape(1, -1))[0])
 
 
 #: 2^-v for each register value v (a register holds at most 64 - LG_REGISTERS + 1).

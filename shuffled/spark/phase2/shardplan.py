@@ -105,9 +105,7 @@ class ChunkStats:
 def hll_rows(rows: int, regs: np.ndarray) -> int:
     """A chunk's rolled-up rows by its HLL's estimate, at least 1 and never over the
     ``rows`` shipped (rollup only removes rows); not sketched (numShards), the rows."""
-    if not len(regs):
-        return rows
-    return max(1, min(rows, round(sketch.estimate(regs))))
+    return int(_estimates(np.array([rows], np.int64), [regs])[0])
 
 
 def union(regs: Sequence[np.ndarray]) -> np.ndarray:

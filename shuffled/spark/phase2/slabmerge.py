@@ -203,34 +203,44 @@ def _below(keys_of: Sequence[Sequence[pa.Array]], edges_of: Sequence[Sequence[by
     widths = {len(e) for edges in edges_of for e in edges}
     if len(widths) != 1 or (width := widths.pop()) not in (4, 8):
         return None
-    per_table = [len(keys) for keys in keys_of]
-    batches = [k for keys in keys_of for k in keys]
-    sizes = np.array([len(b) for b in batches], np.int64)
-    widest = max(len(e) for e in edges_of)
-    out = np.zeros((len(batches), widest), np.int64)
-    if sizes.sum():
-        got = key_ints(pa.chunked_array(batches, pa.binary()))
+
+    def below(keys: pa.ChunkedArray, owner: np.ndarray, widest: int) -> np.ndarray | None:
+        got = key_ints(keys)
         if got is None or got[1] != width:
             return None
         limits = np.zeros((len(keys_of), widest), np.uint64)  # columns past a table's edges
         for n, edges in enumerate(edges_of):                 # are never read
             limits[n, :len(edges)] = [int.from_bytes(e, "big") for e in edges]
-        owner = np.repeat(np.repeat(np.arange(len(keys_of)), per_table), sizes)
-        below = got[0][:, None] < limits[owner]
-        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        nonempty = sizes > 0
-        out[nonempty] = np.add.reduceat(below, starts[nonempty], axis=0)
-    ends = np.cumsum(per_table)
-    return [out[end - k: end, :len(edges)].tolist()
-            for k, end, edges in zip(per_table, ends.tolist(), edges_of, strict=True)]
+        return got[0][:, None] < limits[owner]
+    return _counted(keys_of, edges_of, below)
 
 
 def _below_bytes(keys_of: Sequence[Sequence[pa.Array]], edges_of: Sequence[Sequence[bytes]],
                  ) -> list[list[list[int]]]:
     """:func:`_below` for keys of any width (range tuples): for each edge position, one
-    comparison of every row's key with its table's edge at that position, the rows below
-    counted per batch. A comparison per batch and edge was ~a tenth of a range spec's
-    phase-2 CPU (3,652 day chunks: ~15,000 batches a run, each one call)."""
+    comparison of every row's key with its table's edge at that position. A comparison
+    per batch and edge was ~a tenth of a range spec's phase-2 CPU (3,652 day chunks:
+    ~15,000 batches a run, each one call)."""
+    def below(keys: pa.ChunkedArray, owner: np.ndarray, widest: int) -> np.ndarray:
+        out = np.empty((len(keys), widest), bool)
+        rows_edge = pa.array(owner)
+        for j in range(widest):
+            edge = pa.array([e[j] if j < len(e) else None for e in edges_of], pa.binary())
+            got = pc.fill_null(pc.less(keys, edge.take(rows_edge)), False)  # null: no edge j
+            out[:, j] = np.asarray(got.combine_chunks() if isinstance(got, pa.ChunkedArray)
+                                   else got, dtype=bool)
+        return out
+    counted = _counted(keys_of, edges_of, below)
+    assert counted is not None  # (below never declines)
+    return counted
+
+
+def _counted(keys_of: Sequence[Sequence[pa.Array]], edges_of: Sequence[Sequence[bytes]],
+             below: Callable[[pa.ChunkedArray, np.ndarray, int], np.ndarray | None],
+             ) -> list[list[list[int]]] | None:
+    """Per table, per batch, the rows below each edge: ``below`` tells for every row of
+    every batch (their keys as one array, each row's table) whether its key is below each
+    of its table's edges (rows x most edges), or declines (None)."""
     per_table = [len(keys) for keys in keys_of]
     batches = [k for keys in keys_of for k in keys]
     sizes = np.array([len(k) for k in batches], np.int64)
@@ -238,15 +248,12 @@ def _below_bytes(keys_of: Sequence[Sequence[pa.Array]], edges_of: Sequence[Seque
     out = np.zeros((len(batches), widest), np.int64)
     nonempty = sizes > 0
     if widest and nonempty.any():
-        keys = pa.chunked_array(batches, pa.binary())
-        owner = pa.array(np.repeat(np.repeat(np.arange(len(keys_of)), per_table), sizes))
-        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])[nonempty]
-        for j in range(widest):
-            edge = pa.array([e[j] if j < len(e) else None for e in edges_of], pa.binary())
-            below = pc.fill_null(pc.less(keys, edge.take(owner)), False)  # null: no edge j
-            flags = np.asarray(below.combine_chunks(), dtype=np.int64) \
-                if isinstance(below, pa.ChunkedArray) else np.asarray(below, dtype=np.int64)
-            out[nonempty, j] = np.add.reduceat(flags, starts)
+        owner = np.repeat(np.repeat(np.arange(len(keys_of)), per_table), sizes)
+        flags = below(pa.chunked_array(batches, pa.binary()), owner, widest)
+        if flags is None:
+            return None
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        out[nonempty] = np.add.reduceat(flags, starts[nonempty], axis=0)
     ends = np.cumsum(per_table)
     return [out[end - k: end, :len(edges)].tolist()
             for k, end, edges in zip(per_table, ends.tolist(), edges_of, strict=True)]
