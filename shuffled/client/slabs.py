@@ -131,7 +131,7 @@ def read_shards(http_: Transport, supervisor_task_id: str,
     ``without``: sealed subtasks left out (a supervisor recomputed them elsewhere, or
     they are read from another copy); ``keys``: each table keeps its ``__key`` column and
     the rows outside its range that the daemon sent whole with the edge batches, for the
-    caller to cut it (:func:`shuffled.spark.phase2.slabmerge.cut`, slices; trimming here
+    caller to cut it (:func:`shuffled.spark.phase2.keycut.cut`, slices; trimming here
     filtered every row, a copy of the whole read, for nothing when no row is outside)."""
     sup = validate_id(supervisor_task_id, "supervisorTaskId")
     out: list[SlabRead] = []

@@ -180,13 +180,13 @@ def test_a_gone_daemon_makes_its_shards_short_within_the_retry_budget(two: Any) 
 
 @pytest.mark.parametrize("width", [4, 8, 0], ids=["hash", "partition-hash", "tuple"])
 def test_cut_puts_each_row_in_the_range_of_its_key(width: int) -> None:
-    """slabmerge.cut (a run of a chunk's shards read as one range, cut here): every row in
+    """keycut.cut (a run of a chunk's shards read as one range, cut here): every row in
     exactly the piece whose [edge, next edge) holds its key, batches sorted by key each,
     for fixed-width keys (counted as integers) and range tuples (compared as bytes)."""
     import numpy as np
 
     from shuffled.slab.keys import KEY_COLUMN
-    from shuffled.spark.phase2.slabmerge import cut
+    from shuffled.spark.phase2.keycut import cut
 
     rng = np.random.default_rng(width)
     batches = []
@@ -221,18 +221,18 @@ def test_cut_puts_each_row_in_the_range_of_its_key(width: int) -> None:
                          ids=["hash", "partition-hash", "tuple", "tuple-of-any-length"])
 def test_cut_many_cuts_each_table_by_its_own_edges(width: int, cells: int | None,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """slabmerge.cut_many (every run of one read cut at once, the keys counted in one pass,
+    """keycut.cut_many (every run of one read cut at once, the keys counted in one pass,
     or in groups within BELOW_CELLS): each table's rows in exactly the piece
     of ITS edges that holds the key, whatever the other tables' edges, batch counts and
     sizes (empty tables too)."""
     import numpy as np
 
     from shuffled.slab.keys import KEY_COLUMN
-    from shuffled.spark.phase2 import slabmerge
-    from shuffled.spark.phase2.slabmerge import cut_many
+    from shuffled.spark.phase2 import keycut
+    from shuffled.spark.phase2.keycut import cut_many
 
     if cells is not None:
-        monkeypatch.setattr(slabmerge, "BELOW_CELLS", cells)
+        monkeypatch.setattr(keycut, "BELOW_CELLS", cells)
 
     rng = np.random.default_rng(40 + width)
 
@@ -264,9 +264,9 @@ def test_cut_many_cuts_each_table_by_its_own_edges(width: int, cells: int | None
 
 
 def test_the_counting_groups_stay_within_their_cells() -> None:
-    """slabmerge._groups: consecutive tables whose rows times their most edges stay within
+    """keycut._groups: consecutive tables whose rows times their most edges stay within
     BELOW_CELLS, a table over it alone; every table in exactly one group, in order."""
-    from shuffled.spark.phase2.slabmerge import BELOW_CELLS, _groups
+    from shuffled.spark.phase2.keycut import BELOW_CELLS, _groups
 
     rows = [10, 0, BELOW_CELLS // 4, 3, BELOW_CELLS * 2, 7, 7]
     edges = [[b"k"] * e for e in (1, 9, 4, 2, 1, 300, 1)]
