@@ -186,6 +186,18 @@ def row_hashes(columns: Sequence[pa.Array | pa.ChunkedArray]) -> np.ndarray:
     return out
 
 
+def _rho(hashes: np.ndarray) -> np.ndarray:
+    """Each hash's register value: 1 + the leading zeros of its bits after the register's
+    11, a stop bit after them (so 1 to 54), read exactly from a float64's exponent: those
+    53 bits convert without rounding. ``log2`` of the 64 (the bits, then the stop bit)
+    rounded 54 significant bits to 53: bits all ones became 2^64, and the register 0."""
+    low = (hashes & _U64((1 << (64 - LG_REGISTERS)) - 1)).view(np.int64)
+    exponent = (low.astype(np.float64).view(np.int64) >> np.int64(52)) - np.int64(1023)
+    # zero's exponent field is 0 (-1023 here): its value is the stop bit's, 54
+    rho = np.minimum(np.int64(64 - LG_REGISTERS) - exponent, np.int64(65 - LG_REGISTERS))
+    return rho.astype(np.uint8)
+
+
 def registers(hashes: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     """HLL registers of rows ``[bounds[i], bounds[i+1])`` for each i: shape (chunks, 2^11)."""
     chunks = len(bounds) - 1
@@ -193,11 +205,7 @@ def registers(hashes: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     if not len(hashes):
         return out
     bucket = (hashes >> _U64(64 - LG_REGISTERS)).astype(np.int64)
-    rest = (hashes << _U64(LG_REGISTERS)) | _U64(1 << (LG_REGISTERS - 1))
-    # rho: 1 + leading zeros of the remaining bits (the OR keeps it finite).
-    rho = (64 - np.floor(np.log2(rest.astype(np.float64))).astype(np.int64)).astype(np.uint8)
-    # float64 rounding can only overstate the top bit's position by one near 2^k: exact
-    # enough for a sketch, and never zero.
+    rho = _rho(hashes)
     chunk_of = np.repeat(np.arange(chunks, dtype=np.int64), np.diff(bounds))
     np.maximum.at(out.reshape(-1), chunk_of * REGISTERS + bucket, rho)
     return out

@@ -127,3 +127,55 @@ def test_estimate_many_is_estimate_of_each(monkeypatch: pytest.MonkeyPatch) -> N
     want = [_flajolet(r) for r in regs]
     assert got.tolist() == pytest.approx(want, rel=1e-12)
     assert [sketch.estimate(r) for r in regs] == pytest.approx(want, rel=1e-12)
+
+
+def _rho(h: int) -> int:
+    """HyperLogLog's register value of a 64-bit hash: 1 + the leading zeros of the bits
+    after the register's 11, a stop bit after them (so never over 54)."""
+    rest = ((h << sketch.LG_REGISTERS) & (2**64 - 1)) | (1 << (sketch.LG_REGISTERS - 1))
+    return 65 - rest.bit_length()
+
+
+def _reference(hashes: list[int], bounds: list[int]) -> np.ndarray:
+    out = np.zeros((len(bounds) - 1, sketch.REGISTERS), np.uint8)
+    for c, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+        for h in hashes[lo:hi]:
+            at = h >> (64 - sketch.LG_REGISTERS)
+            out[c, at] = max(out[c, at], _rho(h))
+    return out
+
+
+def test_registers_hold_each_hashs_leading_zeros_exactly() -> None:
+    """A register holds 1 + the leading zeros of the hash's remaining bits, at most; hashes
+    at the edges of float64's precision included: the remaining 53 bits all ones (rho 1;
+    as a float64 they rounded up to 2^64, and the register stayed 0), all zeros but the
+    last (53), all zeros (54)."""
+    rng = np.random.default_rng(11)
+    edge = [(5 << 53) | ((1 << 53) - 1), (6 << 53) | 1, 7 << 53, (8 << 53) | (1 << 52),
+            (9 << 53) | ((1 << 52) - 1), 2**64 - 1, 0]
+    hashes = edge + [int(x) for x in rng.integers(0, 2**63, 3000, dtype=np.int64)] \
+        + [int(x) << 1 | 1 for x in rng.integers(0, 2**63, 3000, dtype=np.int64)]
+    bounds = [0, 7, 7, 2000, 6007]  # an empty chunk too
+    want = _reference(hashes, bounds)
+    got = sketch.registers(np.array(hashes, np.uint64), np.array(bounds))
+    assert np.array_equal(got, want)
+    assert want[0, 5] == 1 and want[0, 6] == 53 and want[0, 7] == 54
+
+
+def test_row_hashes_of_numbers_are_their_column_hashes_combined(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row's hash: the first column's hash, then mix(h * 31 + hash) of each next one,
+    whatever the columns (numbers hashed in steps of rows, strings a distinct value at a
+    time), across the steps' edges."""
+    monkeypatch.setattr(sketch, "STEP", 7)
+    rng = np.random.default_rng(3)
+    n = 100
+    cols = [pa.array(rng.integers(-5, 5, n), pa.int64()),
+            pa.array([None if i % 9 == 0 else f"v{i % 13}" for i in range(n)]),
+            pa.array([None if i % 4 == 0 else float(i) / 3 for i in range(n)]),
+            pa.array(rng.integers(0, 10**12, n), pa.timestamp("ms"))]
+    want = sketch._column_hash(cols[0]).copy()
+    with np.errstate(over="ignore"):
+        for c in cols[1:]:
+            want = sketch._mix(want * np.uint64(31) + sketch._column_hash(c))
+    assert (sketch.row_hashes(cols) == want).all()
