@@ -3,8 +3,9 @@
 ``maxRowsPerSegment`` and no ``numShards``) ingested in ONE pass over the input.
 
 Phase 1 writes each flush as a slab without knowing the shard count; each task merges its
-slabs' statistics per time chunk and yields them beside its result lines; one Spark job
-then merges them per chunk on the executors (a ``partitionBy`` of :func:`reducer_of`) and
+slabs' statistics per time chunk and yields them beside its result lines, a columnar block
+per reducer (:mod:`shuffled.spark.phase2.statblock`); one Spark job then merges them per
+chunk on the executors (each chunk's reducer chosen by :func:`reducer_of`) and
 plans each chunk's shards there (:mod:`shuffled.spark.phase2.shardplan`): the driver
 collects the task results (a line per slab) and the plan (bounded by the shards), never
 the statistics.
@@ -42,7 +43,7 @@ from shuffled.spark.phase1 import tasks as phase1
 from shuffled.spark.phase1.config import Keying, Phase1Config
 from shuffled.spark.phase1.native import reader as native
 from shuffled.spark.phase1.native.text.blocks import Declined
-from shuffled.spark.phase2 import shardplan
+from shuffled.spark.phase2 import shardplan, statblock
 from shuffled.spark.phase2.slabmerge import Shard, balance, make_phase2_slabs
 from shuffled.spark.rows.rollup import TIME
 from shuffled.spark.spec.model import IngestSpec, PartitionPlan
@@ -105,6 +106,18 @@ def reducer_of(key: tuple[str, int]) -> int:
     return ((int(key[1]) * _GOLDEN) & _MASK64) >> 32
 
 
+def _chunk_reducer(start: int) -> int:
+    return reducer_of(("c", start))
+
+
+def partition_of(key: tuple[str, int]) -> int:
+    """The partitioner of the late plan's shuffle: a task's lines (``("t", task)``) by
+    :func:`reducer_of`; a block of a task's chunk statistics (``("b", reducer)``,
+    :func:`.statblock.by_reducer`, its chunks chosen by :func:`reducer_of`) to its
+    reducer."""
+    return int(key[1]) if key[0] == "b" else reducer_of(key)
+
+
 def run_phase1(job: Job, keyed: Keying, ninput: native.NativeInput,
                tasks: list[list[native.Split]],
                ) -> tuple[list[str], list[shardplan.ChunkPlan]]:
@@ -136,8 +149,8 @@ def run_phase1(job: Job, keyed: Keying, ninput: native.NativeInput,
                 rows.add(stats.rows_in)
                 shuffled.add(stats.bytes_shuffled)
         yield ("t", index), lines
-        for start, st in merged.items():
-            yield ("c", start), st
+        for r, block in statblock.by_reducer(merged.values(), reducers, _chunk_reducer):
+            yield ("b", r), block
 
     def reduce(kvs: Iterable[tuple[Any, Any]]) -> Iterator[tuple[Any, Any]]:
         # A key comes once from each task (a task merged its chunks itself): no map-side
@@ -152,10 +165,11 @@ def run_phase1(job: Job, keyed: Keying, ninput: native.NativeInput,
             if key[0] == "t":  # a task's lines: one map output per task, never two
                 lines[key] = lines.get(key, []) + value
                 continue
-            group = held.setdefault(key, [])
-            group.append(value)
-            if len(group) >= FOLD_AT:
-                held[key] = [functools.reduce(shardplan.merge, group)]
+            for st in value.stats():  # a task's chunks of this reducer (statblock)
+                group = held.setdefault(st.start, [])
+                group.append(st)
+                if len(group) >= FOLD_AT:
+                    held[st.start] = [functools.reduce(shardplan.merge, group)]
         yield from lines.items()
         groups = list(held.values())
         held.clear()
@@ -164,7 +178,7 @@ def run_phase1(job: Job, keyed: Keying, ninput: native.NativeInput,
 
     reducers = max(1, sc.defaultParallelism, len(tasks))
     got = (sc.parallelize(tasks, len(tasks)).mapPartitionsWithIndex(run)
-           .partitionBy(reducers, reducer_of).mapPartitions(reduce).collect())
+           .partitionBy(reducers, partition_of).mapPartitions(reduce).collect())
     lines = [line for key, value in sorted(got, key=lambda kv: kv[0])
              if key[0] == "t" for line in value]
     plans = sorted((v for k, v in got if k[0] == "c"), key=lambda p: p.start)

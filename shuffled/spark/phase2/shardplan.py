@@ -395,7 +395,7 @@ def _range_plans(groups: Sequence[Sequence[ChunkStats]], target: int | None,
     with_keys = [st.keys for st in flat if len(st.keys)]
     keys = pa.concat_arrays(with_keys) if with_keys else _NO_KEYS
     hashes = np.concatenate([st.hashes for st in flat]) if len(keys) else _NO_HASHES
-    o = np.lexsort((np.arange(len(hashes)), hashes, chunk))
+    o = np.lexsort((hashes, chunk))  # stable: a hash's first copy stays first
     c, h = chunk[o], hashes[o]
     keep = np.ones(len(o), bool)
     keep[1:] = (c[1:] != c[:-1]) | (h[1:] != h[:-1])
