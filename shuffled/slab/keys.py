@@ -169,7 +169,11 @@ def chunk_key_order(chunks: np.ndarray, keys: pa.Array) -> np.ndarray:
                        ranks[np.asarray(indices.fill_null(0)).astype(np.int64)])
     else:
         row = ranks[np.asarray(indices).astype(np.int64, copy=False)]
-    return np.lexsort((row, np.asarray(chunks)))
+    chunks = np.asarray(chunks)
+    lo = int(chunks.min())
+    if int(chunks.max()) - lo < (1 << 30):  # (chunk, rank) in one int64: one stable sort
+        return np.argsort(((chunks - lo).astype(np.int64) << 32) | row, kind="stable")
+    return np.lexsort((row, chunks))
 
 
 def encode_tuple(values: Sequence[str | None]) -> bytes:

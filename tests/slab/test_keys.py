@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from shuffled.slab import keys
@@ -88,3 +89,17 @@ def test_partition_keys_fall_in_their_partitions_range() -> None:
     for p, k in zip(part.tolist(), got):
         lo, hi = bounds[p]
         assert lo is not None and hi is not None and lo <= k < hi
+
+
+@pytest.mark.parametrize("spread", [1, 86_400_000, 1 << 40], ids=["dense", "days", "wide"])
+def test_chunk_key_order_is_sort_indices_of_the_pair(spread: int) -> None:
+    """The stable order by (chunk, key), as Arrow sorts the pair (nulls last, ties in row
+    order), whether the chunks pack beside the key's rank in one integer or not."""
+    rng = np.random.default_rng(spread % 97)
+    n = 3000
+    chunks = rng.integers(0, 40, n).astype(np.int64) * spread + 1_262_304_000_000
+    words = [None, b"", b"a", b"a\x00", b"ab", b"b", b"\xff"]
+    values = pa.array([words[i] for i in rng.integers(0, len(words), n)], pa.binary())
+    want = pc.sort_indices(pa.table({"c": pa.array(chunks), "k": values}),
+                           sort_keys=[("c", "ascending"), ("k", "ascending")])
+    assert keys.chunk_key_order(chunks, values).tolist() == want.to_pylist()

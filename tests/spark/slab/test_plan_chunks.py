@@ -118,3 +118,17 @@ def test_hashed_plans_alike(goal: dict[str, int]) -> None:
     assert got == one_at_a_time(groups, "hashed", **goal)
     assert got[-2].estimate == got[-2].rows and got[-1].estimate == 0
     assert sum(p.shards for p in got) > len(got) or goal == {"target": 5_000}
+
+
+def test_a_hash_in_two_chunks_is_a_row_of_each() -> None:
+    """Copies of a row are found by its hash; a hash two chunks hold (a 64-bit collision
+    between rows of different chunks) is counted in each, as merging one chunk at a time
+    counts it."""
+    rng = np.random.default_rng(2)
+    shared = np.unique(rng.integers(0, 2**63, 300, dtype=np.int64).astype(np.uint64))
+    groups = [[_stats(rng, c * DAY, 1.0, shared, "http://d0", 40),
+               _stats(rng, c * DAY, 1.0, shared[::2], "http://d1", 40)] for c in range(3)]
+    for target in (20, 150):
+        want = one_at_a_time(groups, "range", target=target)
+        assert shardplan.plan_chunks(groups, "range", target=target) == want
+        assert [p.estimate for p in want] == [len(shared)] * 3
