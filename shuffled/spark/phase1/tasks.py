@@ -49,7 +49,7 @@ from shuffled.spark.phase1.native.reader import NativeInput, Split, read_split
 from shuffled.spark.phase1.native.text.blocks import ByteMeter
 from shuffled.spark.phase1.partials import EOS, Encoder, encode_flush
 from shuffled.spark.phase1.ring import Placer
-from shuffled.spark.phase1.slabs import KeySample, cut_slab, with_lead
+from shuffled.spark.phase1.slabs import ROW_HASH, KeySample, cut_slab, with_lead, with_row_hashes
 from shuffled.spark.phase1.config import Phase1Config
 from shuffled.spark.phase1.native.timeorder import AT_ONCE, TimeOrdered
 from shuffled.spark.rows.multivalue import has_multi
@@ -281,6 +281,8 @@ class _Task:
             if many:
                 self.scattered = table.num_rows >= SCATTERED * self.pending_rows
         self.pending, self.pending_rows = [], 0
+        if self.cfg.slabs is not None:  # before waiting: the upload under way goes on
+            table = with_row_hashes(table, self.cfg.slabs, self.cfg.layout)
         sub = f"p{self.partition}-a{self.attempt}-f{self.flushes}"
         self.flushes += 1
         self.wait_uploaded()  # one flush on the wire at a time: memory stays bounded
@@ -365,8 +367,8 @@ class _Task:
                                 attempt=self.attempt_number, compression=self.cfg.compression)
         rows = table.num_rows
         span = pc.min_max(table.column(CHUNK)).as_py() if rows else {"min": None, "max": None}
-        self.stats["bytes_before_compression"] += table.nbytes - (
-            table.column(LEAD).nbytes if LEAD in table.column_names else 0)
+        self.stats["bytes_before_compression"] += table.nbytes - sum(
+            table.column(c).nbytes for c in (LEAD, ROW_HASH) if c in table.column_names)
         del table
         placed = self.placer.put_slab(self.cfg.supervisor_task_id, slab)
         server = placed.servers[0]

@@ -20,7 +20,7 @@ import pytest
 
 from shuffled.slab.keys import tuple_keys
 from shuffled.spark.phase1.config import Keying
-from shuffled.spark.phase1.slabs import cut_slab, row_keys
+from shuffled.spark.phase1.slabs import ROW_HASH, cut_slab, row_keys, with_row_hashes
 from shuffled.spark.rows.grouping import group, key_columns
 from shuffled.spark.rows.rollup import CHUNK, SMALL, TIME, Layout, combine, rollup_input
 from tests.spark.slab.test_shardplan import DAY
@@ -188,3 +188,19 @@ def test_each_slab_row_carries_its_own_key(keying: Keying) -> None:
     assert data.column("__key").combine_chunks().cast(pa.binary()).to_pylist() == \
         want.cast(pa.binary()).to_pylist()
     assert data.num_rows == plain.num_rows
+
+
+@pytest.mark.parametrize("keying", KEYINGS, ids=["two", "one", "reversed-sampled"])
+def test_row_hashes_made_on_the_main_thread_cut_the_same_slab(keying: Keying) -> None:
+    """A range task hashes a flush's rows on its main thread (slabs.with_row_hashes) and
+    the cut takes them: the same slab bytes and sample as the cut hashing them itself,
+    rows in the rollup's order or not; hashed keys get no such column."""
+    raw = rows(np.random.default_rng(13), SMALL + 20_000, 3)
+    for table in (rollup_input(raw, LAYOUT, [CHUNK], dictionaries=True),
+                  rollup_input(raw, LAYOUT, [CHUNK], dictionaries=True,
+                               order_by=keying.columns)):
+        hashed = with_row_hashes(table, keying, LAYOUT)
+        assert ROW_HASH in hashed.column_names and ROW_HASH not in table.column_names
+        assert _cut(hashed, keying) == _cut(table, keying)
+    hashed_key = Keying("hashed", ("country",))
+    assert with_row_hashes(table, hashed_key, LAYOUT) is table
