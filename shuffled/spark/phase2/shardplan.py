@@ -75,15 +75,9 @@ class ChunkStats:
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # Plain bytes through Spark's shuffle: pickling the numpy and pyarrow objects cost
         # ~100 us a chunk (ChunkStats of 400 keys), this ~5.
-        keys = self.keys
-        offsets = np.frombuffer(keys.buffers()[1], np.int32, len(keys) + 1, keys.offset * 4) \
-            if len(keys) else np.zeros(1, np.int32)
-        data = keys.buffers()[2] if len(keys) else None
-        lo, hi = int(offsets[0]), int(offsets[-1])
         return (_unpickle, (self.start, self.end, self.rows, self.regs.tobytes(),
-                            (offsets - lo).tobytes(),
-                            data[lo:hi].to_pybytes() if data is not None else b"",
-                            self.hashes.tobytes(), tuple(self.servers), self.rate))
+                            *keys_as_bytes(self.keys), self.hashes.tobytes(),
+                            tuple(self.servers), self.rate))
 
     @property
     def exact_sample(self) -> bool:
@@ -117,13 +111,27 @@ def union(regs: Sequence[np.ndarray]) -> np.ndarray:
     return reduce(np.maximum, regs)
 
 
+def keys_as_bytes(keys: pa.Array) -> tuple[bytes, bytes]:
+    """A binary array (no nulls, maybe a slice) as its offsets from 0 and its bytes, to
+    pickle as plain bytes (:func:`keys_from_bytes` reads them back)."""
+    offsets = np.frombuffer(keys.buffers()[1], np.int32, len(keys) + 1, keys.offset * 4) \
+        if len(keys) else np.zeros(1, np.int32)
+    data = keys.buffers()[2] if len(keys) else None
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    return (offsets - lo).tobytes(), data[lo:hi].to_pybytes() if data is not None else b""
+
+
+def keys_from_bytes(offsets: bytes, data: bytes) -> pa.Array:
+    n = len(offsets) // 4 - 1
+    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
+                                                  pa.py_buffer(data)]) if n else _NO_KEYS
+
+
 def _unpickle(start: int, end: int, rows: int, regs: bytes, offsets: bytes, data: bytes,
               hashes: bytes, servers: tuple[str, ...], rate: float = 1.0) -> ChunkStats:
-    n = len(offsets) // 4 - 1
-    keys = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
-                                                  pa.py_buffer(data)]) if n else _NO_KEYS
-    return ChunkStats(start, end, rows, np.frombuffer(regs, np.uint8).copy(), keys,
-                      np.frombuffer(hashes, np.uint64).copy(), frozenset(servers), rate)
+    return ChunkStats(start, end, rows, np.frombuffer(regs, np.uint8).copy(),
+                      keys_from_bytes(offsets, data), np.frombuffer(hashes, np.uint64).copy(),
+                      frozenset(servers), rate)
 
 
 _NO_KEYS = pa.array([], pa.binary())

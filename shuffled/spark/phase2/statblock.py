@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from shuffled.slab import sketch
-from shuffled.spark.phase2.shardplan import ChunkStats
+from shuffled.spark.phase2.shardplan import ChunkStats, keys_as_bytes, keys_from_bytes
 
 _NO_REGS = np.zeros(0, np.uint8)
 
@@ -79,25 +79,16 @@ class StatsBlock:
                              self.keys.slice(a, b - a), self.hashes[a:b], held, rate)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        keys = self.keys
-        offsets = np.frombuffer(keys.buffers()[1], np.int32, len(keys) + 1, keys.offset * 4) \
-            if len(keys) else np.zeros(1, np.int32)
-        data = keys.buffers()[2] if len(keys) else None
-        lo, hi = int(offsets[0]), int(offsets[-1])
         return (_unpickle, (self.starts.tobytes(), self.ends.tobytes(), self.rows.tobytes(),
                             self.sketched.tobytes(), self.regs.tobytes(),
-                            self.counts.tobytes(), (offsets - lo).tobytes(),
-                            data[lo:hi].to_pybytes() if data is not None else b"",
+                            self.counts.tobytes(), *keys_as_bytes(self.keys),
                             self.hashes.tobytes(), self.rates.tobytes(), self.servers))
 
 
 def _unpickle(starts: bytes, ends: bytes, rows: bytes, sketched: bytes, regs: bytes,
               counts: bytes, offsets: bytes, data: bytes, hashes: bytes, rates: bytes,
               servers: tuple[tuple[str, ...], ...]) -> StatsBlock:
-    n = len(offsets) // 4 - 1
-    keys = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
-                                                  pa.py_buffer(data)]) if n else \
-        pa.array([], pa.binary())
+    keys = keys_from_bytes(offsets, data)
     return StatsBlock(np.frombuffer(starts, np.int64), np.frombuffer(ends, np.int64),
                       np.frombuffer(rows, np.int64), np.frombuffer(sketched, bool),
                       np.frombuffer(regs, np.uint8).reshape(-1, sketch.REGISTERS),
