@@ -128,6 +128,8 @@ def run_phase1(job: Job, keyed: Keying, ninput: native.NativeInput,
     rows = job.ctx.rows.acc if job.ctx.rows is not None else None
     shuffled = job.ctx.rows.shuffled if job.ctx.rows is not None else None
     kind, goal = keyed.kind, _goal(job.spec)
+    # The reducers: run, below, sends each one block of its chunks (statblock.by_reducer).
+    reducers = max(1, sc.defaultParallelism, len(tasks))
 
     def run(index: int, it: Iterable[list[native.Split]]) -> Iterator[tuple[Any, Any]]:
         merged: dict[int, shardplan.ChunkStats] = {}
@@ -176,7 +178,6 @@ def run_phase1(job: Job, keyed: Keying, ninput: native.NativeInput,
         for plan in shardplan.plan_chunks(groups, kind, **goal):
             yield ("c", plan.start), plan
 
-    reducers = max(1, sc.defaultParallelism, len(tasks))
     got = (sc.parallelize(tasks, len(tasks)).mapPartitionsWithIndex(run)
            .partitionBy(reducers, partition_of).mapPartitions(reduce).collect())
     lines = [line for key, value in sorted(got, key=lambda kv: kv[0])
